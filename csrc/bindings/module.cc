@@ -1,0 +1,275 @@
+// fasthorovod._C: the only file that sees pybind11. Tensors cross as Python buffers and raw
+// offsets into shared memory; nothing here knows about torch. Every blocking call releases the
+// GIL, and every failed Status becomes one exception of the fasthorovod.exceptions family.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <thread>
+
+#include "collectives/reduce.h"
+#include "collectives/ring.h"
+#include "proxy/client.h"
+#include "proxy/proxy.h"
+#include "shm/segment.h"
+#include "transport/socket.h"
+
+namespace py = pybind11;
+using namespace fasthorovod;
+
+namespace {
+
+[[noreturn]] void Raise(const Status& st) {
+  const char* cls = "FastHorovodError";
+  switch (st.code()) {
+    case Code::kTimeout: cls = "FastHorovodTimeoutError"; break;
+    case Code::kMismatch: cls = "CollectiveMismatchError"; break;
+    case Code::kInvalidArgument: throw py::value_error(st.message());
+    default: break;
+  }
+  // A mismatch detected on another rank arrives as a peer error with the same text.
+  if (st.code() == Code::kPeerError && st.message().find("collective mismatch") != std::string::npos) {
+    cls = "CollectiveMismatchError";
+  }
+  py::object type = py::module_::import("fasthorovod.exceptions").attr(cls);
+  PyErr_SetString(type.ptr(), st.message().c_str());
+  throw py::error_already_set();
+}
+
+void Check(const Status& st) {
+  if (!st.ok()) Raise(st);
+}
+
+py::buffer_info WritableBuffer(py::buffer& b) {
+  py::buffer_info info = b.request(true);
+  return info;
+}
+
+// A shared-memory segment created by the worker, exposed as a writable Python buffer.
+class PyShmBuffer {
+ public:
+  PyShmBuffer(const std::string& name, size_t nbytes) { Check(ShmSegment::Create(name, nbytes, &seg_)); }
+  std::string name() const { return seg_.name(); }
+  size_t nbytes() const { return seg_.size(); }
+  bool linked() const { return seg_.linked(); }
+  void unlink() { seg_.Unlink(); }
+  void close() {
+    seg_.Unlink();
+    seg_.Unmap();
+  }
+  ShmSegment& segment() { return seg_; }
+
+ private:
+  ShmSegment seg_;
+};
+
+// Test-only: `buffers[r]` is rank r's data; runs the whole ring with one thread per rank over
+// loopback TCP, exactly as proxies do (same handshake, same framing), and reduces in place.
+void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes, int sockets,
+                       double prescale, double postscale, double timeout_seconds) {
+  const uint32_t size = static_cast<uint32_t>(buffers.size());
+  if (size == 0 || !DTypeValid(dtype)) throw py::value_error("need >= 1 buffer and a valid dtype");
+  std::vector<py::buffer_info> infos;
+  for (auto& b : buffers) infos.push_back(WritableBuffer(b));
+  const size_t elem = DTypeSize(static_cast<DType>(dtype));
+  for (auto& info : infos) {
+    if (static_cast<size_t>(info.size * info.itemsize) != static_cast<size_t>(infos[0].size * infos[0].itemsize)) {
+      throw py::value_error("all buffers must have the same byte length");
+    }
+  }
+  const size_t count = static_cast<size_t>(infos[0].size * infos[0].itemsize) / elem;
+  std::vector<Socket> listeners(size);
+  std::vector<int> ports(size);
+  for (uint32_t r = 0; r < size; ++r) Check(Listen("127.0.0.1", 0, &listeners[r], &ports[r]));
+  std::vector<Status> results(size);
+  {
+    py::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        LinkIdentity self;
+        std::memset(self.token, 7, kTokenBytes);
+        self.rank = r;
+        self.size = size;
+        RingLinks links;
+        Deadline deadline = Deadline::After(timeout_seconds);
+        if (size > 1) {
+          results[r] = EstablishRing(self, listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, sockets, 0, deadline, &links);
+          if (!results[r].ok()) return;
+        } else {
+          links.to_next.emplace_back(-1);
+          links.from_prev.emplace_back(-1);
+        }
+        CollectiveDesc desc;
+        desc.total_bytes = desc.shard_bytes = count * elem;
+        desc.dtype = dtype;
+        std::strncpy(desc.name, "loopback", kWireNameBytes - 1);
+        ShardWork work{infos[r].ptr, count, static_cast<DType>(dtype), prescale, postscale};
+        RingOptions options;
+        options.rank = r;
+        options.size = size;
+        options.segment_bytes = segment_bytes;
+        options.timeout_seconds = timeout_seconds;
+        options.prev_name = Str("rank ", (r + size - 1) % size);
+        options.next_name = Str("rank ", (r + 1) % size);
+        RingStats stats;
+        results[r] = RingAllreduce(links, desc, work, options, &stats);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (uint32_t r = 0; r < size; ++r) Check(results[r].WithContext(Str("rank ", r, ": ")));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "FastHorovod's native core: proxy data plane, shared memory, ring collectives.";
+
+  m.def("run_proxy",
+        [](const std::string& channel, uint32_t lane) {
+          Status st;
+          {
+            py::gil_scoped_release release;
+            st = RunProxy(channel, lane);
+          }
+          Check(st);
+        },
+        py::arg("channel"), py::arg("lane"),
+        R"pbdoc(Runs a proxy's loop for `lane` of the worker's `channel` until stopped.)pbdoc");
+
+  py::class_<PyShmBuffer>(m, "ShmBuffer", py::buffer_protocol(),
+                          R"pbdoc(A shared-memory segment created by this process, as a writable buffer.)pbdoc")
+      .def(py::init<const std::string&, size_t>(), py::arg("name"), py::arg("nbytes"))
+      .def_property_readonly("name", &PyShmBuffer::name)
+      .def_property_readonly("nbytes", &PyShmBuffer::nbytes)
+      .def_property_readonly("linked", &PyShmBuffer::linked)
+      .def("unlink", &PyShmBuffer::unlink, R"pbdoc(Removes the name from /dev/shm; the mapping stays.)pbdoc")
+      .def("close", &PyShmBuffer::close, R"pbdoc(Unlinks and unmaps. No view may be used afterwards.)pbdoc")
+      .def_buffer([](PyShmBuffer& b) -> py::buffer_info {
+        return py::buffer_info(b.segment().data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.segment().size())}, {1});
+      });
+
+  py::class_<ProxyChannel>(m, "ProxyChannel", R"pbdoc(The worker's end of the shared-memory request channel.)pbdoc")
+      .def(py::init([](const std::string& name, uint32_t num_lanes, uint32_t rank, uint32_t size,
+                       uint32_t sockets_per_lane, int32_t socket_buffer_bytes, uint64_t segment_bytes,
+                       double timeout_seconds, uint64_t config_hash, py::bytes token, const std::string& bind_host,
+                       const std::string& buffer_prefix) {
+             ChannelConfig config;
+             config.num_lanes = num_lanes;
+             config.rank = rank;
+             config.size = size;
+             config.sockets_per_lane = sockets_per_lane;
+             config.socket_buffer_bytes = socket_buffer_bytes;
+             config.segment_bytes = segment_bytes;
+             config.timeout_seconds = timeout_seconds;
+             config.config_hash = config_hash;
+             config.token = token;
+             config.bind_host = bind_host;
+             config.buffer_prefix = buffer_prefix;
+             std::unique_ptr<ProxyChannel> channel;
+             Check(ProxyChannel::Create(name, config, &channel));
+             return channel;
+           }),
+           py::arg("name"), py::arg("num_lanes"), py::arg("rank"), py::arg("size"), py::arg("sockets_per_lane"),
+           py::arg("socket_buffer_bytes"), py::arg("segment_bytes"), py::arg("timeout_seconds"),
+           py::arg("config_hash"), py::arg("token"), py::arg("bind_host"), py::arg("buffer_prefix"))
+      .def_property_readonly("name", &ProxyChannel::name)
+      .def_property_readonly("num_lanes", &ProxyChannel::num_lanes)
+      .def("watch_proxy", [](ProxyChannel& c, uint32_t lane, int pid) { Check(c.WatchProxy(lane, pid)); })
+      .def("wait_listening",
+           [](ProxyChannel& c, double timeout) {
+             std::vector<int> ports;
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = c.WaitListening(timeout, &ports);
+             }
+             Check(st);
+             return ports;
+           })
+      .def("connect",
+           [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, double timeout) {
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = c.Connect(hosts, ports, timeout);
+             }
+             Check(st);
+           })
+      .def("unlink_name", &ProxyChannel::UnlinkName)
+      .def("post",
+           [](ProxyChannel& c, uint32_t buffer_id, uint64_t buffer_offset, uint64_t count, uint32_t dtype, uint32_t op,
+              double prescale, double postscale, uint64_t name_hash, uint64_t shape_hash, const std::string& name,
+              const std::vector<uint64_t>& lane_begin) {
+             AllreduceRequest r{buffer_id, buffer_offset, count, dtype, op, prescale, postscale,
+                                name_hash, shape_hash, name, lane_begin};
+             uint64_t seq = 0;
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = c.Post(r, &seq);
+             }
+             Check(st);
+             return seq;
+           },
+           py::arg("buffer_id"), py::arg("buffer_offset"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+           py::arg("prescale"), py::arg("postscale"), py::arg("name_hash"), py::arg("shape_hash"), py::arg("name"),
+           py::arg("lane_begin"))
+      .def("poll", &ProxyChannel::Poll)
+      .def("wait",
+           [](ProxyChannel& c, uint64_t seq, double timeout) {
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = c.Wait(seq, timeout);
+             }
+             Check(st);
+           })
+      .def("stop", &ProxyChannel::Stop)
+      .def("abort", &ProxyChannel::Abort)
+      .def("lane", [](const ProxyChannel& c, uint32_t lane) {
+        LaneSnapshot s = c.Lane(lane);
+        py::dict d;
+        d["state"] = s.state;
+        d["pid"] = s.pid;
+        d["port"] = s.port;
+        d["error"] = s.error;
+        d["bytes_sent"] = s.bytes_sent;
+        d["bytes_received"] = s.bytes_received;
+        d["collectives"] = s.collectives;
+        d["busy_ns"] = s.busy_ns;
+        return d;
+      });
+
+  m.def("reduce_sum",
+        [](uint32_t dtype, py::buffer dst, py::buffer src) {
+          if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+          auto d = WritableBuffer(dst);
+          auto s = src.request();
+          size_t bytes = static_cast<size_t>(d.size * d.itemsize);
+          if (bytes != static_cast<size_t>(s.size * s.itemsize)) throw py::value_error("buffers differ in size");
+          ReduceSum(static_cast<DType>(dtype), d.ptr, s.ptr, bytes / DTypeSize(static_cast<DType>(dtype)));
+        },
+        R"pbdoc(dst += src elementwise, with the proxies' rounding rules (tests).)pbdoc");
+  m.def("scale",
+        [](uint32_t dtype, py::buffer data, double factor) {
+          if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+          auto d = WritableBuffer(data);
+          Scale(static_cast<DType>(dtype), d.ptr,
+                static_cast<size_t>(d.size * d.itemsize) / DTypeSize(static_cast<DType>(dtype)), factor);
+        });
+  m.def("dtype_size", [](uint32_t dtype) {
+    if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+    return DTypeSize(static_cast<DType>(dtype));
+  });
+  m.def("chunk_begin", &ChunkBegin, py::arg("count"), py::arg("size"), py::arg("chunk"));
+  m.def("segment_count", &SegmentCount, py::arg("chunk_elements"), py::arg("segment_elements"));
+  m.def("_loopback_allreduce", &LoopbackAllreduce, py::arg("buffers"), py::arg("dtype"), py::arg("segment_bytes"),
+        py::arg("sockets") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
+        py::arg("timeout_seconds") = 60.0,
+        R"pbdoc(Test helper: ring allreduce among threads over loopback TCP, in place.)pbdoc");
+  m.attr("MAX_LANES") = kMaxLanes;
+  m.attr("NUM_SLOTS") = kNumSlots;
+}

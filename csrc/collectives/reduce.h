@@ -1,0 +1,51 @@
+// Element types and the reductions a ring hop applies.
+//
+// Sum is the only reduction the proxies run: Average is Sum followed by a postscale of 1/size,
+// and Horovod's prescale/postscale factors are applied once per element (prescale to the local
+// input before the first hop, postscale to each fully reduced chunk before it is allgathered).
+//
+// float16 and bfloat16 are added the way NCCL does: each hop converts both operands to float32,
+// adds, and rounds the sum back to the wire type (round to nearest, ties to even). After a ring of
+// n ranks an element has been rounded n-1 times, so its error against the exact sum is bounded by
+// (n-1) * 2^-p * sum(|x_i|) with p = 11 (float16) or 8 (bfloat16) significand bits; see
+// docs/dataplane.md. Integer sums wrap around like the integer types themselves; integer scaling
+// multiplies in double and truncates toward zero.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fasthorovod {
+
+// Values are part of the shared-memory and wire formats: append only.
+enum class DType : uint32_t {
+  kUInt8 = 0,
+  kInt8 = 1,
+  kInt16 = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+  kFloat16 = 5,
+  kBFloat16 = 6,
+  kFloat32 = 7,
+  kFloat64 = 8,
+};
+constexpr uint32_t kNumDTypes = 9;
+
+bool DTypeValid(uint32_t dtype);
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+
+// dst[i] = dst[i] + src[i] for i < count.
+void ReduceSum(DType dtype, void* dst, const void* src, size_t count);
+
+// data[i] = data[i] * factor for i < count (see the rounding rules above).
+void Scale(DType dtype, void* data, size_t count, double factor);
+
+// IEEE half and bfloat16 conversions (exposed for tests).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace fasthorovod

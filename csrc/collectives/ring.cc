@@ -1,0 +1,430 @@
+// The ring allreduce of one lane.
+//
+// Every rank holds the same-length shard of a tensor (the lane's part of it) and the ranks form a
+// ring: each receives only from the previous rank and sends only to the next. The shard is cut
+// into `size` chunks (chunk c covers elements [c·count/size, (c+1)·count/size), so the uneven tail
+// is spread one element at a time, and a chunk may be empty when count < size). The algorithm runs
+// 2·(size−1) steps:
+//
+//   reduce-scatter, step t = 0 … size−2: send chunk (rank−t), receive chunk (rank−t−1) and add it
+//     into the local copy. After the last step this rank holds chunk (rank+1) fully reduced; the
+//     postscale (1/size for Average, times Horovod's postscale factor) is applied to it here, once.
+//   allgather, step t = 0 … size−2: send chunk (rank+1−t), receive chunk (rank−t) into place.
+//
+// The chunk sent at step t+1 is always the chunk received at step t. Chunks are cut further into
+// segments of at most `segment_bytes`, and each segment travels as one frame: a 128-byte header
+// ({seq, name hash, shape hash, sizes, dtype, op, step, segment, offset, length}) and its payload.
+// Segment i of step t+1 may leave as soon as segment i of step t has arrived and been reduced,
+// so the schedule is a pipeline: all segments of step 0 are queued at once, every arriving
+// segment releases the next step's segment, and sends, receives and reductions overlap (the
+// kernel's socket buffers keep filling while a segment is being reduced). A lane may use several
+// sockets per neighbour: frame j (in the order the sender issues them) travels on socket j mod S,
+// so each receiver knows how many frames of this collective each socket carries and never reads
+// into the next collective's frames.
+//
+// Every header is compared with the receiver's own description of the collective; a difference
+// means the ranks issued different collectives (order, size, dtype, op, shape) and fails the lane
+// with a message naming both ranks and both tensors. The failing rank then sends an abort frame
+// carrying that message to the next rank, which forwards it, so the whole ring reports the same
+// cause. Waits are bounded: if no byte moves for `timeout_seconds`, the lane fails naming the
+// neighbour it was waiting for.
+#include "collectives/ring.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace fasthorovod {
+namespace {
+
+enum FrameKind : uint32_t { kData = 1, kAbort = 2 };
+constexpr size_t kMaxAbortMessage = 4096;
+
+struct FrameHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t seq;
+  uint64_t name_hash;
+  uint64_t shape_hash;
+  uint64_t total_bytes;
+  uint64_t shard_bytes;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t step;
+  uint32_t segment;
+  uint64_t offset;  // bytes into the shard
+  uint64_t length;  // payload bytes
+  uint32_t origin_rank;
+  uint32_t reserved;
+  char name[kWireNameBytes];
+};
+static_assert(sizeof(FrameHeader) == 128, "frame header is part of the wire format");
+
+struct OutFrame {
+  FrameHeader header;
+  const char* payload;
+  size_t sent = 0;  // bytes of header + payload already written
+  size_t total() const { return sizeof(FrameHeader) + header.length; }
+};
+
+struct InState {
+  FrameHeader header;
+  size_t header_got = 0;
+  size_t payload_got = 0;
+  char* payload_dst = nullptr;
+  uint64_t frames_expected = 0;
+  uint64_t frames_done = 0;
+};
+
+std::string DescribeDesc(const char* name, uint64_t seq, uint64_t total, uint64_t shard, uint32_t dtype,
+                         uint32_t op) {
+  std::string n(name, strnlen(name, kWireNameBytes));
+  return Str("tensor '", n, "' (collective #", seq, ", ", total, " bytes, lane shard ", shard, " bytes, ",
+             DTypeValid(dtype) ? DTypeName(static_cast<DType>(dtype)) : "bad dtype", ", ",
+             op == static_cast<uint32_t>(ReduceOp::kAverage) ? "average" : "sum", ")");
+}
+
+class RingRun {
+ public:
+  RingRun(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work, const RingOptions& opt)
+      : links_(links), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)) {
+    seg_elems_ = std::max<size_t>(1, opt.segment_bytes / elem_);
+    steps_ = 2 * (opt.size - 1);
+    out_.resize(links.to_next.size());
+    in_.resize(links.from_prev.size());
+    temp_.resize(links.from_prev.size());
+  }
+
+  Status Run(RingStats* stats) {
+    stats->start_ns = NowNs();
+    Status st = Execute(stats);
+    if (!st.ok()) {
+      if (abort_origin_ < 0) abort_origin_ = static_cast<int64_t>(opt_.rank);
+      if ((static_cast<uint32_t>(abort_origin_) != (opt_.rank + 1) % opt_.size)) SendAbort(st.message());
+    }
+    stats->end_ns = NowNs();
+    return st;
+  }
+
+ private:
+  uint32_t Mod(int64_t x) const { return static_cast<uint32_t>(((x % opt_.size) + opt_.size) % opt_.size); }
+  uint32_t SendChunk(uint32_t t) const {
+    return t < opt_.size - 1 ? Mod(int64_t(opt_.rank) - t) : Mod(int64_t(opt_.rank) + 1 - (t - (opt_.size - 1)));
+  }
+  uint32_t RecvChunk(uint32_t t) const {
+    return t < opt_.size - 1 ? Mod(int64_t(opt_.rank) - t - 1) : Mod(int64_t(opt_.rank) - (t - (opt_.size - 1)));
+  }
+  size_t ChunkElems(uint32_t c) const {
+    return ChunkBegin(work_.count, opt_.size, c + 1) - ChunkBegin(work_.count, opt_.size, c);
+  }
+  size_t Segments(uint32_t c) const { return SegmentCount(ChunkElems(c), seg_elems_); }
+  // Element range [begin, end) of segment i of chunk c.
+  void SegmentRange(uint32_t c, size_t i, size_t* begin, size_t* end) const {
+    size_t chunk_begin = ChunkBegin(work_.count, opt_.size, c);
+    size_t chunk_end = chunk_begin + ChunkElems(c);
+    *begin = std::min(chunk_end, chunk_begin + i * seg_elems_);
+    *end = std::min(chunk_end, *begin + seg_elems_);
+  }
+  char* Bytes(size_t element) const { return static_cast<char*>(work_.data) + element * elem_; }
+
+  void QueueSend(uint32_t step, size_t segment) {
+    uint32_t c = SendChunk(step);
+    size_t begin, end;
+    SegmentRange(c, segment, &begin, &end);
+    OutFrame f;
+    std::memset(&f.header, 0, sizeof(f.header));
+    FillHeader(&f.header, kData);
+    f.header.step = step;
+    f.header.segment = static_cast<uint32_t>(segment);
+    f.header.offset = begin * elem_;
+    f.header.length = (end - begin) * elem_;
+    f.payload = Bytes(begin);
+    out_[next_socket_].push_back(f);
+    next_socket_ = (next_socket_ + 1) % out_.size();
+  }
+
+  void FillHeader(FrameHeader* h, uint32_t kind) const {
+    h->magic = kFrameMagic;
+    h->kind = kind;
+    h->seq = desc_.seq;
+    h->name_hash = desc_.name_hash;
+    h->shape_hash = desc_.shape_hash;
+    h->total_bytes = desc_.total_bytes;
+    h->shard_bytes = desc_.shard_bytes;
+    h->dtype = desc_.dtype;
+    h->op = desc_.op;
+    h->origin_rank = opt_.rank;
+    std::memcpy(h->name, desc_.name, kWireNameBytes);
+  }
+
+  Status Execute(RingStats* stats) {
+    Scale(work_.dtype, work_.data, work_.count, work_.prescale);
+    if (opt_.size == 1) {
+      Scale(work_.dtype, work_.data, work_.count, work_.postscale);
+      return Status::Ok();
+    }
+    // Frames each socket will carry: the sender issues F frames, frame j on socket j mod S.
+    uint64_t frames_total = 0;
+    for (uint32_t t = 0; t < steps_; ++t) frames_total += Segments(RecvChunk(t));
+    for (size_t s = 0; s < in_.size(); ++s) {
+      in_[s].frames_expected = frames_total / in_.size() + (s < frames_total % in_.size() ? 1 : 0);
+      temp_[s].resize(seg_elems_ * elem_);
+    }
+    recv_remaining_ = frames_total;
+    for (size_t i = 0; i < Segments(SendChunk(0)); ++i) QueueSend(0, i);
+
+    std::vector<pollfd> fds(out_.size() + in_.size());
+    int64_t last_progress = NowNs();
+    const int64_t timeout_ns = static_cast<int64_t>(opt_.timeout_seconds * 1e9);
+    while (recv_remaining_ > 0 || SendsPending()) {
+      if (opt_.abort != nullptr && opt_.abort->load(std::memory_order_relaxed) != 0) {
+        return Status::Error(Code::kAborted, "aborted: the job is shutting down or another lane failed");
+      }
+      for (size_t s = 0; s < out_.size(); ++s) {
+        fds[s] = {links_.to_next[s].fd(), static_cast<short>(out_[s].empty() ? 0 : POLLOUT), 0};
+      }
+      for (size_t s = 0; s < in_.size(); ++s) {
+        bool want = in_[s].frames_done < in_[s].frames_expected;
+        fds[out_.size() + s] = {links_.from_prev[s].fd(), static_cast<short>(want ? POLLIN : 0), 0};
+      }
+      int rc = poll(fds.data(), fds.size(), 100);
+      if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
+      bool progressed = false;
+      for (size_t s = 0; s < out_.size(); ++s) {
+        if (fds[s].revents & (POLLERR | POLLHUP)) {
+          return Status::Error(Code::kIoError, Str("connection to ", opt_.next_name, " broke (peer died or closed)"));
+        }
+        if (fds[s].revents & POLLOUT) FHVD_RETURN_IF_ERROR(PumpSend(s, stats, &progressed));
+      }
+      for (size_t s = 0; s < in_.size(); ++s) {
+        if (fds[out_.size() + s].revents & (POLLIN | POLLHUP | POLLERR)) {
+          FHVD_RETURN_IF_ERROR(PumpRecv(s, stats, &progressed));
+        }
+      }
+      if (progressed) {
+        last_progress = NowNs();
+        if (opt_.progress_ns != nullptr) opt_.progress_ns->store(last_progress, std::memory_order_relaxed);
+      } else if (NowNs() - last_progress > timeout_ns) {
+        return Status::Error(
+            Code::kTimeout,
+            recv_remaining_ > 0
+                ? Str("timed out after ", opt_.timeout_seconds, " s waiting for data from ", opt_.prev_name,
+                      " (it may be stopped, dead, or running a different collective)")
+                : Str("timed out after ", opt_.timeout_seconds, " s sending to ", opt_.next_name,
+                      " (it is not reading: stopped or stuck)"));
+      }
+    }
+    return Status::Ok();
+  }
+
+  bool SendsPending() const {
+    for (const auto& q : out_) {
+      if (!q.empty()) return true;
+    }
+    return false;
+  }
+
+  Status PumpSend(size_t s, RingStats* stats, bool* progressed) {
+    auto& queue = out_[s];
+    while (!queue.empty()) {
+      OutFrame& f = queue.front();
+      iovec iov[2];
+      int n = 0;
+      if (f.sent < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&f.header) + f.sent, sizeof(FrameHeader) - f.sent};
+        if (f.header.length > 0) iov[n++] = {const_cast<char*>(f.payload), f.header.length};
+      } else {
+        size_t done = f.sent - sizeof(FrameHeader);
+        iov[n++] = {const_cast<char*>(f.payload) + done, f.header.length - done};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n;
+      ssize_t w = sendmsg(links_.to_next[s].fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+        return Status::Error(Code::kIoError, Str("send to ", opt_.next_name, " failed: ", ErrnoString(errno),
+                                                 " (peer died or closed the connection)"));
+      }
+      *progressed = true;
+      f.sent += static_cast<size_t>(w);
+      stats->bytes_sent += static_cast<uint64_t>(w);
+      if (f.sent < f.total()) return Status::Ok();
+      stats->frames_sent++;
+      queue.pop_front();
+    }
+    return Status::Ok();
+  }
+
+  Status PumpRecv(size_t s, RingStats* stats, bool* progressed) {
+    InState& in = in_[s];
+    const int fd = links_.from_prev[s].fd();
+    while (in.frames_done < in.frames_expected) {
+      ssize_t r;
+      if (in.header_got < sizeof(FrameHeader)) {
+        r = recv(fd, reinterpret_cast<char*>(&in.header) + in.header_got, sizeof(FrameHeader) - in.header_got,
+                 MSG_DONTWAIT);
+      } else {
+        r = recv(fd, in.payload_dst + in.payload_got, in.header.length - in.payload_got, MSG_DONTWAIT);
+      }
+      if (r == 0) {
+        return Status::Error(Code::kIoError, Str(opt_.prev_name, " closed the connection in the middle of collective #",
+                                                 desc_.seq, " (its proxy or worker died or failed)"));
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+        return Status::Error(Code::kIoError, Str("receive from ", opt_.prev_name, " failed: ", ErrnoString(errno)));
+      }
+      *progressed = true;
+      stats->bytes_received += static_cast<uint64_t>(r);
+      if (in.header_got < sizeof(FrameHeader)) {
+        in.header_got += static_cast<size_t>(r);
+        if (in.header_got < sizeof(FrameHeader)) continue;
+        FHVD_RETURN_IF_ERROR(AcceptHeader(s));
+        if (in.header.kind == kAbort) return ReadAbort(fd, in.header);
+        if (in.header.length > 0) continue;
+      } else {
+        in.payload_got += static_cast<size_t>(r);
+        if (in.payload_got < in.header.length) continue;
+      }
+      FinishFrame(s);
+      stats->frames_received++;
+    }
+    return Status::Ok();
+  }
+
+  // Validates a complete header and decides where its payload goes.
+  Status AcceptHeader(size_t s) {
+    InState& in = in_[s];
+    const FrameHeader& h = in.header;
+    const uint32_t prev_rank = (opt_.rank + opt_.size - 1) % opt_.size;
+    if (h.magic != kFrameMagic) {
+      return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (bad magic)"));
+    }
+    if (h.kind == kAbort) return Status::Ok();
+    if (h.seq != desc_.seq || h.name_hash != desc_.name_hash || h.shape_hash != desc_.shape_hash ||
+        h.total_bytes != desc_.total_bytes || h.shard_bytes != desc_.shard_bytes || h.dtype != desc_.dtype ||
+        h.op != desc_.op) {
+      abort_origin_ = opt_.rank;
+      return Status::Error(
+          Code::kMismatch,
+          Str("collective mismatch on lane ", opt_.lane, ": rank ", opt_.rank, " runs ",
+              DescribeDesc(desc_.name, desc_.seq, desc_.total_bytes, desc_.shard_bytes, desc_.dtype, desc_.op),
+              " but rank ", prev_rank, " runs ",
+              DescribeDesc(h.name, h.seq, h.total_bytes, h.shard_bytes, h.dtype, h.op),
+              (h.name_hash == desc_.name_hash && h.total_bytes == desc_.total_bytes && h.shape_hash != desc_.shape_hash
+                   ? "; the shapes differ"
+                   : ""),
+              ". Large allreduces must be issued in the same order, with the same shapes, dtypes and ops, "
+              "on every rank."));
+    }
+    if (h.step >= steps_ || h.segment >= Segments(RecvChunk(h.step))) {
+      return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": step ", h.step,
+                                               " segment ", h.segment, " out of range"));
+    }
+    size_t begin, end;
+    SegmentRange(RecvChunk(h.step), h.segment, &begin, &end);
+    if (h.offset != begin * elem_ || h.length != (end - begin) * elem_) {
+      return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": segment bounds differ"));
+    }
+    in.payload_got = 0;
+    // Reduce-scatter payloads land in a temporary and are added; allgather payloads land in place.
+    in.payload_dst = h.step < opt_.size - 1 ? temp_[s].data() : Bytes(begin);
+    return Status::Ok();
+  }
+
+  void FinishFrame(size_t s) {
+    InState& in = in_[s];
+    const FrameHeader& h = in.header;
+    if (h.step < opt_.size - 1 && h.length > 0) {
+      ReduceSum(work_.dtype, Bytes(h.offset / elem_), temp_[s].data(), h.length / elem_);
+      if (h.step == opt_.size - 2) Scale(work_.dtype, Bytes(h.offset / elem_), h.length / elem_, work_.postscale);
+    }
+    if (h.step + 1 < steps_) QueueSend(h.step + 1, h.segment);
+    in.header_got = 0;
+    in.frames_done++;
+    recv_remaining_--;
+  }
+
+  // The previous rank failed and sent its reason: fail with the same message.
+  Status ReadAbort(int fd, const FrameHeader& h) {
+    abort_origin_ = h.origin_rank;
+    std::string message(std::min<uint64_t>(h.length, kMaxAbortMessage), '\0');
+    if (!RecvAll(fd, message.data(), message.size(), Deadline::After(2.0), opt_.prev_name).ok()) {
+      message = "(message lost)";
+    }
+    return Status::Error(Code::kPeerError, Str(message, " [reported by rank ", h.origin_rank, "]"));
+  }
+
+  // Tells the next rank why this lane failed: finish any half-written frame (so the stream stays
+  // framed), then send an abort frame with the message on every socket. Best effort, bounded.
+  void SendAbort(const std::string& message) {
+    std::string text = message.substr(0, kMaxAbortMessage);
+    Deadline deadline = Deadline::After(2.0);
+    for (size_t s = 0; s < out_.size(); ++s) {
+      const int fd = links_.to_next[s].fd();
+      if (!out_[s].empty() && out_[s].front().sent > 0) {
+        OutFrame& f = out_[s].front();
+        bool ok = true;
+        if (f.sent < sizeof(FrameHeader)) {
+          ok = SendAll(fd, reinterpret_cast<char*>(&f.header) + f.sent, sizeof(FrameHeader) - f.sent, deadline,
+                       opt_.next_name).ok();
+          f.sent = sizeof(FrameHeader);
+        }
+        size_t done = f.sent - sizeof(FrameHeader);
+        if (!ok || !SendAll(fd, f.payload + done, f.header.length - done, deadline, opt_.next_name).ok()) continue;
+      }
+      FrameHeader h;
+      std::memset(&h, 0, sizeof(h));
+      FillHeader(&h, kAbort);
+      h.origin_rank = static_cast<uint32_t>(abort_origin_);
+      h.length = text.size();
+      if (SendAll(fd, &h, sizeof(h), deadline, opt_.next_name).ok()) {
+        SendAll(fd, text.data(), text.size(), deadline, opt_.next_name);
+      }
+    }
+  }
+
+  RingLinks& links_;
+  const CollectiveDesc& desc_;
+  const ShardWork& work_;
+  const RingOptions& opt_;
+  const size_t elem_;
+  size_t seg_elems_ = 1;
+  uint32_t steps_ = 0;
+  std::vector<std::deque<OutFrame>> out_;
+  std::vector<InState> in_;
+  std::vector<std::vector<char>> temp_;
+  size_t next_socket_ = 0;
+  uint64_t recv_remaining_ = 0;
+  int64_t abort_origin_ = -1;
+};
+
+}  // namespace
+
+size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk) {
+  return static_cast<size_t>((static_cast<unsigned __int128>(count) * chunk) / size);
+}
+
+size_t SegmentCount(size_t chunk_elements, size_t segment_elements) {
+  // An empty chunk still travels as one empty frame so that its header is checked.
+  return chunk_elements == 0 ? 1 : (chunk_elements + segment_elements - 1) / segment_elements;
+}
+
+Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work,
+                     const RingOptions& options, RingStats* stats) {
+  if (links.to_next.empty() || links.to_next.size() != links.from_prev.size()) {
+    return Status::Error(Code::kInvalidArgument, "ring links are not established");
+  }
+  RingRun run(links, desc, work, options);
+  return run.Run(stats);
+}
+
+}  // namespace fasthorovod

@@ -1,0 +1,273 @@
+#include "proxy/client.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace fasthorovod {
+
+Status ProxyChannel::Create(const std::string& name, const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out) {
+  if (config.num_lanes == 0 || config.num_lanes > kMaxLanes) {
+    return Status::Error(Code::kInvalidArgument, Str("number of proxies must be in [1, ", kMaxLanes, "], got ",
+                                                     config.num_lanes));
+  }
+  if (config.token.size() != kTokenBytes) return Status::Error(Code::kInvalidArgument, "job token must be 16 bytes");
+  std::unique_ptr<ProxyChannel> channel(new ProxyChannel());
+  FHVD_RETURN_IF_ERROR(ShmSegment::Create(name, sizeof(ChannelHeader), &channel->segment_));
+  auto* h = static_cast<ChannelHeader*>(channel->segment_.data());  // zero-filled by ftruncate
+  h->magic = kChannelMagic;
+  h->version = kChannelVersion;
+  h->num_lanes = config.num_lanes;
+  h->rank = config.rank;
+  h->size = config.size;
+  h->sockets_per_lane = config.sockets_per_lane;
+  h->socket_buffer_bytes = config.socket_buffer_bytes;
+  h->segment_bytes = config.segment_bytes;
+  h->timeout_seconds = config.timeout_seconds;
+  h->config_hash = config.config_hash;
+  std::memcpy(h->token, config.token.data(), kTokenBytes);
+  h->worker_pid = getpid();
+  CopyString(h->bind_host, config.bind_host);
+  CopyString(h->buffer_prefix, config.buffer_prefix);
+  channel->header_ = h;
+  channel->pidfds_.assign(config.num_lanes, -1);
+  *out = std::move(channel);
+  return Status::Ok();
+}
+
+ProxyChannel::~ProxyChannel() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) close(fd);
+  }
+}
+
+Status ProxyChannel::WatchProxy(uint32_t lane, int pid) {
+  if (lane >= header_->num_lanes) return Status::Error(Code::kInvalidArgument, "lane out of range");
+  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return Status::Error(Code::kIoError, Str("pidfd_open(", pid, "): ", ErrnoString(errno)));
+  if (pidfds_[lane] >= 0) close(pidfds_[lane]);
+  pidfds_[lane] = fd;
+  return Status::Ok();
+}
+
+Status ProxyChannel::CheckProxiesAlive() {
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    const LaneInfo& info = header_->lanes[lane];
+    if (info.state.load() == static_cast<uint32_t>(LaneState::kFailed)) {
+      return Status::Error(Code::kPeerError, Str("rank ", header_->rank, " lane ", lane, ": ", info.error));
+    }
+    if (pidfds_[lane] < 0) continue;
+    pollfd p{pidfds_[lane], POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) {
+      return Status::Error(Code::kPeerError,
+                           Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ", info.pid,
+                               ") exited unexpectedly (killed or crashed); see its stderr"));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* ports) {
+  Deadline deadline = Deadline::After(timeout_seconds);
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    while (header_->lanes[lane].state.load() < static_cast<uint32_t>(LaneState::kListening)) {
+      FHVD_RETURN_IF_ERROR(CheckProxiesAlive());
+      if (deadline.Expired()) {
+        return Status::Error(Code::kTimeout, Str("proxy of lane ", lane, " did not start listening within ",
+                                                 timeout_seconds, " s"));
+      }
+      usleep(2000);
+    }
+    FHVD_RETURN_IF_ERROR(CheckProxiesAlive());
+    ports->push_back(header_->lanes[lane].listen_port);
+  }
+  return Status::Ok();
+}
+
+Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
+                             double timeout_seconds) {
+  if (next_hosts.size() != header_->num_lanes || next_ports.size() != header_->num_lanes) {
+    return Status::Error(Code::kInvalidArgument, "one next address per lane is required");
+  }
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    CopyString(header_->lanes[lane].next_host, next_hosts[lane]);
+    header_->lanes[lane].next_port = next_ports[lane];
+  }
+  header_->go.store(1, std::memory_order_release);
+  FutexWakeAll(&header_->go);
+  Deadline deadline = Deadline::After(timeout_seconds);
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    while (header_->lanes[lane].state.load() != static_cast<uint32_t>(LaneState::kConnected)) {
+      FHVD_RETURN_IF_ERROR(CheckProxiesAlive());
+      if (deadline.Expired()) {
+        return Status::Error(Code::kTimeout, Str("rank ", header_->rank, " lane ", lane,
+                                                 ": ring not connected within ", timeout_seconds, " s"));
+      }
+      usleep(2000);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ProxyChannel::Post(const AllreduceRequest& request, uint64_t* seq) {
+  if (request.lane_begin.size() != header_->num_lanes + 1) {
+    return Status::Error(Code::kInvalidArgument, "lane_begin must have num_lanes + 1 entries");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  while (head_ - tail_ >= kNumSlots) {
+    const uint64_t oldest = tail_;
+    lock.unlock();
+    Status st = WaitSlot(oldest, header_->timeout_seconds);
+    lock.lock();
+    if (!st.ok()) return st;
+    ReapLocked();
+  }
+  RequestSlot& slot = Slot(head_);
+  slot.lanes_done.store(0, std::memory_order_relaxed);
+  slot.failed.store(0, std::memory_order_relaxed);
+  slot.error[0] = '\0';
+  slot.kind = static_cast<uint32_t>(RequestKind::kAllreduce);
+  slot.dtype = request.dtype;
+  slot.op = request.op;
+  slot.buffer_id = request.buffer_id;
+  slot.seq = head_;
+  slot.name_hash = request.name_hash;
+  slot.shape_hash = request.shape_hash;
+  slot.count = request.count;
+  slot.buffer_offset = request.buffer_offset;
+  slot.prescale = request.prescale;
+  slot.postscale = request.postscale;
+  std::copy(request.lane_begin.begin(), request.lane_begin.end(), slot.lane_begin);
+  CopyString(slot.name, request.name);
+  collected_[head_ % kNumSlots] = false;
+  *seq = head_++;
+  header_->head.store(static_cast<uint32_t>(head_), std::memory_order_release);
+  FutexWakeAll(&header_->head);
+  return Status::Ok();
+}
+
+void ProxyChannel::CollectLocked(uint64_t seq) {
+  if (seq < tail_ || collected_[seq % kNumSlots]) return;
+  RequestSlot& slot = Slot(seq);
+  Status result = Status::Ok();
+  if (slot.failed.load(std::memory_order_acquire) != 0) {
+    slot.error[kErrorBytes - 1] = '\0';
+    result = Status::Error(Code::kPeerError, slot.error);
+    if (broken_.ok()) broken_ = result;
+    header_->abort.store(1);
+  }
+  results_[seq] = result;
+  collected_[seq % kNumSlots] = true;
+}
+
+void ProxyChannel::ReapLocked() {
+  while (tail_ < head_ && collected_[tail_ % kNumSlots]) {
+    collected_[tail_ % kNumSlots] = false;
+    ++tail_;
+  }
+}
+
+bool ProxyChannel::Poll(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (results_.count(seq) || seq < tail_) return true;
+  if (!broken_.ok()) return true;
+  if (!SlotComplete(seq)) return CheckProxiesAlive().ok() ? false : true;
+  CollectLocked(seq);
+  ReapLocked();
+  return true;
+}
+
+Status ProxyChannel::WaitSlot(uint64_t seq, double timeout_seconds) {
+  RequestSlot& slot = Slot(seq);
+  const int64_t timeout_ns = static_cast<int64_t>(timeout_seconds * 1e9);
+  const int64_t start = NowNs();
+  for (;;) {
+    uint32_t done = slot.lanes_done.load(std::memory_order_acquire);
+    if (done == header_->num_lanes) {
+      std::lock_guard<std::mutex> lock(mu_);
+      CollectLocked(seq);
+      return Status::Ok();
+    }
+    Status alive = CheckProxiesAlive();
+    if (!alive.ok()) return FailLanesError(alive.message().c_str());
+    // Time out when no lane has moved a byte (or finished anything) for timeout_seconds.
+    int64_t last = start;
+    for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+      last = std::max(last, header_->lanes[lane].progress_ns.load(std::memory_order_relaxed));
+    }
+    if (NowNs() - last > timeout_ns) {
+      return FailLanesError(Str("timed out: no progress on any lane of rank ", header_->rank, " for ",
+                                timeout_seconds, " s (FASTHOROVOD_TIMEOUT_SECONDS); a peer rank or its "
+                                "proxies may be stopped, dead or running a different collective")
+                                .c_str());
+    }
+    FutexWait(&slot.lanes_done, done, 50);
+  }
+}
+
+Status ProxyChannel::FailLanesError(const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.ok()) broken_ = Status::Error(Code::kPeerError, what);
+  header_->abort.store(1);
+  return broken_;
+}
+
+Status ProxyChannel::Wait(uint64_t seq, double timeout_seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = results_.find(seq);
+    if (it != results_.end()) {
+      Status st = it->second;
+      results_.erase(it);
+      return st;
+    }
+    if (seq >= head_) return Status::Error(Code::kInvalidArgument, Str("unknown request ", seq));
+    if (seq < tail_ || collected_[seq % kNumSlots]) {
+      return Status::Error(Code::kInvalidArgument, Str("request ", seq, " was already waited for"));
+    }
+    if (!broken_.ok()) return broken_;
+  }
+  FHVD_RETURN_IF_ERROR(WaitSlot(seq, timeout_seconds));
+  std::lock_guard<std::mutex> lock(mu_);
+  ReapLocked();
+  auto it = results_.find(seq);
+  Status st = it != results_.end() ? it->second : Status::Ok();
+  if (it != results_.end()) results_.erase(it);
+  return st;
+}
+
+void ProxyChannel::Stop() {
+  header_->stop.store(1);
+  FutexWakeAll(&header_->head);
+  FutexWakeAll(&header_->go);
+}
+
+void ProxyChannel::Abort() {
+  header_->abort.store(1);
+  Stop();
+}
+
+LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
+  LaneSnapshot s;
+  if (lane >= header_->num_lanes) return s;
+  const LaneInfo& info = header_->lanes[lane];
+  s.state = info.state.load();
+  s.pid = info.pid;
+  s.port = info.listen_port;
+  if (s.state == static_cast<uint32_t>(LaneState::kFailed)) s.error = info.error;
+  s.bytes_sent = info.bytes_sent.load();
+  s.bytes_received = info.bytes_received.load();
+  s.collectives = info.collectives.load();
+  s.busy_ns = info.busy_ns.load();
+  return s;
+}
+
+}  // namespace fasthorovod

@@ -1,0 +1,105 @@
+// The worker's side of the channel: create it, hand the proxies their neighbours, post requests,
+// and wait for them with a bound on time and an eye on the proxies' liveness.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "shm/channel.h"
+#include "shm/segment.h"
+
+namespace fasthorovod {
+
+struct ChannelConfig {
+  uint32_t num_lanes = 1;
+  uint32_t rank = 0;
+  uint32_t size = 1;
+  uint32_t sockets_per_lane = 1;
+  int32_t socket_buffer_bytes = 0;
+  uint64_t segment_bytes = 1 << 20;
+  double timeout_seconds = 300.0;
+  uint64_t config_hash = 0;
+  std::string token;  // kTokenBytes bytes
+  std::string bind_host;
+  std::string buffer_prefix;
+};
+
+struct AllreduceRequest {
+  uint32_t buffer_id = 0;
+  uint64_t buffer_offset = 0;
+  uint64_t count = 0;
+  uint32_t dtype = 0;
+  uint32_t op = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;  // including 1/size for Average
+  uint64_t name_hash = 0;
+  uint64_t shape_hash = 0;
+  std::string name;
+  std::vector<uint64_t> lane_begin;  // num_lanes + 1 element boundaries
+};
+
+struct LaneSnapshot {
+  uint32_t state = 0;
+  int32_t pid = 0;
+  int32_t port = 0;
+  std::string error;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t collectives = 0;
+  uint64_t busy_ns = 0;
+};
+
+class ProxyChannel {
+ public:
+  static Status Create(const std::string& name, const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out);
+  ~ProxyChannel();
+
+  const std::string& name() const { return segment_.name(); }
+  uint32_t num_lanes() const { return header_->num_lanes; }
+
+  // Set-up: proxies started by the caller register their pids; then wait until each listens.
+  Status WatchProxy(uint32_t lane, int pid);
+  Status WaitListening(double timeout_seconds, std::vector<int>* ports);
+  Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
+                 double timeout_seconds);
+  void UnlinkName() { segment_.Unlink(); }
+
+  // Requests. Post never blocks for long: when all slots are in use it waits for the oldest.
+  Status Post(const AllreduceRequest& request, uint64_t* seq);
+  bool Poll(uint64_t seq);
+  Status Wait(uint64_t seq, double timeout_seconds);
+
+  // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
+  void Stop();
+  void Abort();
+  LaneSnapshot Lane(uint32_t lane) const;
+
+ private:
+  ProxyChannel() = default;
+  RequestSlot& Slot(uint64_t seq) { return header_->slots[seq % kNumSlots]; }
+  bool SlotComplete(uint64_t seq) {
+    return Slot(seq).lanes_done.load(std::memory_order_acquire) == header_->num_lanes;
+  }
+  void CollectLocked(uint64_t seq);  // records the result of a completed slot
+  void ReapLocked();                 // frees completed slots in order
+  Status CheckProxiesAlive();
+  Status FailLanesError(const char* what);
+  Status WaitSlot(uint64_t seq, double timeout_seconds);
+
+  ShmSegment segment_;
+  ChannelHeader* header_ = nullptr;
+  std::vector<int> pidfds_;
+  std::mutex mu_;
+  uint64_t head_ = 0;  // next seq to post
+  uint64_t tail_ = 0;  // oldest slot still owned by a request
+  std::unordered_map<uint64_t, Status> results_;
+  std::vector<bool> collected_ = std::vector<bool>(kNumSlots, false);
+  Status broken_;  // first fatal error; every later call fails with it
+};
+
+}  // namespace fasthorovod

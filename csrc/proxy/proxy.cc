@@ -1,0 +1,218 @@
+// The proxy loop: shared-memory request → this lane's shard through the ring → completion.
+//
+// A proxy is a plain OS process started by its worker (python -m fasthorovod.proxy) for one lane.
+// It owns that lane's TCP connections and nothing else; all it knows about a request is in the
+// request slot (which buffer, which elements are this lane's shard, dtype, scale factors). It
+// exits when the worker sets `stop`, and also when the worker dies: the kernel sends it SIGTERM
+// (PR_SET_PDEATHSIG) and the loops below notice within 100 ms; the sockets then close, so the
+// neighbouring proxies fail their collectives at once instead of waiting for a timeout.
+#include "proxy/proxy.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <unordered_map>
+
+#include "collectives/ring.h"
+#include "shm/channel.h"
+#include "shm/segment.h"
+#include "transport/socket.h"
+
+namespace fasthorovod {
+namespace {
+
+std::atomic<uint32_t> g_signalled{0};
+std::atomic<uint32_t>* g_abort_word = nullptr;
+
+void OnTerminate(int) {
+  g_signalled.store(1);
+  if (g_abort_word != nullptr) g_abort_word->store(1);
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = OnTerminate;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  // Ctrl-C reaches the whole process group; the worker decides what happens, not the proxy.
+  signal(SIGINT, SIG_IGN);
+  signal(SIGPIPE, SIG_IGN);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+}
+
+class Proxy {
+ public:
+  Proxy(ChannelHeader* channel, uint32_t lane) : ch_(channel), lane_(lane), info_(channel->lanes[lane]) {}
+
+  Status Run() {
+    Status st = Serve();
+    if (!st.ok()) Fail(st);
+    info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
+    FutexWakeAll(&ch_->head);
+    return st;
+  }
+
+ private:
+  bool Stopping() const {
+    return g_signalled.load() != 0 || ch_->stop.load() != 0 || getppid() != ch_->worker_pid;
+  }
+
+  std::string Who(uint32_t rank) const { return Str("rank ", rank, " lane ", lane_); }
+
+  Status Serve() {
+    Socket listener;
+    int port = 0;
+    FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &listener, &port));
+    info_.listen_port = port;
+    info_.pid = getpid();
+    info_.state.store(static_cast<uint32_t>(LaneState::kListening));
+
+    // Wait for the worker to exchange addresses with the other ranks.
+    Deadline deadline = Deadline::After(ch_->timeout_seconds);
+    while (ch_->go.load(std::memory_order_acquire) == 0) {
+      if (Stopping()) return Status::Ok();
+      if (deadline.Expired()) return Status::Error(Code::kTimeout, "timed out waiting for the worker's go");
+      FutexWait(&ch_->go, 0, 100);
+    }
+    LinkIdentity self;
+    std::memcpy(self.token, ch_->token, kTokenBytes);
+    self.rank = ch_->rank;
+    self.size = ch_->size;
+    self.lane = lane_;
+    self.config_hash = ch_->config_hash;
+    RingEndpoint next{info_.next_host, info_.next_port};
+    FHVD_RETURN_IF_ERROR(EstablishRing(self, listener, next, static_cast<int>(ch_->sockets_per_lane),
+                                       ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
+    listener.Close();  // no more connections are accepted: strangers get a refusal from the kernel
+    info_.state.store(static_cast<uint32_t>(LaneState::kConnected));
+    info_.progress_ns.store(NowNs());
+
+    options_.rank = ch_->rank;
+    options_.size = ch_->size;
+    options_.lane = lane_;
+    options_.segment_bytes = ch_->segment_bytes;
+    options_.timeout_seconds = ch_->timeout_seconds;
+    options_.abort = &ch_->abort;
+    options_.progress_ns = &info_.progress_ns;
+    options_.prev_name = Who((ch_->rank + ch_->size - 1) % ch_->size);
+    options_.next_name = Str(Who((ch_->rank + 1) % ch_->size), " (", next.host, ":", next.port, ")");
+
+    uint32_t next_request = 0;
+    for (;;) {
+      if (Stopping()) return Status::Ok();
+      if (ch_->head.load(std::memory_order_acquire) == next_request) {
+        FutexWait(&ch_->head, next_request, 100);
+        continue;
+      }
+      Handle(ch_->slots[next_request % kNumSlots], next_request);
+      ++next_request;
+    }
+  }
+
+  void Handle(RequestSlot& slot, uint64_t seq) {
+    Status st = dead_.ok() ? Execute(slot, seq) : dead_;
+    if (!st.ok()) {
+      if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
+      uint32_t expected = 0;
+      if (slot.failed.compare_exchange_strong(expected, 1)) {
+        CopyString(slot.error, Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message()));
+      }
+      Fail(st);
+    }
+    info_.progress_ns.store(NowNs());
+    slot.lanes_done.fetch_add(1, std::memory_order_acq_rel);
+    FutexWakeAll(&slot.lanes_done);
+  }
+
+  Status Execute(RequestSlot& slot, uint64_t seq) {
+    if (slot.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(slot.dtype)) {
+      return Status::Error(Code::kInvalidArgument, "malformed request");
+    }
+    const DType dtype = static_cast<DType>(slot.dtype);
+    const size_t elem = DTypeSize(dtype);
+    ShmSegment* buffer = nullptr;
+    FHVD_RETURN_IF_ERROR(MapBuffer(slot.buffer_id, &buffer));
+    if (slot.buffer_offset + slot.count * elem > buffer->size()) {
+      return Status::Error(Code::kInvalidArgument, "request exceeds its data buffer");
+    }
+    const uint64_t begin = slot.lane_begin[lane_];
+    const uint64_t end = slot.lane_begin[lane_ + 1];
+    if (begin > end || end > slot.count) return Status::Error(Code::kInvalidArgument, "bad lane boundaries");
+
+    CollectiveDesc desc;
+    desc.seq = seq;
+    desc.name_hash = slot.name_hash;
+    desc.shape_hash = slot.shape_hash;
+    desc.total_bytes = slot.count * elem;
+    desc.shard_bytes = (end - begin) * elem;
+    desc.dtype = slot.dtype;
+    desc.op = slot.op;
+    std::strncpy(desc.name, slot.name, kWireNameBytes - 1);
+
+    ShardWork work;
+    work.data = static_cast<char*>(buffer->data()) + slot.buffer_offset + begin * elem;
+    work.count = end - begin;
+    work.dtype = dtype;
+    work.prescale = slot.prescale;
+    work.postscale = slot.postscale;
+
+    RingStats stats;
+    Status st = RingAllreduce(links_, desc, work, options_, &stats);
+    info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
+    info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
+    info_.busy_ns.fetch_add(static_cast<uint64_t>(stats.end_ns - stats.start_ns), std::memory_order_relaxed);
+    info_.collectives.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+
+  Status MapBuffer(uint32_t id, ShmSegment** out) {
+    auto it = buffers_.find(id);
+    if (it == buffers_.end()) {
+      ShmSegment seg;
+      FHVD_RETURN_IF_ERROR(ShmSegment::Open(Str(ch_->buffer_prefix, ".", id), &seg));
+      it = buffers_.emplace(id, std::move(seg)).first;
+    }
+    *out = &it->second;
+    return Status::Ok();
+  }
+
+  void Fail(const Status& st) {
+    if (info_.state.load() != static_cast<uint32_t>(LaneState::kFailed)) {
+      CopyString(info_.error, st.message());
+      info_.state.store(static_cast<uint32_t>(LaneState::kFailed));
+    }
+  }
+
+  ChannelHeader* ch_;
+  const uint32_t lane_;
+  LaneInfo& info_;
+  RingLinks links_;
+  RingOptions options_;
+  std::unordered_map<uint32_t, ShmSegment> buffers_;
+  Status dead_;
+};
+
+}  // namespace
+
+Status RunProxy(const std::string& channel_name, uint32_t lane) {
+  InstallSignalHandlers();
+  ShmSegment segment;
+  FHVD_RETURN_IF_ERROR(ShmSegment::Open(channel_name, &segment));
+  if (segment.size() < sizeof(ChannelHeader)) return Status::Error(Code::kInvalidArgument, "channel segment too small");
+  auto* channel = static_cast<ChannelHeader*>(segment.data());
+  if (channel->magic != kChannelMagic || channel->version != kChannelVersion) {
+    return Status::Error(Code::kInvalidArgument, "channel segment has a different version (stale build?)");
+  }
+  if (lane >= channel->num_lanes) return Status::Error(Code::kInvalidArgument, Str("lane ", lane, " out of range"));
+  g_abort_word = &channel->abort;
+  if (getppid() != channel->worker_pid) return Status::Error(Code::kAborted, "worker exited before the proxy started");
+  Proxy proxy(channel, lane);
+  Status st = proxy.Run();
+  g_abort_word = nullptr;
+  return st;
+}
+
+}  // namespace fasthorovod

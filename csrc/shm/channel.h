@@ -1,0 +1,111 @@
+// The request channel between a worker and its k proxies: one shared-memory control segment.
+//
+//   ChannelHeader   job identity and data-plane settings (written once by the worker),
+//                   `go`   futex: the worker has written the neighbours' addresses,
+//                   `head` futex: number of requests posted so far (the doorbell),
+//                   `stop`/`abort` flags, one LaneInfo per proxy (state, port, pid, error, stats)
+//   RequestSlot[kNumSlots]  a ring of requests; slot = seq % kNumSlots
+//
+// The worker fills a free slot and then bumps `head` (release) and wakes the proxies. Every proxy
+// takes every request in order and runs its own lane's shard; when done it bumps the slot's
+// `lanes_done` (the worker waits on it as a futex). A lane that fails sets `failed`, writes the
+// message (first failure wins) and still bumps `lanes_done`, so the worker never waits for a
+// lane that has given up. Tensor bytes never travel through this segment: a request names a data
+// buffer (another shared-memory segment, "<prefix>.<buffer id>") and an offset into it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "transport/socket.h"
+
+namespace fasthorovod {
+
+constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
+constexpr uint32_t kChannelVersion = 1;
+constexpr uint32_t kMaxLanes = 64;
+constexpr uint32_t kNumSlots = 256;
+constexpr size_t kErrorBytes = 2048;
+constexpr size_t kHostBytes = 64;
+constexpr size_t kNameBytes = 128;
+
+enum class LaneState : uint32_t { kStarting = 0, kListening = 1, kConnected = 2, kFailed = 3, kExited = 4 };
+enum class RequestKind : uint32_t { kAllreduce = 1 };
+
+struct LaneInfo {
+  std::atomic<uint32_t> state;
+  int32_t pid;
+  int32_t listen_port;
+  int32_t next_port;                  // written by the worker before `go`
+  char next_host[kHostBytes];         // written by the worker before `go`
+  char error[kErrorBytes];            // why the lane failed (state == kFailed)
+  std::atomic<int64_t> progress_ns;   // last time this lane moved a byte or finished a request
+  std::atomic<uint64_t> bytes_sent;
+  std::atomic<uint64_t> bytes_received;
+  std::atomic<uint64_t> collectives;
+  std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
+};
+
+struct RequestSlot {
+  std::atomic<uint32_t> lanes_done;  // futex word
+  std::atomic<uint32_t> failed;
+  uint32_t kind;
+  uint32_t dtype;
+  uint32_t op;
+  uint32_t buffer_id;
+  uint64_t seq;
+  uint64_t name_hash;
+  uint64_t shape_hash;
+  uint64_t count;          // elements of the whole tensor
+  uint64_t buffer_offset;  // bytes into the data buffer
+  double prescale;
+  double postscale;
+  uint64_t lane_begin[kMaxLanes + 1];  // element boundaries of the lanes' shards
+  char name[kNameBytes];
+  char error[kErrorBytes];
+};
+
+struct ChannelHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t num_lanes;
+  uint32_t rank;
+  uint32_t size;
+  uint32_t sockets_per_lane;
+  int32_t socket_buffer_bytes;
+  uint64_t segment_bytes;
+  double timeout_seconds;
+  uint64_t config_hash;
+  uint8_t token[kTokenBytes];
+  int32_t worker_pid;
+  uint32_t reserved;
+  char bind_host[kHostBytes];
+  char buffer_prefix[kNameBytes];
+  std::atomic<uint32_t> go;
+  std::atomic<uint32_t> head;
+  std::atomic<uint32_t> stop;
+  std::atomic<uint32_t> abort;
+  LaneInfo lanes[kMaxLanes];
+  RequestSlot slots[kNumSlots];
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
+static_assert(std::atomic<int64_t>::is_always_lock_free, "shared counters must be lock-free");
+
+// Futex wait/wake on a 32-bit word in shared memory (cross-process). Wait returns when the word
+// differs from `expected`, on a wake, or after timeout_ms (spurious returns are fine).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms);
+void FutexWakeAll(std::atomic<uint32_t>* word);
+
+// Copies a string into a fixed char array, always NUL-terminated.
+template <size_t N>
+void CopyString(char (&dst)[N], const std::string& src) {
+  size_t n = src.size() < N - 1 ? src.size() : N - 1;
+  src.copy(dst, n);
+  dst[n] = '\0';
+}
+
+}  // namespace fasthorovod

@@ -1,0 +1,89 @@
+"""Every FastHorovod knob, declared once.
+
+Each field of :class:`Config` is read from the environment variable ``FASTHOROVOD_<NAME>`` and
+documented in docs/env.md. A malformed or out-of-range value raises :class:`ConfigError` naming the
+variable; nothing is silently clamped. Settings that change what travels on the wire are folded
+into :meth:`Config.wire_hash`, which the proxies compare in their handshake, so ranks with
+different settings fail at start-up with a clear message instead of hanging later.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Mapping, Optional
+
+PREFIX = "FASTHOROVOD_"
+MAX_PROXIES = 64  # csrc/shm/channel.h kMaxLanes
+
+
+class ConfigError(ValueError):
+    """A FASTHOROVOD_* variable has a bad value."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, low: int, high: Optional[int] = None) -> int:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip(), 0)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not an integer") from None
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"{PREFIX}{name}={value} must be {bounds}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, low: float) -> float:
+    raw = env.get(PREFIX + name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}{name}={raw!r} is not a number") from None
+    if not value > low:
+        raise ConfigError(f"{PREFIX}{name}={value} must be > {low}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    num_proxies: int = 4
+    """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them."""
+    sockets_per_proxy: int = 1
+    """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour."""
+    proxy_threshold_bytes: int = 1 << 20
+    """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies."""
+    segment_bytes: int = 1 << 20
+    """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
+    bucket_bytes: int = 25 << 20
+    """FASTHOROVOD_BUCKET_BYTES: DistributedOptimizer gradient bucket size (a larger tensor gets its own)."""
+    socket_buffer_bytes: int = 0
+    """FASTHOROVOD_SOCKET_BUFFER_BYTES: SO_SNDBUF/SO_RCVBUF; 0 keeps Linux's autotuning."""
+    timeout_seconds: float = 120.0
+    """FASTHOROVOD_TIMEOUT_SECONDS: bound on every wait (start-up, and no progress in a collective)."""
+    iface: Optional[str] = None
+    """FASTHOROVOD_IFACE: network interface the proxies bind to (else HOROVOD_GLOO_IFACE, else hostname)."""
+
+    @classmethod
+    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
+        env = os.environ if env is None else env
+        iface = env.get(PREFIX + "IFACE") or None
+        return cls(
+            num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
+            sockets_per_proxy=_int(env, "SOCKETS_PER_PROXY", cls.sockets_per_proxy, 1, 64),
+            proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
+            segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
+            bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
+            socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),
+            timeout_seconds=_float(env, "TIMEOUT_SECONDS", cls.timeout_seconds, 0.0),
+            iface=iface,
+        )
+
+    def wire_hash(self) -> int:
+        """Hash of the settings every rank must share (compared in the proxies' handshake)."""
+        shared = (self.num_proxies, self.sockets_per_proxy, self.proxy_threshold_bytes, self.segment_bytes)
+        digest = hashlib.sha256(repr(shared).encode()).digest()
+        return int.from_bytes(digest[:8], "little")

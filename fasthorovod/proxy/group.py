@@ -1,0 +1,226 @@
+"""ProxyGroup: the k proxy processes of one worker, from spawn to reaping.
+
+Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES > 0):
+
+1. rank 0 draws a random 16-byte job token; ``broadcast_object`` gives it to every rank (Horovod's
+   control plane, no home-made rendezvous);
+2. the worker creates its shared-memory channel and spawns ``python -m fasthorovod.proxy CHANNEL j``
+   for j < k; each proxy binds on the job's interface and reports its port in the channel;
+3. ``allgather_object`` exchanges (address, ports) between workers; lane j of rank r is told the
+   address of lane j of rank r+1, connects, and accepts lane j of rank r−1 (handshake with the
+   token, ranks, lane and configuration hash);
+4. once every lane is connected the channel's name is unlinked (the mappings stay).
+
+``close()`` (``hvd.shutdown()`` or interpreter exit) stops the proxies, waits for them with a
+timeout, kills any that do not exit, and unlinks every shared-memory name. If the worker dies, the
+kernel signals its proxies (PR_SET_PDEATHSIG) and they exit on their own.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+from fasthorovod import _C
+from fasthorovod.config import Config, ConfigError
+from fasthorovod.exceptions import FastHorovodError
+from fasthorovod.proxy.buffers import Buffer, BufferPool
+
+DTYPE_CODES = {
+    torch.uint8: 0,
+    torch.int8: 1,
+    torch.int16: 2,
+    torch.int32: 3,
+    torch.int64: 4,
+    torch.float16: 5,
+    torch.bfloat16: 6,
+    torch.float32: 7,
+    torch.float64: 8,
+}
+OP_SUM, OP_AVERAGE = 0, 1
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def bind_address(config: Config) -> str:
+    """The IPv4 address proxies listen on: FASTHOROVOD_IFACE, HOROVOD_GLOO_IFACE, or the hostname's."""
+    iface = config.iface or os.environ.get("HOROVOD_GLOO_IFACE") or None
+    if iface:
+        import psutil
+
+        addrs = psutil.net_if_addrs().get(iface)
+        if addrs is None:
+            raise ConfigError(f"network interface {iface!r} (FASTHOROVOD_IFACE/HOROVOD_GLOO_IFACE) does not exist")
+        for addr in addrs:
+            if addr.family == socket.AF_INET:
+                return addr.address
+        raise ConfigError(f"network interface {iface!r} has no IPv4 address")
+    return socket.gethostbyname(socket.gethostname())
+
+
+class Request:
+    """One posted allreduce (possibly several tensors fused into one staging buffer)."""
+
+    def __init__(self, group: "ProxyGroup", seq: int, buffer: Buffer, staged: bool,
+                 tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+        self._group = group
+        self.seq = seq
+        self._buffer = buffer
+        self._staged = staged
+        self._tensors = tensors
+        self._outputs = outputs
+        self._offsets = offsets
+        self._done = False
+
+    def poll(self) -> bool:
+        return self._done or self._group.channel.poll(self.seq)
+
+    def wait(self) -> None:
+        """Blocks (GIL released) until done; copies results out; raises FastHorovodError on failure."""
+        if self._done:
+            return
+        try:
+            self._group.channel.wait(self.seq, self._group.config.timeout_seconds)
+        except BaseException:
+            self._finish()
+            raise
+        BufferPool.mapped_by_proxies(self._buffer)
+        if self._staged:
+            for out, offset in zip(self._outputs, self._offsets):
+                out.view(-1).copy_(self._buffer.view(out.dtype, offset, out.numel()))
+        self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._staged:
+            self._group.pool.release(self._buffer)
+        self._tensors = self._outputs = ()
+
+
+class ProxyGroup:
+    def __init__(self, config: Config, rank: int, size: int) -> None:
+        self.config = config
+        self.rank = rank
+        self.size = size
+        self.channel: Optional[_C.ProxyChannel] = None
+        self.pool: Optional[BufferPool] = None
+        self.processes: List[subprocess.Popen] = []
+        self.lane_weights = [1.0] * config.num_proxies
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def start(cls, config: Config, rank: int, size: int,
+              broadcast_object: Callable, allgather_object: Callable) -> "ProxyGroup":
+        group = cls(config, rank, size)
+        try:
+            group._start(broadcast_object, allgather_object)
+        except BaseException:
+            group.close()
+            raise
+        return group
+
+    def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
+        cfg = self.config
+        token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
+        prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
+        host = bind_address(cfg)
+        self.pool = BufferPool(prefix + ".buf")
+        self.channel = _C.ProxyChannel(
+            name=prefix + ".ctl", num_lanes=cfg.num_proxies, rank=self.rank, size=self.size,
+            sockets_per_lane=cfg.sockets_per_proxy, socket_buffer_bytes=cfg.socket_buffer_bytes,
+            segment_bytes=cfg.segment_bytes, timeout_seconds=cfg.timeout_seconds,
+            config_hash=cfg.wire_hash(), token=token, bind_host=host, buffer_prefix=prefix + ".buf")
+        atexit.register(self.close)
+        for lane in range(cfg.num_proxies):
+            proc = subprocess.Popen([sys.executable, "-m", "fasthorovod.proxy", self.channel.name, str(lane)],
+                                    stdin=subprocess.DEVNULL, close_fds=True)
+            self.processes.append(proc)
+            self.channel.watch_proxy(lane, proc.pid)
+        ports = self.channel.wait_listening(cfg.timeout_seconds)
+        peers = allgather_object({"host": host, "ports": ports, "config": cfg.wire_hash()}, name="fasthorovod.peers")
+        nxt = peers[(self.rank + 1) % self.size]
+        if nxt["config"] != cfg.wire_hash():
+            raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
+                              f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
+        self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), cfg.timeout_seconds)
+        self.channel.unlink_name()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def lane_boundaries(self, count: int) -> List[int]:
+        """Element boundaries of each lane's shard, proportional to the lane weights."""
+        total = sum(self.lane_weights)
+        bounds, acc = [0], 0.0
+        for w in self.lane_weights[:-1]:
+            acc += w
+            bounds.append(int(count * acc / total))
+        bounds.append(count)
+        return bounds
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str,
+                  average: bool, prescale: float, postscale: float) -> Request:
+        """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
+        if self._closed or self.channel is None:
+            raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        dtype = tensors[0].dtype
+        count = sum(t.numel() for t in tensors)
+        itemsize = tensors[0].element_size()
+        located = self.pool.locate(tensors[0]) if len(tensors) == 1 and outputs[0] is tensors[0] else None
+        if located is not None:
+            buffer, offset = located
+            staged, offsets = False, [offset]
+        else:
+            buffer = self.pool.acquire(count * itemsize)
+            staged, offsets, offset = True, [], 0
+            for t in tensors:
+                offsets.append(offset)
+                buffer.view(dtype, offset, t.numel()).copy_(t.reshape(-1))
+                offset += t.numel() * itemsize
+            offset = 0
+        shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
+        try:
+            seq = self.channel.post(
+                buffer_id=buffer.id, buffer_offset=offsets[0] if not staged else 0, count=count,
+                dtype=DTYPE_CODES[dtype], op=OP_AVERAGE if average else OP_SUM, prescale=prescale,
+                postscale=postscale / self.size if average else postscale, name_hash=_hash64(name),
+                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count))
+        except BaseException:
+            if staged:
+                self.pool.release(buffer)
+            raise
+        return Request(self, seq, buffer, staged, tensors, outputs, offsets)
+
+    def lane_stats(self) -> List[dict]:
+        return [self.channel.lane(j) for j in range(self.config.num_proxies)] if self.channel else []
+
+    # -- shutdown ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops and reaps the proxies and unlinks all shared memory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.channel is not None:
+            self.channel.stop()
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if self.channel is not None:
+            self.channel.unlink_name()
+        if self.pool is not None:
+            self.pool.close()
+        atexit.unregister(self.close)

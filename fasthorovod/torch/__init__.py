@@ -1,0 +1,82 @@
+"""Drop-in replacement for ``horovod.torch``: ``import fasthorovod.torch as hvd``.
+
+Every public name of ``horovod.torch`` 0.28.1 is available here with the same signature. The
+lifecycle (``init``/``shutdown``), the allreduce family, ``poll``/``synchronize``, ``join`` and
+``DistributedOptimizer`` are FastHorovod's own (large Sum/Average allreduces travel through the
+proxy processes); everything else is Horovod's object itself.
+"""
+from horovod.torch import (  # noqa: F401  (re-exported unchanged)
+    Adasum,
+    Average,
+    Compression,
+    HorovodInternalError,
+    Max,
+    Min,
+    ProcessSet,
+    Product,
+    Sum,
+    SyncBatchNorm,
+    add_process_set,
+    allgather,
+    allgather_async,
+    allgather_object,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    elastic,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    reducescatter,
+    reducescatter_async,
+    remove_process_set,
+    rocm_built,
+    size,
+    sparse_allreduce_async,
+    start_timeline,
+    stop_timeline,
+)
+from horovod.torch.mpi_ops import handle_average_backwards_compatibility, is_homogeneous  # noqa: F401
+
+from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError, FastHorovodTimeoutError  # noqa: F401
+from fasthorovod.torch.mpi_ops import (  # noqa: F401
+    allreduce,
+    allreduce_,
+    allreduce_async,
+    allreduce_async_,
+    grouped_allreduce,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    init,
+    join,
+    poll,
+    proxy_group,
+    shutdown,
+    synchronize,
+)
+from fasthorovod.torch.optimizer import DistributedOptimizer  # noqa: F401

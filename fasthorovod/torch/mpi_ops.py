@@ -1,0 +1,297 @@
+"""Horovod's torch collectives with large Sum/Average allreduces routed through the proxies.
+
+Every function here has the signature and behaviour of its namesake in ``horovod.torch`` 0.28.1.
+An allreduce goes through FastHorovod's proxies when all of these hold, and through Horovod
+unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, unsupported dtypes):
+
+* proxies are running (``hvd.init()`` with size > 1 and FASTHOROVOD_NUM_PROXIES > 0);
+* op is Sum or Average and the process set is the global one;
+* the dtype is one the proxies reduce (uint8, int8, int16, int32, int64, float16, bfloat16,
+  float32, float64) and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES — or, for
+  uint8, int8, int16 and bfloat16, which Horovod's CPU allreduce rejects, any size.
+
+Proxy handles are plain ints like Horovod's (drawn from a range Horovod never uses), so
+``poll``/``synchronize`` accept both kinds.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from horovod.common.process_sets import global_process_set
+from horovod.torch import functions as _hvd_functions
+from horovod.torch import mpi_ops as _hvd
+from horovod.torch.compression import Compression
+from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compatibility
+
+from fasthorovod.config import Config
+from fasthorovod.proxy.group import DTYPE_CODES, ProxyGroup, Request
+
+_state_lock = threading.Lock()
+_group: Optional[ProxyGroup] = None
+_config: Optional[Config] = None
+_handles: Dict[int, "_ProxyHandle"] = {}
+_handle_ids = itertools.count(1 << 48)
+_names = itertools.count()
+_in_flight_names: set = set()
+
+
+# -- lifecycle ----------------------------------------------------------------------------------------
+
+def init(comm=None, process_sets=None):
+    """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them."""
+    global _group, _config
+    _stop_proxies()
+    _hvd.init(comm, process_sets)
+    _config = Config.from_env()
+    if _config.num_proxies > 0 and _hvd.size() > 1:
+        _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
+                                  _hvd_functions.broadcast_object, _hvd_functions.allgather_object)
+
+
+def shutdown(*args, **kwargs):
+    """Stops and reaps the proxies, unlinks shared memory, then shuts Horovod down."""
+    _stop_proxies()
+    return _hvd.shutdown(*args, **kwargs)
+
+
+def _stop_proxies() -> None:
+    global _group
+    with _state_lock:
+        group, _group = _group, None
+        _handles.clear()
+        _in_flight_names.clear()
+    if group is not None:
+        group.close()
+
+
+def proxy_group() -> Optional[ProxyGroup]:
+    """The running ProxyGroup, or None (size 1, proxies disabled, or not initialized)."""
+    return _group
+
+
+# -- routing ------------------------------------------------------------------------------------------
+
+def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[ProxyGroup]:
+    group = _group
+    if group is None or op not in (Sum, Average) or process_set.process_set_id != global_process_set.process_set_id:
+        return None
+    dtype = tensors[0].dtype
+    if dtype not in DTYPE_CODES or any(t.dtype != dtype for t in tensors):
+        return None
+    if any(t.device.type not in ("cpu", "cuda") for t in tensors):
+        return None
+    if dtype in _BEYOND_HOROVOD:
+        return group
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    return group if nbytes >= group.config.proxy_threshold_bytes else None
+
+
+# Reduced by the proxies but not by Horovod's torch CPU ops: always routed to the proxies.
+_BEYOND_HOROVOD = (torch.uint8, torch.int8, torch.int16, torch.bfloat16)
+
+
+def _check_tensor(tensor: torch.Tensor) -> None:
+    """Horovod's argument errors, with Horovod's messages."""
+    if not tensor.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous.")
+
+
+class _ProxyHandle:
+    def __init__(self, requests: List[Tuple[Request, List[torch.Tensor], List[torch.Tensor]]],
+                 result, name: str) -> None:
+        self.requests = requests
+        self.result = result
+        self.name = name
+
+
+def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
+    if name is None:
+        name = f"allreduce.noname.{next(_names)}"
+    with _state_lock:
+        if name in _in_flight_names:
+            raise ValueError(f"Requested to allreduce a tensor with the same name as another tensor that is "
+                             f"currently being processed: {name!r}")
+        _in_flight_names.add(name)
+    requests = []
+    try:
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            idx = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+            ins = [_host(tensors[i]) for i in idx]
+            outs = [outputs[i] for i in idx]
+            host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty_like(o, device="cpu")
+                         for o in outs]
+            req = group.allreduce(ins, host_outs, name, op == Average, prescale_factor, postscale_factor)
+            requests.append((req, outs, host_outs))
+    except BaseException:
+        with _state_lock:
+            _in_flight_names.discard(name)
+        raise
+    handle = next(_handle_ids)
+    _handles[handle] = _ProxyHandle(requests, result, name)
+    return handle
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device.type == "cpu" else t.detach().to("cpu")
+
+
+def _finish(handle: int):
+    entry = _handles.pop(handle)
+    try:
+        for req, outs, host_outs in entry.requests:
+            req.wait()
+            for out, host in zip(outs, host_outs):
+                if out is not host:
+                    out.copy_(host)
+    finally:
+        with _state_lock:
+            _in_flight_names.discard(entry.name)
+    return entry.result
+
+
+def poll(handle):
+    """True when the operation behind `handle` has completed (Horovod's ``poll``)."""
+    entry = _handles.get(handle)
+    if entry is None:
+        return _hvd.poll(handle)
+    return all(req.poll() for req, _, _ in entry.requests)
+
+
+def synchronize(handle):
+    """Waits for `handle` and returns its output (Horovod's ``synchronize``)."""
+    if handle in _handles:
+        return _finish(handle)
+    return _hvd.synchronize(handle)
+
+
+# -- allreduce ----------------------------------------------------------------------------------------
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    group = _proxies_for([tensor], op, process_set)
+    if group is None:
+        return _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    _check_tensor(tensor)
+    return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Asynchronous allreduce; the input is not modified. See ``horovod.torch.allreduce_async``."""
+    op = handle_average_backwards_compatibility(op, average)
+    output = tensor.new(tensor.shape)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """Asynchronous in-place allreduce. See ``horovod.torch.allreduce_async_``."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """In-place allreduce. See ``horovod.torch.allreduce_``."""
+    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(handle)
+
+
+class _Allreduce(torch.autograd.Function):
+    """allreduce as an autograd function: the gradient is allreduced with the same op."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                           process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        average, op, prescale_factor, postscale_factor, process_set = ctx.args
+        grad = allreduce(grad_output, average=average, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set)
+        return (grad,) + (None,) * 6
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """Averages or sums `tensor` over all ranks (differentiable). See ``horovod.torch.allreduce``."""
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+# -- grouped allreduce --------------------------------------------------------------------------------
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set):
+    group = _proxies_for(tensors, op, process_set) if tensors else None
+    if group is None:
+        return _hvd._grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                                             process_set)
+    for t in tensors:
+        _check_tensor(t)
+    return _post(group, list(tensors), list(outputs), name, op, prescale_factor, postscale_factor,
+                 tuple(outputs))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Asynchronous allreduce of a list of tensors as one group. See Horovod's."""
+    op = handle_average_backwards_compatibility(op, average)
+    outputs = [t.new(t.shape) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """Asynchronous in-place grouped allreduce. See Horovod's."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    """In-place grouped allreduce. See Horovod's."""
+    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
+    return synchronize(handle)
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
+        handle = grouped_allreduce_async(list(tensors), average, name, op, prescale_factor, postscale_factor,
+                                         process_set)
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        average, op, prescale_factor, postscale_factor, process_set = ctx.args
+        grads = grouped_allreduce(list(grad_output), average=average, op=op, prescale_factor=prescale_factor,
+                                  postscale_factor=postscale_factor, process_set=process_set)
+        return (None,) * 6 + tuple(grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Averages or sums a list of tensors over all ranks as one group (differentiable). See Horovod's."""
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+                                      *compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+# -- join ---------------------------------------------------------------------------------------------
+
+def join(device=-1) -> int:
+    """Horovod's ``join``: blocks until every rank has joined; returns the rank that joined last.
+
+    Requests already posted to the proxies are completed first.
+    """
+    for handle in list(_handles):
+        _finish(handle)
+    return _hvd.join(device)

@@ -1,0 +1,254 @@
+"""DistributedOptimizer with gradient buckets that live in the proxies' shared memory.
+
+Horovod's ``_DistributedOptimizer`` is kept for everything that is not communication (argument
+checks and their errors, ``step``, ``skip_synchronize``, ``load_state_dict``,
+``set_backward_passes_per_step``); this module replaces how gradients travel:
+
+* Parameters are packed, in reverse registration order (roughly the order backward produces
+  their gradients), into buckets of at most FASTHOROVOD_BUCKET_BYTES of one dtype, or into the
+  explicit ``groups`` when given (formed exactly as Horovod forms them).
+* Without compression, each bucket is one flat tensor in a shared-memory segment registered with
+  the proxies, and every ``p.grad`` is a view into it: backward accumulates straight into memory
+  the proxies reduce in place — no copy in, no copy out.
+* A hook after each gradient's accumulation counts down ``backward_passes_per_step``; when every
+  gradient of a bucket is ready, the bucket's allreduce starts, so communication overlaps the rest
+  of backward.
+* With a compressor (e.g. ``Compression.fp16``), or for gradients on a GPU, the bucket's gradients
+  are compressed and sent as one grouped allreduce (staged through shared memory), then
+  decompressed into ``p.grad``.
+
+Adasum, process sets other than the global one, and jobs without proxies (size 1,
+FASTHOROVOD_NUM_PROXIES=0) use Horovod's own DistributedOptimizer unchanged.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Optional
+
+import torch
+from horovod.common.process_sets import global_process_set
+from horovod.common.util import split_list
+from horovod.torch import optimizer as _hvd_optimizer
+from horovod.torch.compression import Compression
+from horovod.torch.functions import broadcast_object
+from horovod.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
+
+from fasthorovod.torch import mpi_ops
+
+
+class _Bucket:
+    """Parameters whose gradients are allreduced together."""
+
+    def __init__(self, index: int, params: List[torch.Tensor], name: str, zero_copy: bool) -> None:
+        self.index = index
+        self.params = params
+        self.name = name
+        self.zero_copy = zero_copy
+        self.flat: Optional[torch.Tensor] = None
+        self.views: Dict[torch.Tensor, torch.Tensor] = {}
+        self.ready = 0
+        self.handle = None
+        self.ctxs = None
+        self.sparse: Dict[torch.Tensor, object] = {}  # params whose gradient came sparse this step
+
+
+class _BucketedOptimizerMethods(torch.optim.Optimizer):
+    """Methods that replace Horovod's communication; merged into the dynamic optimizer class."""
+
+    def _register_hooks(self):
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._requires_update = set(params)
+        self._buckets: List[_Bucket] = []
+        self._bucket_of: Dict[torch.Tensor, _Bucket] = {}
+        group = mpi_ops.proxy_group()
+        for index, plist in enumerate(self._plan_buckets(params, group.config.bucket_bytes)):
+            zero_copy = self._compression is Compression.none and all(p.device.type == "cpu" for p in plist)
+            name = f"fasthorovod.bucket.{index}.{self._parameter_names.get(plist[0])}"
+            bucket = _Bucket(index, plist, name, zero_copy)
+            if zero_copy:
+                self._place_in_shared_memory(bucket, group)
+            self._buckets.append(bucket)
+            for p in plist:
+                self._bucket_of[p] = bucket
+                p.register_post_accumulate_grad_hook(self._make_hook(p))
+
+    def _plan_buckets(self, params: List[torch.Tensor], bucket_bytes: int) -> List[List[torch.Tensor]]:
+        if self._groups is not None:
+            # Horovod's grouping: rank 0's parameter order, explicit lists, the rest one group each.
+            names = broadcast_object([self._parameter_names.get(p) for p in params], root_rank=0,
+                                     process_set=self.process_set)
+            params = sorted(params, key=lambda p: names.index(self._parameter_names.get(p)))
+            if isinstance(self._groups, list):
+                ids = {id(p) for p in params}
+                groups = [[p for p in g if id(p) in ids] for g in self._groups]
+                grouped = {id(p) for g in groups for p in g}
+                groups += [[p] for p in params if id(p) not in grouped]
+                return [g for g in groups if g]
+            return [g for g in split_list(params, self._groups) if g]
+        buckets: List[List[torch.Tensor]] = []
+        current: List[torch.Tensor] = []
+        current_bytes = 0
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if current and (current_bytes + nbytes > bucket_bytes or p.dtype != current[0].dtype
+                            or p.device != current[0].device):
+                buckets.append(current)
+                current, current_bytes = [], 0
+            current.append(p)
+            current_bytes += nbytes
+        if current:
+            buckets.append(current)
+        return buckets
+
+    @staticmethod
+    def _place_in_shared_memory(bucket: _Bucket, group) -> None:
+        dtype = bucket.params[0].dtype
+        itemsize = bucket.params[0].element_size()
+        count = sum(p.numel() for p in bucket.params)
+        buf = group.pool.register(count * itemsize)
+        bucket.flat = buf.view(dtype, 0, count)
+        offset = 0
+        for p in bucket.params:
+            view = bucket.flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is not None:
+                view.copy_(p.grad)
+            else:
+                view.zero_()
+            p.grad = view
+            bucket.views[p] = view
+            offset += p.numel()
+
+    def _make_hook(self, p):
+        def hook(_param):
+            bucket = self._bucket_of[p]
+            if bucket.handle is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                    "Increase backward_passes_per_step to accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                bucket.ready += 1
+                if bucket.ready == len(bucket.params):
+                    self._launch(bucket)
+        return hook
+
+    def _scale_factors(self):
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _launch(self, bucket: _Bucket) -> None:
+        prescale, postscale = self._scale_factors()
+        dense = []
+        for p in bucket.params:
+            if p.grad is None:  # not computed here; another rank may have computed it
+                p.grad = bucket.views[p].zero_() if bucket.zero_copy else torch.zeros_like(p)
+            if p.grad.is_sparse:
+                if self.sparse_as_dense:
+                    p.grad = p.grad.to_dense()
+                else:
+                    bucket.sparse[p] = sparse_allreduce_async(p.grad, name=self._parameter_names.get(p),
+                                                              op=self.op, process_set=self.process_set)
+                    if bucket.zero_copy:
+                        bucket.views[p].zero_()
+                    continue
+            dense.append(p)
+        if bucket.zero_copy:
+            for p in dense:
+                view = bucket.views[p]
+                if p.grad is not view:  # e.g. model.zero_grad(set_to_none=True) dropped the view
+                    view.copy_(p.grad)
+                    p.grad = view
+            bucket.handle = mpi_ops.allreduce_async_(bucket.flat, name=bucket.name, op=self.op,
+                                                     prescale_factor=prescale, postscale_factor=postscale,
+                                                     process_set=self.process_set)
+        else:
+            compressed, bucket.ctxs = zip(*[self._compression.compress(p.grad) for p in bucket.params])
+            bucket.handle = mpi_ops.grouped_allreduce_async_(list(compressed), name=bucket.name, op=self.op,
+                                                             prescale_factor=prescale, postscale_factor=postscale,
+                                                             process_set=self.process_set)
+        self._handles[bucket.index] = bucket.handle
+
+    def synchronize(self):
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        for bucket in self._buckets:
+            if bucket.handle is None:
+                self._launch(bucket)
+        for bucket in self._buckets:
+            outputs = mpi_ops.synchronize(bucket.handle)
+            if not bucket.zero_copy:
+                for p, out, ctx in zip(bucket.params, outputs, bucket.ctxs):
+                    if p not in bucket.sparse:
+                        p.grad.set_(self._compression.decompress(out, ctx))
+            for p, sparse_handle in bucket.sparse.items():
+                reduced = sparse_handle()
+                p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
+            for p in bucket.params:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
+            bucket.sparse.clear()
+        self._handles.clear()
+        self._synchronized = True
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Zeroes gradients; gradients that are views into shared-memory buckets are zeroed in place."""
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
+                                 "but before optimizer.step() or optimizer.synchronize(). "
+                                 "This is prohibited as it can cause a race condition.")
+        for group in self.param_groups:
+            for p in group["params"]:
+                bucket = self._bucket_of.get(p)
+                if bucket is not None and bucket.zero_copy and p.grad is bucket.views[p]:
+                    p.grad.zero_()
+                elif p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.detach_().requires_grad_(False).zero_()
+
+    def load_state_dict(self, *args, **kwargs):
+        for bucket in getattr(self, "_buckets", []):
+            bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
+            bucket.sparse.clear()
+        return _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
+
+
+def _class_dict(cls) -> dict:
+    return {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=global_process_set):
+    """Wraps `optimizer` so that ``step()`` applies gradients averaged (or summed) over all ranks.
+
+    Same signature, arguments, errors and behaviour as ``horovod.torch.DistributedOptimizer``;
+    with proxies running, gradients live in shared-memory buckets and travel over the proxies'
+    parallel TCP rings (see the module docstring). ``zero_grad()`` zeroes bucketed gradients in
+    place instead of setting them to None, which keeps them zero-copy.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if (op == Adasum or mpi_ops.proxy_group() is None
+            or process_set.process_set_id != global_process_set.process_set_id):
+        return _hvd_optimizer.DistributedOptimizer(
+            optimizer, named_parameters=named_parameters, compression=compression,
+            backward_passes_per_step=backward_passes_per_step, op=op,
+            gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+            sparse_as_dense=sparse_as_dense, process_set=process_set)
+    methods = {**_class_dict(_hvd_optimizer._DistributedOptimizer), **_class_dict(_BucketedOptimizerMethods)}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
