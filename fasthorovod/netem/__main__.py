@@ -1,0 +1,126 @@
+"""Command line: ``python -m fasthorovod.netem {up,down,status,check}`` (see ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .check import MANY_FLOWS, MANY_FLOWS_MIN, ONE_FLOW_BOUNDS, run_check
+from .cloud import DEFAULT_PREFIX, EmulatedCloud, down_all
+from .errors import NetemError
+from .spec import parse_spec
+from .state import InstanceState, list_instances
+
+SPEC_HELP = (
+    "HOSTS:LINK_RATE:PER_FLOW_RATE, e.g. 4:1gbit:200mbit (rates in bit/s with tc units "
+    "bit, kbit, mbit, gbit; a plain number is bit/s)"
+)
+DESCRIPTION = """\
+Emulate a public-cloud network on this machine: HOSTS network namespaces joined by a bridge (in a
+namespace of its own), each host's link capped at LINK_RATE in and out, and each TCP flow capped at
+PER_FLOW_RATE (flows are hashed into 256 buckets by port, so unlucky flows share a cap). No latency
+or loss is added. Needs root. Run a command in a host with `ip netns exec NAMESPACE COMMAND`.
+"""
+
+
+def _describe(state: InstanceState) -> str:
+    owner = "detached" if state.owner_pid is None else f"owner pid {state.owner_pid}"
+    if not state.owner_alive():
+        owner += " (dead; removed by the next up or cleanup)"
+    lines = [f"emulated cloud {state.id}: {state.spec}, prefix {state.prefix}, subnet {state.subnet}, {owner}"]
+    lines += [f"  {host.name}\t{host.address}" for host in state.hosts]
+    lines += [f"  bridge namespace {state.bridge_namespace}", f"  state {state.path}"]
+    return "\n".join(lines)
+
+
+def _up(args: argparse.Namespace) -> int:
+    cloud = EmulatedCloud(parse_spec(args.spec), args.prefix, detached=True).up()
+    print(_describe(cloud.state))
+    print(f"run in a host:  ip netns exec {cloud.hosts[0].name} COMMAND")
+    print(f"tear down:      python -m fasthorovod.netem down {cloud.id}")
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    if args.all:
+        removed = down_all(args.prefix)
+        print(f"removed: {' '.join(removed)}" if removed else f"nothing with prefix {args.prefix!r} to remove")
+    else:
+        EmulatedCloud.attach(args.id).down()
+        print(f"removed: {args.id}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    states = list_instances(args.prefix)
+    print("\n".join(_describe(state) for state in states) if states else "no emulated cloud is up")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    result = run_check(parse_spec(args.spec), args.prefix, seconds=args.seconds)
+    print(result.report())
+    return 0 if result.passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fasthorovod.netem",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser(
+        "up",
+        help="bring a network up and leave it up",
+        description="Bring a network up and leave it up "
+        "(until `down ID`); prints the hosts, their addresses and the JSON state file.",
+    )
+    up.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    up.set_defaults(run=_up)
+
+    down = commands.add_parser("down", help="tear a network down", description="Tear down one network, or all.")
+    which = down.add_mutually_exclusive_group(required=True)
+    which.add_argument("id", metavar="ID", nargs="?", help="id printed by `up` (see `status`)")
+    which.add_argument("--all", action="store_true", help="every network with --prefix, and any leftovers")
+    down.set_defaults(run=_down)
+
+    status = commands.add_parser("status", help="list the networks that are up", description="List networks.")
+    status.set_defaults(run=_status)
+
+    check = commands.add_parser(
+        "check",
+        help="bring a network up, measure it with iperf3, tear it down",
+        description=f"Bring SPEC up, measure host0 -> host1 with iperf3 (1 flow, then {MANY_FLOWS} flows), tear "
+        f"it down. Exit code 0 when 1 flow gets {ONE_FLOW_BOUNDS[0]}-{ONE_FLOW_BOUNDS[1]} x PER_FLOW_RATE and "
+        f"{MANY_FLOWS} flows get >= {MANY_FLOWS_MIN} x LINK_RATE, else 1.",
+    )
+    check.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    check.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 test (default 3)")
+    check.set_defaults(run=_check)
+
+    for command in (up, down, check):
+        command.add_argument(
+            "--prefix", default=DEFAULT_PREFIX, help=f"namespace name prefix (default {DEFAULT_PREFIX})"
+        )
+    status.add_argument("--prefix", help="only networks with this namespace name prefix (default: all)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        exit_code: int = args.run(args)
+        return exit_code
+    except ValueError as err:
+        parser.error(str(err))
+    except NetemError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""What an emulated network instance created, recorded on disk so any process can tear it down.
+
+One JSON file per instance in ``STATE_DIR``, written *before* the first namespace is created and
+removed only after the last one is gone: a namespace whose id has no state file is a leftover that
+nobody will ever clean up otherwise. The owner (pid plus the process's start time, so a recycled pid
+is not mistaken for the owner) marks instances that live only as long as the process that made
+them; instances brought up by the command line are detached (no owner) and live until ``down``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATE_DIR = Path("/run/fasthorovod-netem")
+ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts ETC_NETNS/NS/* over /etc/*
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: its network namespace and its address (which exists only inside the emulation)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    """Everything one emulated network instance created."""
+
+    id: str
+    prefix: str
+    spec: str
+    subnet: str
+    bridge_namespace: str
+    hosts: tuple[Host, ...]
+    owner_pid: int | None
+    owner_start_ticks: int | None
+    created: float
+
+    @property
+    def path(self) -> Path:
+        return STATE_DIR / f"{self.id}.json"
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Host namespaces first, then the bridge's (deleting it also deletes every veth pair)."""
+        return [host.name for host in self.hosts] + [self.bridge_namespace]
+
+    def owner_alive(self) -> bool:
+        """True for a detached instance, else whether the process that created it still runs."""
+        if self.owner_pid is None:
+            return True
+        return process_start_ticks(self.owner_pid) == self.owner_start_ticks
+
+    def write(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(temporary, self.path)
+
+    @classmethod
+    def read(cls, path: Path) -> InstanceState:
+        record = json.loads(path.read_text())
+        record["hosts"] = tuple(Host(**host) for host in record["hosts"])
+        return cls(**record)
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None when no such process exists."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 of /proc/PID/stat; the command name (field 2) may contain spaces, so split after it.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def list_instances(prefix: str | None = None) -> list[InstanceState]:
+    """The recorded instances, oldest first; only those with ``prefix`` when one is given."""
+    if not STATE_DIR.is_dir():
+        return []
+    states = []
+    for path in STATE_DIR.glob("*.json"):
+        try:
+            states.append(InstanceState.read(path))
+        except FileNotFoundError:  # removed by a concurrent down()
+            continue
+    return sorted(
+        (state for state in states if prefix is None or state.prefix == prefix),
+        key=lambda state: state.created,
+    )
+
+
+@contextmanager
+def state_lock() -> Iterator[None]:
+    """Serialise choosing ids and subnets between concurrent ``up()`` calls (held for milliseconds)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

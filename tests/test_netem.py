@@ -1,0 +1,239 @@
+"""Tests of the emulated cloud network (fasthorovod.netem).
+
+The spec, shaping and permission tests run anywhere. The ``netem`` tests need root, ``ip netns``,
+``tc`` and iperf3; they bring up small networks (prefix ``fhvdtest``), send traffic only between
+the namespaces they created, and check afterwards that nothing of theirs is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fasthorovod.netem import (
+    CloudSpec,
+    EmulatedCloud,
+    NetemPermissionError,
+    cleanup_stale,
+    format_rate,
+    parse_rate,
+    parse_spec,
+    run_in_host,
+)
+from fasthorovod.netem.__main__ import main
+from fasthorovod.netem.check import measure_tcp
+from fasthorovod.netem.shaping import shaping_commands
+from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
+
+PREFIX = "fhvdtest"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# --- spec parsing ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4:1gbit:200mbit", CloudSpec(hosts=4, link_bits_per_s=1e9, per_flow_bits_per_s=2e8)),
+        ("2:1GBit:100MBIT", CloudSpec(hosts=2, link_bits_per_s=1e9, per_flow_bits_per_s=1e8)),
+        ("1:1000000:500kbit", CloudSpec(hosts=1, link_bits_per_s=1e6, per_flow_bits_per_s=5e5)),
+        ("3:1.5gbit:1.5gbit", CloudSpec(hosts=3, link_bits_per_s=1.5e9, per_flow_bits_per_s=1.5e9)),
+        (" 8 : 10gbit : 5gbit ", CloudSpec(hosts=8, link_bits_per_s=1e10, per_flow_bits_per_s=5e9)),
+    ],
+)
+def test_parse_spec_accepts_tc_rates(text: str, expected: CloudSpec) -> None:
+    assert parse_spec(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("4:1gbit:2gbit", "per-flow rate 2gbit exceeds link rate 1gbit"),
+        ("0:1gbit:1mbit", "hosts must be >= 1"),
+        ("255:1gbit:1mbit", "<= 254"),
+        ("four:1gbit:1mbit", "hosts 'four'"),
+        ("4:1gbit", "HOSTS:LINK_RATE:PER_FLOW_RATE"),
+        ("4:1gbit:1mbit:9", "HOSTS:LINK_RATE:PER_FLOW_RATE"),
+        ("4:fast:1mbit", "link rate"),
+        ("4:1gbit:0mbit", "per-flow rate: rate '0mbit' must be greater than zero"),
+        ("4:1gbps:1mbit", "bytes/s"),
+        ("4:1gbit:1furlong", "unknown unit 'furlong'"),
+    ],
+)
+def test_parse_spec_rejects_bad_specs(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_spec(text)
+
+
+def test_rates_round_trip() -> None:
+    for text in ["1gbit", "200mbit", "1500mbit", "64kbit", "999bit"]:
+        assert format_rate(parse_rate(text)) == text
+    assert str(parse_spec("4:1gbit:200mbit")) == "4:1gbit:200mbit"
+
+
+def test_cloud_spec_validates_direct_construction() -> None:
+    with pytest.raises(ValueError, match="per-flow rate 2gbit exceeds link rate 1gbit"):
+        CloudSpec(hosts=2, link_bits_per_s=1e9, per_flow_bits_per_s=2e9)
+
+
+# --- shaping commands and privileges -------------------------------------------------------------
+
+
+def test_shaper_has_one_capped_leaf_per_bucket() -> None:
+    lines = shaping_commands("eth0", parse_spec("2:1gbit:200mbit"))
+    leaves = [line for line in lines if "ceil 200000000bit" in line]
+    assert len(leaves) == 256
+    flowids = {line.split("flowid ")[1] for line in lines if "flowid" in line}
+    assert flowids == {line.split("classid ")[1].split()[0] for line in leaves}
+    assert any("classid 1:1 htb rate 1000000000bit ceil 1000000000bit" in line for line in lines)
+
+
+def test_bad_prefix_is_rejected() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        EmulatedCloud("2:1gbit:1mbit", prefix="no-dashes")
+
+
+def test_cli_rejects_a_bad_spec_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "4:1gbit:2gbit"])
+    assert exited.value.code == 2
+    assert "per-flow rate 2gbit exceeds link rate 1gbit" in capsys.readouterr().err
+
+
+def test_unprivileged_up_says_what_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PermissionError) as raised:
+        EmulatedCloud("2:1gbit:100mbit", prefix=PREFIX).up()
+    assert isinstance(raised.value, NetemPermissionError)
+    assert "CAP_NET_ADMIN" in str(raised.value) and "loopback" in str(raised.value)
+
+
+# --- the network itself (root only) --------------------------------------------------------------
+
+
+def _netns_unusable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc", "iperf3"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
+    if added.returncode != 0:
+        return f"`ip netns add` is not permitted here: {added.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=True)
+    return None
+
+
+_UNUSABLE = _netns_unusable_reason()
+netem = pytest.mark.skipif(_UNUSABLE is not None, reason=f"emulated network unavailable: {_UNUSABLE}")
+
+
+def _leftovers(instance_id: str) -> list[str]:
+    """Everything on the machine that belongs to instance ``instance_id``."""
+    marker = f"{PREFIX}-{instance_id}-"
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
+    namespaces = [line.split()[0] for line in listed.splitlines() if line.startswith(marker)]
+    etc_dirs = [str(path) for path in ETC_NETNS.glob(f"{marker}*")]
+    state_files = [str(path) for path in STATE_DIR.glob(f"{instance_id}.json")]
+    return namespaces + etc_dirs + state_files
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    network = EmulatedCloud("2:200mbit:50mbit", prefix=PREFIX).up()
+    instance_id = network.id
+    try:
+        yield network
+    finally:
+        network.down()
+    assert _leftovers(instance_id) == []
+
+
+@netem
+@pytest.mark.netem
+def test_hosts_reach_each_other_over_tcp_and_resolve_the_hostname(cloud: EmulatedCloud) -> None:
+    server, client = cloud.hosts[1], cloud.hosts[0]
+    serve = (
+        f"import socket; s = socket.create_server(({server.address!r}, 7000)); print('ready', flush=True); "
+        "c, _ = s.accept(); c.sendall(socket.gethostbyname(socket.gethostname()).encode())"
+    )
+    with run_in_host(server, [sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True) as listener:
+        try:
+            assert listener.stdout.readline().strip() == "ready"
+            connect = f"socket.create_connection(({server.address!r}, 7000), timeout=5)"
+            fetch = f"import socket; print({connect}.recv(99).decode())"
+            answer = subprocess.run(
+                [*cloud.exec_prefix(client), sys.executable, "-c", fetch],
+                capture_output=True, text=True, timeout=20, check=True,
+            )  # fmt: skip
+        finally:
+            listener.kill()
+    assert answer.stdout.strip() == server.address  # the server's hostname resolves to its own address
+
+
+@netem
+@pytest.mark.netem
+def test_each_flow_is_capped_but_more_flows_get_more(cloud: EmulatedCloud) -> None:
+    sender, receiver = cloud.hosts
+    per_flow = cloud.spec.per_flow_bits_per_s
+    one_flow = measure_tcp(sender, receiver, flows=1, seconds=2)
+    four_flows = measure_tcp(sender, receiver, flows=4, seconds=2)
+    assert one_flow <= 1.2 * per_flow, f"1 flow got {one_flow / 1e6:.1f} Mbit/s, cap {per_flow / 1e6:g}"
+    assert four_flows >= 1.8 * one_flow, f"4 flows {four_flows / 1e6:.1f} Mbit/s vs 1 flow {one_flow / 1e6:.1f}"
+    assert four_flows <= 1.1 * cloud.spec.link_bits_per_s
+
+
+@netem
+@pytest.mark.netem
+def test_down_removes_everything_and_is_idempotent() -> None:
+    network = EmulatedCloud("3:100mbit:10mbit", prefix=PREFIX).up()
+    instance_id = network.id
+    assert len(_leftovers(instance_id)) == 3 + 1 + 3 + 1  # namespaces, hosts files, state file
+    network.down()
+    assert _leftovers(instance_id) == []
+    network.down()
+
+
+@netem
+@pytest.mark.netem
+def test_failure_in_the_middle_of_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen_ids = []
+
+    def fail_while_shaping(network: EmulatedCloud) -> None:
+        seen_ids.append(network.id)
+        assert _leftovers(network.id) != []  # namespaces exist at this point
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(EmulatedCloud, "_shape", fail_while_shaping)
+    network = EmulatedCloud("2:100mbit:10mbit", prefix=PREFIX)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        network.up()
+    assert not network.is_up
+    assert _leftovers(seen_ids[0]) == []
+    network.down()
+
+
+@netem
+@pytest.mark.netem
+def test_cleanup_stale_removes_a_killed_owners_network() -> None:
+    bring_up = (
+        "import time; from fasthorovod.netem import EmulatedCloud; "
+        f"print(EmulatedCloud('2:100mbit:10mbit', prefix={PREFIX!r}).up().id, flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    with subprocess.Popen([sys.executable, "-c", bring_up], stdout=subprocess.PIPE, text=True, env=env) as owner:
+        try:
+            instance_id = owner.stdout.readline().strip()
+        finally:
+            owner.send_signal(signal.SIGKILL)
+    assert instance_id and _leftovers(instance_id) != []
+    assert instance_id in cleanup_stale(PREFIX)
+    assert _leftovers(instance_id) == []
