@@ -10,7 +10,9 @@ unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, 
   float32, float64) and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES — or, for
   uint8, int8, int16 and bfloat16, which Horovod's CPU allreduce rejects, any size.
 
-Proxy handles are plain ints like Horovod's (drawn from a range Horovod never uses), so
+The proxy path stages tensors through shared memory, so it also accepts non-contiguous tensors
+(out-of-place allreduces of small non-contiguous tensors are made contiguous before Horovod sees
+them). Proxy handles are plain ints like Horovod's (drawn from a range Horovod never uses), so
 ``poll``/``synchronize`` accept both kinds.
 """
 from __future__ import annotations
@@ -92,13 +94,6 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[P
 # Reduced by the proxies but not by Horovod's torch CPU ops: always routed to the proxies.
 _BEYOND_HOROVOD = (torch.uint8, torch.int8, torch.int16, torch.bfloat16)
 
-
-def _check_tensor(tensor: torch.Tensor) -> None:
-    """Horovod's argument errors, with Horovod's messages."""
-    if not tensor.is_contiguous():
-        raise ValueError("Tensor is required to be contiguous.")
-
-
 class _ProxyHandle:
     def __init__(self, requests: List[Tuple[Request, List[torch.Tensor], List[torch.Tensor]]],
                  result, name: str) -> None:
@@ -173,8 +168,9 @@ def synchronize(handle):
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
     group = _proxies_for([tensor], op, process_set)
     if group is None:
+        if output is not tensor and not tensor.is_contiguous():
+            tensor = tensor.contiguous()  # out of place: Horovod needs contiguous input, the caller does not
         return _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
-    _check_tensor(tensor)
     return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output)
 
 
@@ -232,8 +228,6 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     if group is None:
         return _hvd._grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
                                              process_set)
-    for t in tensors:
-        _check_tensor(t)
     return _post(group, list(tensors), list(outputs), name, op, prescale_factor, postscale_factor,
                  tuple(outputs))
 

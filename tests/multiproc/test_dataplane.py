@@ -1,0 +1,45 @@
+"""Multi-process tests of the proxy data plane: real ranks (horovodrun --gloo), real sockets."""
+import pytest
+import torch
+
+from tests.multiproc.harness import run_job
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.mark.parametrize("np_,proxies", [(2, 1), (3, 2), (4, 4)])
+def test_exact_results_for_sizes_dtypes_and_ops(np_, proxies):
+    run_job(np_, "matrix", "--proxies", str(proxies),
+            env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
+                 "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+
+
+def test_many_async_allreduces_in_flight():
+    run_job(3, "async", "--inflight", "40", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+
+
+def test_allreduce_of_100_megabytes():
+    run_job(2, "large", "--mbytes", "100", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+
+
+def test_mismatched_collectives_raise_on_every_rank():
+    result = run_job(2, "mismatch", env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
+    assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
+
+
+def test_proxies_own_their_tcp_connections():
+    run_job(3, "sockets", "--sockets", "2",
+            env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"})
+
+
+@pytest.mark.parametrize("passes,fp16", [(1, False), (2, False), (1, True)])
+def test_distributed_optimizer_matches_horovod(tmp_path, passes, fp16):
+    extra = ["--passes", str(passes)] + (["--fp16"] if fp16 else [])
+    ours, theirs = tmp_path / "fasthorovod.pt", tmp_path / "horovod.pt"
+    run_job(3, "train", "--out", str(ours), *extra,
+            env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
+                 "FASTHOROVOD_BUCKET_BYTES": "100000"})
+    run_job(3, "train", "--out", str(theirs), *extra, env={"FASTHOROVOD_NUM_PROXIES": "0"})
+    a, b = torch.load(ours), torch.load(theirs)
+    tol = 1e-3 if fp16 else 1e-5
+    assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()

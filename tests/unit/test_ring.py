@@ -1,0 +1,57 @@
+"""The ring schedule and the real TCP ring (ranks as threads over loopback, exactly as proxies run it)."""
+import numpy as np
+import pytest
+import torch
+
+from fasthorovod import _C
+from fasthorovod.proxy.group import DTYPE_CODES
+
+
+@pytest.mark.parametrize("count,size", [(0, 3), (1, 4), (10, 3), (17, 4), (1000, 7)])
+def test_chunks_cover_the_shard_exactly_and_spread_the_tail(count, size):
+    bounds = [_C.chunk_begin(count, size, c) for c in range(size + 1)]
+    assert bounds[0] == 0 and bounds[-1] == count
+    lengths = np.diff(bounds)
+    assert lengths.min() >= 0 and lengths.max() - lengths.min() <= 1
+
+
+def test_segment_count_keeps_one_frame_for_an_empty_chunk():
+    assert _C.segment_count(0, 16) == 1
+    assert _C.segment_count(16, 16) == 1
+    assert _C.segment_count(17, 16) == 2
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+@pytest.mark.parametrize("count", [0, 1, 5, 1023, 100_003])
+@pytest.mark.parametrize("sockets", [1, 3])
+def test_loopback_ring_sums_exactly(ranks, count, sockets):
+    inputs = [np.random.default_rng(r).integers(-1000, 1000, count).astype(np.int64) for r in range(ranks)]
+    buffers = [x.copy() for x in inputs]
+    _C._loopback_allreduce(buffers, DTYPE_CODES[torch.int64], segment_bytes=4096, sockets=sockets)
+    expected = np.sum(inputs, axis=0) if count else np.zeros(0, np.int64)
+    for buf in buffers:
+        np.testing.assert_array_equal(buf, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.uint8, torch.int8, torch.int16])
+def test_loopback_ring_every_dtype(dtype):
+    ranks, count = 3, 12_345
+    inputs = [(torch.arange(count) % 5 + r).to(dtype) for r in range(ranks)]
+    buffers = [t.clone().numpy() for t in inputs]
+    _C._loopback_allreduce(buffers, DTYPE_CODES[dtype], segment_bytes=1000)
+    expected = sum(t.long() for t in inputs).to(dtype)
+    for buf in buffers:
+        assert torch.equal(torch.from_numpy(buf), expected)
+
+
+def test_prescale_and_postscale_are_applied_once():
+    ranks, count = 4, 10_001
+    buffers = [np.full(count, r + 1, dtype=np.float64) for r in range(ranks)]
+    _C._loopback_allreduce(buffers, DTYPE_CODES[torch.float64], segment_bytes=512, prescale=2.0, postscale=0.25)
+    for buf in buffers:
+        np.testing.assert_array_equal(buf, np.full(count, 2.0 * 10 * 0.25))
+
+
+def test_buffers_of_different_lengths_are_rejected():
+    with pytest.raises(ValueError):
+        _C._loopback_allreduce([np.zeros(4, np.float32), np.zeros(5, np.float32)], DTYPE_CODES[torch.float32], 4096)

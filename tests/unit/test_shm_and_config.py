@@ -1,0 +1,72 @@
+"""Shared-memory lifecycle, the buffer pool, and the configuration's validation."""
+import os
+
+import pytest
+import torch
+
+from fasthorovod import _C
+from fasthorovod.config import Config, ConfigError
+from fasthorovod.exceptions import FastHorovodError
+from fasthorovod.proxy.buffers import BufferPool, size_class
+
+
+def _shm_names(prefix):
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix.lstrip("/"))]
+
+
+def test_segment_is_created_unlinked_and_stays_mapped():
+    name = f"/fasthorovod.test.{os.getpid()}"
+    seg = _C.ShmBuffer(name, 4096)
+    assert _shm_names(name) and seg.linked and seg.nbytes == 4096
+    with pytest.raises(FastHorovodError, match="File exists"):
+        _C.ShmBuffer(name, 16)
+    view = torch.frombuffer(seg, dtype=torch.uint8)
+    view.fill_(7)
+    seg.unlink()
+    assert not _shm_names(name) and not seg.linked
+    assert int(view.sum()) == 7 * 4096  # the mapping outlives the name
+
+
+def test_segment_name_is_removed_when_the_object_dies_without_unlink():
+    name = f"/fasthorovod.test.gc.{os.getpid()}"
+    seg = _C.ShmBuffer(name, 128)
+    assert _shm_names(name)
+    del seg
+    assert not _shm_names(name)
+
+
+def test_pool_recycles_by_size_class_and_locates_persistent_views():
+    prefix = f"/fasthorovod.test.pool.{os.getpid()}"
+    pool = BufferPool(prefix)
+    a = pool.acquire(100_000)
+    assert a.nbytes == size_class(100_000) == 131072
+    pool.release(a)
+    assert pool.acquire(70_000) is a
+    persistent = pool.register(4096)
+    view = persistent.view(torch.float32, 1024, 256)
+    assert pool.locate(view) == (persistent, 1024)
+    assert pool.locate(torch.zeros(4)) is None
+    pool.close()
+    assert not _shm_names(prefix)
+    view.fill_(1.0)  # still mapped after close
+
+
+def test_size_classes():
+    assert size_class(1) == 1 << 16
+    assert size_class((1 << 20) + 1) == 1 << 21
+    assert size_class((100 << 20) + 5) == 112 << 20
+
+
+def test_config_defaults_and_errors():
+    cfg = Config.from_env({})
+    assert cfg.num_proxies == 4 and cfg.sockets_per_proxy == 1
+    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"}).num_proxies == 2
+    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_PROXIES='two' is not an integer"):
+        Config.from_env({"FASTHOROVOD_NUM_PROXIES": "two"})
+    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_PROXIES=65 must be in"):
+        Config.from_env({"FASTHOROVOD_NUM_PROXIES": "65"})
+    with pytest.raises(ConfigError, match="FASTHOROVOD_TIMEOUT_SECONDS=0.0 must be > 0"):
+        Config.from_env({"FASTHOROVOD_TIMEOUT_SECONDS": "0"})
+    a = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"})
+    assert a.wire_hash() != Config.from_env({}).wire_hash()
+    assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()

@@ -1,0 +1,166 @@
+"""Test workloads, run as Horovod ranks by tests/multiproc (``python worker.py SCENARIO [ARGS]``).
+
+Every scenario verifies its own results and exits non-zero on the first wrong value, so a test
+passes only if every rank computed exactly what it should.
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+import torch
+
+import fasthorovod.torch as hvd
+
+DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16,
+}
+
+
+def rank_input(count: int, dtype: torch.dtype, rank: int) -> torch.Tensor:
+    """Small distinct integers per rank: exact in every dtype, so sums can be checked exactly."""
+    base = torch.arange(count, dtype=torch.int64) % 5
+    return (base + rank).to(dtype)
+
+
+def expected_sum(count: int, dtype: torch.dtype, size: int) -> torch.Tensor:
+    base = torch.arange(count, dtype=torch.int64) % 5
+    return (base * size + size * (size - 1) // 2).to(dtype)
+
+
+def scenario_matrix(args):
+    """Exact allreduce results for sizes × dtypes × ops × in-place/out-of-place × grouped."""
+    rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+    assert group is not None and len(group.processes) == args.proxies, "proxies must be running"
+    for count in [int(c) for c in args.counts.split(",")]:
+        for name in args.dtypes.split(","):
+            dtype = DTYPES[name]
+            x = rank_input(count, dtype, rank)
+            exp = expected_sum(count, dtype, size)
+            out = hvd.allreduce(x, op=hvd.Sum, name=f"sum.{count}.{name}")
+            assert torch.equal(out, exp), f"sum {count} {name}: {out[:8]} != {exp[:8]}"
+            assert torch.equal(x, rank_input(count, dtype, rank)), "allreduce must not modify its input"
+            if dtype.is_floating_point:
+                avg = hvd.allreduce(x, op=hvd.Average, name=f"avg.{count}.{name}")
+                assert torch.allclose(avg.double(), exp.double() / size, rtol=1e-2, atol=1e-2), f"avg {count} {name}"
+                scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5, name=f"sc.{count}.{name}")
+                assert torch.equal(scaled, exp), f"scaled {count} {name}"
+            y = x.clone()
+            hvd.allreduce_(y, op=hvd.Sum, name=f"inplace.{count}.{name}")
+            assert torch.equal(y, exp), f"in-place {count} {name}"
+        g = [rank_input(count, torch.float32, rank), rank_input(count + 3, torch.float64, rank)]
+        outs = hvd.grouped_allreduce(g, op=hvd.Sum, name=f"grouped.{count}")
+        assert torch.equal(outs[0], expected_sum(count, torch.float32, size))
+        assert torch.equal(outs[1], expected_sum(count + 3, torch.float64, size))
+    stats = group.lane_stats()
+    assert all(s["collectives"] > 0 and s["state"] == 2 for s in stats), stats
+    print(f"rank {rank}: matrix ok, lanes {[s['collectives'] for s in stats]}", flush=True)
+
+
+def scenario_async(args):
+    """Many allreduces in flight at once, completed in reverse order, plus autograd."""
+    rank, size = hvd.rank(), hvd.size()
+    count = 400_000
+    handles = [hvd.allreduce_async(torch.full((count,), float(rank + i)), op=hvd.Sum, name=f"async.{i}")
+               for i in range(args.inflight)]
+    assert sum(hvd.poll(h) for h in handles) <= len(handles)
+    for i, h in reversed(list(enumerate(handles))):
+        out = hvd.synchronize(h)
+        expected = float(size * i + size * (size - 1) // 2)
+        assert torch.all(out == expected), (i, out[:4], expected)
+    w = torch.ones(count, requires_grad=True)
+    y = hvd.allreduce(w * (rank + 1), op=hvd.Sum, name="autograd")
+    y.sum().backward()
+    assert torch.all(w.grad == (rank + 1) * size), w.grad[:4]  # d/dw of Σ_ranks, times rank+1
+    print(f"rank {rank}: async ok", flush=True)
+
+
+def scenario_large(args):
+    """One allreduce of at least 100 MB."""
+    rank, size = hvd.rank(), hvd.size()
+    count = args.mbytes * (1 << 20) // 4
+    out = hvd.allreduce(torch.full((count,), float(rank + 1)), op=hvd.Average, name="large")
+    assert torch.all(out == (size + 1) / 2), out[:4]
+    print(f"rank {rank}: large ok ({args.mbytes} MB)", flush=True)
+
+
+def scenario_train(args):
+    """20 steps of a small MLP with DistributedOptimizer; writes the final parameters (rank 0)."""
+    rank = hvd.rank()
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
+                                   backward_passes_per_step=args.passes, op=hvd.Average)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    data_gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(20):
+        opt.zero_grad()
+        for _ in range(args.passes):
+            x = torch.randn(32, 64, generator=data_gen)
+            y = torch.randint(0, 10, (32,), generator=data_gen)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.unsqueeze(0))
+    assert all(torch.equal(gathered[0], g) for g in gathered), "ranks hold different parameters"
+    if rank == 0:
+        torch.save(flat, args.out)
+    print(f"rank {rank}: train ok, proxies={hvd.proxy_group() is not None}", flush=True)
+
+
+def scenario_mismatch(args):
+    """Ranks issue different large allreduces: every rank must raise a clear error, not hang."""
+    rank = hvd.rank()
+    count = 300_000 if rank == 0 else 300_001
+    try:
+        hvd.allreduce(torch.ones(count), name=f"mismatch.rank{rank}")
+    except hvd.FastHorovodError as e:
+        print(f"rank {rank}: raised {type(e).__name__}: {e}", flush=True)
+        assert isinstance(e, hvd.CollectiveMismatchError), type(e)
+        assert "rank 0" in str(e) and "rank 1" in str(e) and "mismatch.rank" in str(e), str(e)
+        return
+    raise AssertionError("a mismatched allreduce must raise")
+
+
+def scenario_sockets(args):
+    """The bytes really travel over the proxies' own TCP connections (checked with ss -tnp)."""
+    rank = hvd.rank()
+    pids = {p.pid for p in hvd.proxy_group().processes}
+    hvd.allreduce(torch.ones(1 << 20), name="warm")
+    hvd.barrier()  # nobody starts shutting its proxies down while others count
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True, text=True).stdout
+    owned = [line for line in out.splitlines() if any(f"pid={pid}," in line for pid in pids)]
+    # Each proxy has S sockets to its next rank and S from its previous rank.
+    expected = 2 * len(pids) * args.sockets
+    hvd.barrier()
+    assert len(owned) == expected, f"rank {rank}: {len(owned)} proxy sockets, expected {expected}\n{out}"
+    print(f"rank {rank}: {len(owned)} established TCP connections owned by {len(pids)} proxies", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario")
+    parser.add_argument("--counts", default="0,1,7,1000,65537")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--proxies", type=int, default=4)
+    parser.add_argument("--inflight", type=int, default=40)
+    parser.add_argument("--mbytes", type=int, default=100)
+    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--sockets", type=int, default=1)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    hvd.init()
+    try:
+        globals()[f"scenario_{args.scenario}"](args)
+    finally:
+        hvd.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
