@@ -202,9 +202,20 @@ PYBIND11_MODULE(_C, m) {
       .def("post",
            [](ProxyChannel& c, uint32_t buffer_id, uint64_t buffer_offset, uint64_t count, uint32_t dtype, uint32_t op,
               double prescale, double postscale, uint64_t name_hash, uint64_t shape_hash, const std::string& name,
-              const std::vector<uint64_t>& lane_begin) {
-             AllreduceRequest r{buffer_id, buffer_offset, count, dtype, op, prescale, postscale,
-                                name_hash, shape_hash, name, lane_begin};
+              const std::vector<uint64_t>& lane_begin, uint32_t kind) {
+             AllreduceRequest r;
+             r.kind = kind;
+             r.buffer_id = buffer_id;
+             r.buffer_offset = buffer_offset;
+             r.count = count;
+             r.dtype = dtype;
+             r.op = op;
+             r.prescale = prescale;
+             r.postscale = postscale;
+             r.name_hash = name_hash;
+             r.shape_hash = shape_hash;
+             r.name = name;
+             r.lane_begin = lane_begin;
              uint64_t seq = 0;
              Status st;
              {
@@ -216,7 +227,8 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("buffer_id"), py::arg("buffer_offset"), py::arg("count"), py::arg("dtype"), py::arg("op"),
            py::arg("prescale"), py::arg("postscale"), py::arg("name_hash"), py::arg("shape_hash"), py::arg("name"),
-           py::arg("lane_begin"))
+           py::arg("lane_begin"), py::arg("kind") = static_cast<uint32_t>(RequestKind::kAllreduce),
+           R"pbdoc(Posts a request (an allreduce, or kind 2/3: enter/leave hvd.join) and returns its sequence number.)pbdoc")
       .def("poll", &ProxyChannel::Poll)
       .def("wait",
            [](ProxyChannel& c, uint64_t seq, double timeout) {
@@ -271,5 +283,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("timeout_seconds") = 60.0,
         R"pbdoc(Test helper: ring allreduce among threads over loopback TCP, in place.)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
+  m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
+  m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
   m.attr("NUM_SLOTS") = kNumSlots;
 }

@@ -62,7 +62,8 @@ struct FrameHeader {
   uint64_t offset;  // bytes into the shard
   uint64_t length;  // payload bytes
   uint32_t origin_rank;
-  uint32_t reserved;
+  uint32_t epoch;
+  double postscale;
   char name[kWireNameBytes];
 };
 static_assert(sizeof(FrameHeader) == 128, "frame header is part of the wire format");
@@ -89,6 +90,16 @@ std::string DescribeDesc(const char* name, uint64_t seq, uint64_t total, uint64_
   return Str("tensor '", n, "' (collective #", seq, ", ", total, " bytes, lane shard ", shard, " bytes, ",
              DTypeValid(dtype) ? DTypeName(static_cast<DType>(dtype)) : "bad dtype", ", ",
              op == static_cast<uint32_t>(ReduceOp::kAverage) ? "average" : "sum", ")");
+}
+
+// Reads the message of an abort frame whose header `h` was just received on fd.
+Status ReceiveAbort(int fd, const FrameHeader& h, const std::string& prev_name, int64_t* origin) {
+  *origin = h.origin_rank;
+  std::string message(std::min<uint64_t>(h.length, kMaxAbortMessage), '\0');
+  if (!RecvAll(fd, message.data(), message.size(), Deadline::After(2.0), prev_name).ok()) {
+    message = "(message lost)";
+  }
+  return Status::Error(Code::kPeerError, Str(message, " [reported by rank ", h.origin_rank, "]"));
 }
 
 class RingRun {
@@ -161,6 +172,8 @@ class RingRun {
     h->dtype = desc_.dtype;
     h->op = desc_.op;
     h->origin_rank = opt_.rank;
+    h->epoch = desc_.epoch;
+    h->postscale = desc_.postscale;
     std::memcpy(h->name, desc_.name, kWireNameBytes);
   }
 
@@ -311,7 +324,7 @@ class RingRun {
     if (h.kind == kAbort) return Status::Ok();
     if (h.seq != desc_.seq || h.name_hash != desc_.name_hash || h.shape_hash != desc_.shape_hash ||
         h.total_bytes != desc_.total_bytes || h.shard_bytes != desc_.shard_bytes || h.dtype != desc_.dtype ||
-        h.op != desc_.op) {
+        h.op != desc_.op || h.epoch != desc_.epoch) {
       abort_origin_ = opt_.rank;
       return Status::Error(
           Code::kMismatch,
@@ -354,14 +367,7 @@ class RingRun {
   }
 
   // The previous rank failed and sent its reason: fail with the same message.
-  Status ReadAbort(int fd, const FrameHeader& h) {
-    abort_origin_ = h.origin_rank;
-    std::string message(std::min<uint64_t>(h.length, kMaxAbortMessage), '\0');
-    if (!RecvAll(fd, message.data(), message.size(), Deadline::After(2.0), opt_.prev_name).ok()) {
-      message = "(message lost)";
-    }
-    return Status::Error(Code::kPeerError, Str(message, " [reported by rank ", h.origin_rank, "]"));
-  }
+  Status ReadAbort(int fd, const FrameHeader& h) { return ReceiveAbort(fd, h, opt_.prev_name, &abort_origin_); }
 
   // Tells the next rank why this lane failed: finish any half-written frame (so the stream stays
   // framed), then send an abort frame with the message on every socket. Best effort, bounded.
@@ -408,6 +414,42 @@ class RingRun {
 };
 
 }  // namespace
+
+Status PeekCollective(RingLinks& links, const RingOptions& options, int timeout_ms, bool* started,
+                      CollectiveDesc* desc) {
+  *started = false;
+  const int fd = links.from_prev[0].fd();
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return Status::Ok();
+  FrameHeader h;
+  ssize_t r = recv(fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+  if (r == 0) return Status::Error(Code::kIoError, Str(options.prev_name, " closed the connection"));
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
+    return Status::Error(Code::kIoError, Str("receive from ", options.prev_name, " failed: ", ErrnoString(errno)));
+  }
+  if (static_cast<size_t>(r) < sizeof(h)) return Status::Ok();  // the rest of the header is on its way
+  if (h.magic != kFrameMagic) {
+    return Status::Error(Code::kIoError, Str("corrupt frame from ", options.prev_name, " (bad magic)"));
+  }
+  if (h.kind == kAbort) {
+    recv(fd, &h, sizeof(h), MSG_DONTWAIT);  // consume the header; the message follows
+    int64_t origin = -1;
+    return ReceiveAbort(fd, h, options.prev_name, &origin);
+  }
+  desc->seq = h.seq;
+  desc->name_hash = h.name_hash;
+  desc->shape_hash = h.shape_hash;
+  desc->total_bytes = h.total_bytes;
+  desc->shard_bytes = h.shard_bytes;
+  desc->dtype = h.dtype;
+  desc->op = h.op;
+  desc->epoch = h.epoch;
+  desc->postscale = h.postscale;
+  std::memcpy(desc->name, h.name, kWireNameBytes);
+  *started = true;
+  return Status::Ok();
+}
 
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk) {
   return static_cast<size_t>((static_cast<unsigned __int128>(count) * chunk) / size);

@@ -12,7 +12,7 @@
 namespace fasthorovod {
 
 constexpr uint32_t kFrameMagic = 0x46485652u;  // "FHVR"
-constexpr size_t kWireNameBytes = 40;
+constexpr size_t kWireNameBytes = 32;
 
 enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1 };
 
@@ -26,6 +26,8 @@ struct CollectiveDesc {
   uint64_t shard_bytes = 0;   // bytes of this lane's shard
   uint32_t dtype = 0;
   uint32_t op = 0;
+  uint32_t epoch = 0;         // joins completed so far (see hvd.join in proxy.cc)
+  double postscale = 1.0;     // carried so that a joined rank can take part without a request
   char name[kWireNameBytes] = {};  // tensor name, truncated, for error messages
 };
 
@@ -66,6 +68,12 @@ struct RingStats {
 // rank so that every rank of the ring fails with the same explanation instead of a bare EOF.
 Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work,
                      const RingOptions& options, RingStats* stats);
+
+// For a rank that has joined (hvd.join) and has no request of its own: waits up to timeout_ms for
+// the previous rank to start a collective and describes it from its first frame header (peeked,
+// not consumed). *started stays false when nothing arrived. An abort frame becomes an error.
+Status PeekCollective(RingLinks& links, const RingOptions& options, int timeout_ms, bool* started,
+                      CollectiveDesc* desc);
 
 // Helpers exposed for unit tests: chunk boundaries and segment counts of the ring schedule.
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk);

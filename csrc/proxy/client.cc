@@ -134,7 +134,7 @@ Status ProxyChannel::Post(const AllreduceRequest& request, uint64_t* seq) {
   slot.lanes_done.store(0, std::memory_order_relaxed);
   slot.failed.store(0, std::memory_order_relaxed);
   slot.error[0] = '\0';
-  slot.kind = static_cast<uint32_t>(RequestKind::kAllreduce);
+  slot.kind = request.kind;
   slot.dtype = request.dtype;
   slot.op = request.op;
   slot.buffer_id = request.buffer_id;

@@ -30,6 +30,7 @@ struct ChannelConfig {
 };
 
 struct AllreduceRequest {
+  uint32_t kind = static_cast<uint32_t>(RequestKind::kAllreduce);
   uint32_t buffer_id = 0;
   uint64_t buffer_offset = 0;
   uint64_t count = 0;

@@ -6,6 +6,14 @@
 // exits when the worker sets `stop`, and also when the worker dies: the kernel sends it SIGTERM
 // (PR_SET_PDEATHSIG) and the loops below notice within 100 ms; the sockets then close, so the
 // neighbouring proxies fail their collectives at once instead of waiting for a timeout.
+//
+// hvd.join(): a rank that has joined posts kJoin and then waits in Horovod's join. Its proxies
+// then have no requests of their own; instead each lane watches its previous rank, and when a
+// collective arrives it takes part with zeros, described by the first frame's header (size,
+// dtype, op, postscale). When every rank has joined, each worker posts kExitJoin and the lanes go
+// back to serving requests. Headers carry a join epoch (joins completed), so a lane still in the
+// joined state never mistakes a collective that a faster rank issues after the join for one it
+// should fill with zeros: it waits for its own kExitJoin first.
 #include "proxy/proxy.h"
 
 #include <signal.h>
@@ -14,6 +22,7 @@
 
 #include <cstring>
 #include <unordered_map>
+#include <vector>
 
 #include "collectives/ring.h"
 #include "shm/channel.h"
@@ -103,17 +112,58 @@ class Proxy {
     uint32_t next_request = 0;
     for (;;) {
       if (Stopping()) return Status::Ok();
-      if (ch_->head.load(std::memory_order_acquire) == next_request) {
+      if (ch_->head.load(std::memory_order_acquire) != next_request) {
+        Handle(ch_->slots[next_request % kNumSlots]);
+        ++next_request;
+      } else if (joined_ && dead_.ok()) {
+        ServeJoined(next_request);
+      } else {
         FutexWait(&ch_->head, next_request, 100);
-        continue;
       }
-      Handle(ch_->slots[next_request % kNumSlots], next_request);
-      ++next_request;
     }
   }
 
-  void Handle(RequestSlot& slot, uint64_t seq) {
-    Status st = dead_.ok() ? Execute(slot, seq) : dead_;
+  // One look at the previous rank while joined; runs its collective with zeros if one started.
+  void ServeJoined(uint32_t next_request) {
+    bool started = false;
+    CollectiveDesc desc;
+    Status st = PeekCollective(links_, options_, 10, &started, &desc);
+    if (st.ok() && started && desc.epoch != epoch_) {
+      FutexWait(&ch_->head, next_request, 10);  // issued after the join: wait for our kExitJoin
+      return;
+    }
+    if (st.ok() && started && desc.seq != collective_seq_) {
+      st = Status::Error(Code::kMismatch, Str("collective mismatch on lane ", lane_, ": joined rank ", ch_->rank,
+                                              " expected collective #", collective_seq_, " but received #", desc.seq));
+    }
+    if (st.ok() && started && DTypeValid(desc.dtype)) {
+      const DType dtype = static_cast<DType>(desc.dtype);
+      zeros_.assign(desc.shard_bytes, 0);
+      ShardWork work{zeros_.data(), desc.shard_bytes / DTypeSize(dtype), dtype, 1.0, desc.postscale};
+      RingStats stats;
+      st = RingAllreduce(links_, desc, work, options_, &stats);
+      ++collective_seq_;
+      info_.progress_ns.store(NowNs());
+    }
+    if (!st.ok()) {
+      dead_ = st;
+      Fail(st);
+    }
+  }
+
+  void Handle(RequestSlot& slot) {
+    Status st = dead_;
+    if (st.ok()) {
+      switch (static_cast<RequestKind>(slot.kind)) {
+        case RequestKind::kJoin: joined_ = true; break;
+        case RequestKind::kExitJoin:
+          joined_ = false;
+          ++epoch_;
+          break;
+        default:
+          st = joined_ ? Status::Error(Code::kInvalidArgument, "allreduce posted while joined") : Execute(slot);
+      }
+    }
     if (!st.ok()) {
       if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
       uint32_t expected = 0;
@@ -127,7 +177,7 @@ class Proxy {
     FutexWakeAll(&slot.lanes_done);
   }
 
-  Status Execute(RequestSlot& slot, uint64_t seq) {
+  Status Execute(RequestSlot& slot) {
     if (slot.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(slot.dtype)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
@@ -143,7 +193,9 @@ class Proxy {
     if (begin > end || end > slot.count) return Status::Error(Code::kInvalidArgument, "bad lane boundaries");
 
     CollectiveDesc desc;
-    desc.seq = seq;
+    desc.seq = collective_seq_++;
+    desc.epoch = epoch_;
+    desc.postscale = slot.postscale;
     desc.name_hash = slot.name_hash;
     desc.shape_hash = slot.shape_hash;
     desc.total_bytes = slot.count * elem;
@@ -193,6 +245,10 @@ class Proxy {
   RingOptions options_;
   std::unordered_map<uint32_t, ShmSegment> buffers_;
   Status dead_;
+  uint64_t collective_seq_ = 0;  // collectives this lane has run (requests and zero-filled ones)
+  uint32_t epoch_ = 0;           // joins completed
+  bool joined_ = false;
+  std::vector<char> zeros_;
 };
 
 }  // namespace

@@ -33,7 +33,9 @@ constexpr size_t kHostBytes = 64;
 constexpr size_t kNameBytes = 128;
 
 enum class LaneState : uint32_t { kStarting = 0, kListening = 1, kConnected = 2, kFailed = 3, kExited = 4 };
-enum class RequestKind : uint32_t { kAllreduce = 1 };
+// kJoin/kExitJoin bracket hvd.join(): in between, the proxies take part in the other ranks'
+// allreduces with zeros (see proxy.cc).
+enum class RequestKind : uint32_t { kAllreduce = 1, kJoin = 2, kExitJoin = 3 };
 
 struct LaneInfo {
   std::atomic<uint32_t> state;

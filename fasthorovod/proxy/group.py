@@ -200,6 +200,22 @@ class ProxyGroup:
             raise
         return Request(self, seq, buffer, staged, tensors, outputs, offsets)
 
+    def begin_join(self) -> None:
+        """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
+        self._control(_C.REQUEST_JOIN)
+
+    def end_join(self) -> None:
+        """Every rank has joined: the proxies serve this rank's requests again."""
+        self._control(_C.REQUEST_EXIT_JOIN)
+
+    def _control(self, kind: int) -> None:
+        if self._closed or self.channel is None:
+            raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        seq = self.channel.post(buffer_id=0, buffer_offset=0, count=0, dtype=0, op=OP_SUM, prescale=1.0,
+                                postscale=1.0, name_hash=0, shape_hash=0, name="", kind=kind,
+                                lane_begin=[0] * (self.config.num_proxies + 1))
+        self.channel.wait(seq, self.config.timeout_seconds)
+
     def lane_stats(self) -> List[dict]:
         return [self.channel.lane(j) for j in range(self.config.num_proxies)] if self.channel else []
 

@@ -284,8 +284,15 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 def join(device=-1) -> int:
     """Horovod's ``join``: blocks until every rank has joined; returns the rank that joined last.
 
-    Requests already posted to the proxies are completed first.
+    Until then this rank contributes zeros to the other ranks' allreduces, on Horovod's path (by
+    Horovod) and on the proxies' path (by this rank's proxies, which follow the collectives the
+    other ranks start). Allreduces this rank posted before joining still complete normally.
     """
-    for handle in list(_handles):
-        _finish(handle)
-    return _hvd.join(device)
+    group = _group
+    if group is None:
+        return _hvd.join(device)
+    group.begin_join()
+    try:
+        return _hvd.join(device)
+    finally:
+        group.end_join()

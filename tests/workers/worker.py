@@ -142,6 +142,25 @@ def scenario_sockets(args):
     print(f"rank {rank}: {len(owned)} established TCP connections owned by {len(pids)} proxies", flush=True)
 
 
+def scenario_join(args):
+    """Rank r runs r+1 large allreduces, then joins: joined ranks contribute zeros until all joined."""
+    rank, size = hvd.rank(), hvd.size()
+    count = 300_000
+    for step in range(size):
+        if step > rank:
+            break
+        active = size - step  # ranks r >= step still run this step
+        out = hvd.allreduce(torch.full((count,), float(rank + 1)), op=hvd.Sum, name=f"join.{step}")
+        expected = float(sum(r + 1 for r in range(step, size)))
+        assert torch.all(out == expected), (rank, step, active, out[:4], expected)
+    last = hvd.join()
+    assert last == size - 1, last
+    # After the join everything works as before (the join epoch moved on everywhere).
+    out = hvd.allreduce(torch.full((count,), 1.0), op=hvd.Sum, name="after.join")
+    assert torch.all(out == size)
+    print(f"rank {rank}: join ok, last joined {last}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
