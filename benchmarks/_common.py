@@ -1,0 +1,509 @@
+"""Plumbing shared by the benchmark drivers (allreduce.py, train.py).
+
+Both scripts run in two roles. The *driver* (what a user starts) runs one job per backend in turn:
+it checks that the backend's launcher and Python modules exist (reporting the backend as skipped
+with the reason otherwise), starts N copies of the same script in ``--worker`` mode with that
+backend's launcher, enforces a timeout (killing the whole process tree), and reads back the JSON
+that rank 0 wrote. The *workers* do the measuring.
+
+Backends, as written on the command line (``--backends a,b,c``):
+
+    horovod-gloo (alias horovod)  horovodrun --gloo, ``import horovod.torch as hvd``
+    horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
+    fasthorovod[:K]               horovodrun --gloo, ``import fasthorovod.torch as hvd``,
+                                  FASTHOROVOD_NUM_PROXIES=K (FastHorovod's default without K)
+    torch-gloo                    N processes started here, torch.distributed gloo (env://)
+    mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
+
+Each backend's command line is built by one function (``horovod_launch``, ``mpi_launch``,
+``torch_gloo_launch``). A *launcher prefix* -- any horovodrun-compatible command, e.g.
+``fasthorovodrun --emulate-cloud 4:1gbit:200mbit`` -- replaces horovodrun, mpirun and the local
+spawning for every backend, so that the same benchmark runs on an emulated network.
+"""
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import psutil
+
+# --------------------------------------------------------------------------------------------
+# Sizes
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text):
+    """'64KiB' -> 65536. Units are binary (K, KiB, M, MiB, G, GiB); a bare number is bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"bad size {text!r}: use e.g. 4096, 64KiB, 16MiB")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+def format_size(nbytes):
+    """65536 -> '64KiB' (exact binary units only, else plain bytes)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+# --------------------------------------------------------------------------------------------
+# Backends
+
+KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod", "torch-gloo", "mpi4py")
+_ALIASES = {"horovod": "horovod-gloo"}
+# Kinds whose spec takes a count after a colon: proxies per worker, or TCP links per peer.
+_COUNTED = ("fasthorovod", "mpi4py")
+# The module a Horovod-API worker imports as ``hvd``.
+HVD_MODULES = {"horovod-gloo": "horovod.torch", "horovod-mpi": "horovod.torch",
+               "fasthorovod": "fasthorovod.torch"}
+
+
+@dataclass(frozen=True)
+class Backend:
+    spec: str              # as written by the user; the label in tables, JSON and plots
+    kind: str              # one of KINDS
+    count: int = None      # fasthorovod: proxies per worker; mpi4py: btl_tcp_links
+    algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
+
+
+def parse_backend(spec, kinds=KINDS, with_algorithm=False):
+    """Parse 'kind[:count][:algorithm]' (algorithm only for fasthorovod, only if with_algorithm)."""
+    parts = spec.strip().split(":")
+    kind = _ALIASES.get(parts[0], parts[0])
+    if kind not in kinds:
+        raise ValueError(f"unknown backend {spec!r}; choose from {', '.join(kinds)}")
+    max_parts = 1 + (kind in _COUNTED) + (with_algorithm and kind == "fasthorovod")
+    if len(parts) > max_parts:
+        raise ValueError(f"backend {spec!r} has too many ':' fields")
+    count = None
+    if len(parts) > 1:
+        if not parts[1].isdigit() or int(parts[1]) < 1:
+            raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer")
+        count = int(parts[1])
+    algorithm = parts[2] if len(parts) > 2 else None
+    return Backend(spec.strip(), kind, count, algorithm)
+
+
+def parse_backends(text, kinds=KINDS, with_algorithm=False):
+    return [parse_backend(spec, kinds, with_algorithm) for spec in text.split(",") if spec.strip()]
+
+
+# Each probe runs in a fresh interpreter, so a broken build (e.g. an extension that fails to load)
+# shows up as the import error it raises, not as a crash of the driver.
+_PROBES = {
+    "horovod-gloo": "import horovod.torch as h; assert h.gloo_built(), 'no Gloo in Horovod'",
+    "horovod-mpi": "import horovod.torch as h; assert h.mpi_built(), 'no MPI in Horovod'",
+    "fasthorovod": "import fasthorovod.torch",
+    "torch-gloo": ("import torch.distributed as d; "
+                   "assert d.is_available() and d.is_gloo_available(), 'torch built without gloo'"),
+    "mpi4py": "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI",
+}
+_DEFAULT_LAUNCHERS = {"horovod-gloo": "horovodrun", "fasthorovod": "horovodrun",
+                      "horovod-mpi": "mpirun", "mpi4py": "mpirun", "torch-gloo": None}
+
+
+def find_executable(name):
+    """Look in this interpreter's bin directory first (an un-activated virtualenv), then PATH."""
+    here = os.path.dirname(sys.executable)
+    return shutil.which(name, path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+def unavailable_reason(backend, launcher_prefix=None):
+    """None when the backend can run here, else a one-line reason."""
+    launcher = launcher_prefix[0] if launcher_prefix else _DEFAULT_LAUNCHERS[backend.kind]
+    if launcher and not find_executable(launcher):
+        return f"launcher {launcher!r} not found"
+    # -P: like the workers (started as scripts), do not import from the current directory.
+    try:
+        probe = subprocess.run([sys.executable, "-P", "-c", _PROBES[backend.kind]],
+                               capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return "import check did not finish in 300 s"
+    if probe.returncode != 0:
+        lines = probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"]
+        return f"import check failed: {lines[-1]}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Launch commands: one function per backend family.
+
+
+@dataclass
+class Process:
+    argv: list
+    env: dict = field(default_factory=dict)  # added to the driver's environment
+
+
+def backend_env(backend, proxy_threshold=None):
+    """Environment a backend's workers need besides the launcher's own."""
+    env = {}
+    if backend.kind == "fasthorovod":
+        if backend.count is not None:
+            env["FASTHOROVOD_NUM_PROXIES"] = str(backend.count)
+        if proxy_threshold is not None:
+            env["FASTHOROVOD_PROXY_THRESHOLD_BYTES"] = str(proxy_threshold)
+    return env
+
+
+def horovod_launch(backend, np, worker, launcher_prefix=None):
+    """horovod-gloo and fasthorovod: ``horovodrun --gloo -np N worker...``."""
+    launcher = launcher_prefix or [find_executable("horovodrun") or "horovodrun"]
+    return [Process(launcher + ["--gloo", "-np", str(np)] + worker)]
+
+
+def mpi_transport_args(links):
+    """mpirun arguments that make Open MPI move every byte over TCP, even between ranks on one host.
+
+    ``pml ob1`` selects the BTL-based messaging layer (UCX, another PML, would use shared memory on
+    its own); ``btl tcp,self`` leaves out vader, the shared-memory BTL, so on-host peers talk TCP;
+    ``btl_tcp_links`` asks for that many TCP connections per peer pair. (Checked with
+    ``--mca btl_base_verbose``: only tcp and self initialise.)
+    """
+    return ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_links", str(links)]
+
+
+def _mpi_args_for_horovodrun(links):
+    """The same transport through a horovodrun-compatible launcher's ``--mpi-args``.
+
+    horovodrun already puts ``-mca pml ob1 -mca btl ^openib`` on its mpirun line, and Open MPI
+    rejects a parameter given twice, so ``btl tcp,self`` cannot be added there. Instead the BTLs
+    that would outrank tcp (exclusivity 100) for a peer get exclusivity 0: vader (shared memory,
+    65536) and ofi (libfabric, 65486; re-enabled by ``^openib`` where the system configuration
+    excluded it). ob1 then sends to every other rank over TCP.
+    """
+    return (f"--mca btl_vader_exclusivity 0 --mca btl_ofi_exclusivity 0 "
+            f"--mca btl_tcp_links {links}")
+
+
+def mpi_launch(backend, np, worker, launcher_prefix=None):
+    """horovod-mpi and mpi4py: ``mpirun -np N <TCP only> worker...``."""
+    links = backend.count or 1
+    if launcher_prefix:
+        return [Process(launcher_prefix + ["--mpi", "-np", str(np),
+                                           "--mpi-args", _mpi_args_for_horovodrun(links)] + worker)]
+    mpirun = [find_executable("mpirun") or "mpirun", "-np", str(np), "--oversubscribe",
+              "--bind-to", "none"]
+    return [Process(mpirun + mpi_transport_args(links) + worker)]
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torch_gloo_launch(backend, np, worker, launcher_prefix=None):
+    """torch-gloo: N local processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (env://).
+
+    Through a launcher prefix the ranks are started by it (``--gloo``); they take their rank from
+    HOROVOD_RANK and meet through a file store (torch removes it when the last rank leaves), which
+    works across the network namespaces of one host.
+    """
+    if launcher_prefix:
+        store = os.path.join(tempfile.gettempdir(), f"torch-gloo-store-{uuid.uuid4().hex}")
+        return [Process(launcher_prefix + ["--gloo", "-np", str(np)] + worker
+                        + ["--rendezvous", f"file://{store}"])]
+    port = str(free_port())
+    return [Process(worker + ["--rendezvous", "env://"],
+                    {"RANK": str(rank), "WORLD_SIZE": str(np), "MASTER_ADDR": "127.0.0.1",
+                     "MASTER_PORT": port})
+            for rank in range(np)]
+
+
+LAUNCHES = {"horovod-gloo": horovod_launch, "fasthorovod": horovod_launch,
+            "horovod-mpi": mpi_launch, "mpi4py": mpi_launch, "torch-gloo": torch_gloo_launch}
+
+
+def build_launch(backend, np, worker, launcher_prefix=None):
+    """The processes the driver starts for one job of ``backend``; ``worker`` is the rank's argv."""
+    if launcher_prefix:
+        first, rest = launcher_prefix[0], launcher_prefix[1:]
+        launcher_prefix = [find_executable(first) or first] + rest
+    return LAUNCHES[backend.kind](backend, np, worker, launcher_prefix)
+
+
+# --------------------------------------------------------------------------------------------
+# Running a job: stream its output, keep a tail for the report, never hang.
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    timed_out: bool
+    seconds: float
+    tail: list
+
+
+def kill_tree(pid, grace=5.0):
+    """SIGTERM a job's process, its descendants and its process group; SIGKILL what is left.
+
+    The job was started as its own session, so its process group id is ``pid``. Signalling the
+    group reaches descendants orphaned after ``pid`` exited; walking the tree reaches those that
+    moved to a group of their own.
+    """
+    try:
+        root = psutil.Process(pid)
+        victims = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        victims = []
+    _signal_group(pid, signal.SIGTERM)
+    for proc in victims:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(victims, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pgid, signum):
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(stream, prefix, tail):
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        tail.append(line.rstrip("\n"))
+        sys.stderr.write(prefix + line)
+        sys.stderr.flush()
+
+
+def run_job(processes, timeout, extra_env):
+    """Start ``processes``; wait for all to exit, for the first failure, or for the timeout.
+
+    On failure or timeout every process tree of the job is killed. Output is echoed to stderr
+    (prefixed by process index when the job has several) and the last lines are returned.
+    """
+    tail = deque(maxlen=200)
+    start = time.monotonic()
+    procs, pumps = [], []
+    try:
+        for index, proc in enumerate(processes):
+            env = dict(os.environ, **extra_env, **proc.env)
+            popen = subprocess.Popen(proc.argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(popen)
+            prefix = f"[{index}] " if len(processes) > 1 else ""
+            pump = threading.Thread(target=_pump, args=(popen.stdout, prefix, tail), daemon=True)
+            pump.start()
+            pumps.append(pump)
+        timed_out, returncode = _wait_all(procs, start + timeout)
+    finally:
+        for popen in procs:
+            kill_tree(popen.pid)
+        for pump in pumps:
+            pump.join(timeout=5)
+    return JobResult(returncode, timed_out, time.monotonic() - start, list(tail))
+
+
+def _wait_all(procs, deadline):
+    """(timed_out, returncode): the first non-zero exit status, else 0."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return False, failed[0]
+        if all(c == 0 for c in codes):
+            return False, 0
+        if time.monotonic() > deadline:
+            return True, -signal.SIGKILL
+        time.sleep(0.2)
+
+
+def base_env(threads):
+    """Environment for every job: thread count, and mpirun's consent to run as root."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+_ERROR_LINE = re.compile(r"\w*(Error|Exception): ")
+
+
+def first_error(lines):
+    """The first line that names an exception: the root cause, before the launcher's own report."""
+    return next((line for line in lines if _ERROR_LINE.search(line)), None)
+
+
+def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
+    """Run one backend's job and describe the outcome as a JSON-ready dict.
+
+    status is "ok" (with the worker's ``result``), "skipped" (with ``reason``: not available here,
+    or the worker declined) or "failed" (with ``reason``, the first ``error`` line of the output
+    and its last lines as ``tail``).
+    """
+    entry = {"backend": backend.spec}
+    reason = unavailable_reason(backend, args.launcher_prefix)
+    if reason:
+        return dict(entry, status="skipped", reason=reason)
+    processes = build_launch(backend, np, worker + ["--result-file", result_file],
+                             args.launcher_prefix)
+    entry["commands"] = [shlex.join(p.argv) for p in processes]
+    entry["env"] = backend_env(backend, proxy_threshold)
+    print(f"== {backend.spec}: {entry['commands'][0]}", file=sys.stderr, flush=True)
+    try:
+        job = run_job(processes, args.timeout, dict(base_env(args.threads), **entry["env"]))
+    except OSError as err:
+        return dict(entry, status="failed", reason=f"could not start the job: {err}")
+    entry["seconds"] = round(job.seconds, 1)
+    failure = dict(entry, status="failed", tail=job.tail)
+    if job.timed_out:  # what the killed processes printed last is not the cause
+        return dict(failure, reason=f"timed out after {args.timeout:g} s")
+    failure["error"] = first_error(job.tail)
+    if job.returncode != 0:
+        return dict(failure, reason=f"exit status {job.returncode}")
+    try:
+        with open(result_file) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as err:
+        return dict(failure, reason=f"no result from rank 0: {err}")
+    if "skipped" in result:
+        return dict(entry, status="skipped", reason=result["skipped"])
+    return dict(entry, status="ok", result=result)
+
+
+# --------------------------------------------------------------------------------------------
+# Driver options and reports
+
+
+def default_threads(np):
+    """CPU threads per rank: this machine's cores shared among the ranks, at least one."""
+    return max(1, len(os.sched_getaffinity(0)) // np)
+
+
+def add_driver_arguments(parser):
+    """Options both drivers share."""
+    parser.add_argument("--np", type=int, default=2, help="number of ranks (default: 2)")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds one backend's job may take before it is killed "
+                             "(default: %(default)s)")
+    parser.add_argument("--threads", type=int,
+                        help="torch/OpenMP threads per rank (default: cores / np, at least 1)")
+    parser.add_argument("--launcher-prefix", type=shlex.split, metavar="CMD",
+                        help="a horovodrun-compatible launcher that starts the ranks of every "
+                             "backend instead of horovodrun/mpirun/local spawning, e.g. "
+                             "'fasthorovodrun --emulate-cloud 4:1gbit:200mbit'; it receives "
+                             "--gloo or --mpi [--mpi-args ...], -np N and the worker command")
+    parser.add_argument("--out", help="write the merged results as JSON here")
+    parser.add_argument("--plot", help="write a PNG plot here")
+
+
+_WORKER_ARGS = ("worker", "backend", "result_file", "rendezvous")
+
+
+def add_worker_arguments(parser):
+    """Options only the driver passes to its workers (hidden from --help)."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)       # this rank's backend spec
+    parser.add_argument("--result-file", help=argparse.SUPPRESS)   # where rank 0 writes its JSON
+    parser.add_argument("--rendezvous", help=argparse.SUPPRESS)    # torch.distributed init_method
+
+
+def machine_info():
+    """Facts about the machine and software that a result depends on."""
+    model = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
+                  if line.startswith("model name")), platform.processor())
+    versions = {}
+    for package in ("torch", "horovod", "fasthorovod", "mpi4py", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+        "packages": versions,
+        "open_mpi": _open_mpi_version(),
+    }
+
+
+def _read_lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _open_mpi_version():
+    mpirun = find_executable("mpirun")
+    if not mpirun:
+        return None
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0] if out else None
+
+
+def relevant_env():
+    """The HOROVOD_*, FASTHOROVOD_*, OMPI_MCA_* and GLOO_* settings the run inherited."""
+    prefixes = ("HOROVOD_", "FASTHOROVOD_", "OMPI_MCA_", "GLOO_")
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)}
+
+
+def report(benchmark, args, entries):
+    """The JSON document a driver writes."""
+    return {"benchmark": benchmark,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(), "env": relevant_env(),
+            "args": {k: v for k, v in vars(args).items() if k not in _WORKER_ARGS},
+            "backends": entries}
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def format_table(headers, rows):
+    """Left-aligned first column, right-aligned others, two spaces between columns."""
+    cells = [list(map(str, headers))] + [list(map(str, row)) for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:])]
+        lines.append("  ".join(parts).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_problems(entries):
+    """List skipped and failed backends on stdout, with a failure's first error line."""
+    for entry in entries:
+        if entry["status"] != "ok":
+            print(f"{entry['backend']}: {entry['status']}: {entry['reason']}")
+            if entry.get("error"):
+                print(f"    {entry['error']}")

@@ -1,0 +1,146 @@
+"""Fast checks of benchmarks/: the models' shapes and sizes, the drivers' plumbing, and one tiny
+real run of each driver with Horovod+Gloo at 2 ranks (skipped where Horovod is not installed).
+
+FastHorovod itself is not needed here: the benchmarks exercise its backends, these tests do not.
+"""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name):
+    """Import benchmarks/<name>.py without putting benchmarks/ on sys.path for the whole session."""
+    spec = importlib.util.spec_from_file_location(f"_benchmarks_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+models = _load("models")
+common = _load("_common")
+
+
+@pytest.mark.parametrize("name, expected", [("alexnet", 61_100_840), ("vgg16", 138_357_544)])
+def test_parameter_counts_match_torchvision(name, expected):
+    model = models.build_model(name, num_classes=1000)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize("name", ["alexnet", "vgg16"])
+@pytest.mark.parametrize("image_size", [models.MIN_IMAGE_SIZE, 70])
+def test_forward_shape_at_small_images(name, image_size):
+    model = models.build_model(name, num_classes=10).eval()
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, image_size, image_size))
+    assert out.shape == (2, 10)
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(ValueError, match="alexnet"):
+        models.build_model("resnet50")
+
+
+def test_sizes_parse_and_format():
+    assert [common.parse_size(s) for s in ("4096", "64KiB", "1M", "256MiB")] == \
+        [4096, 65536, 1 << 20, 256 << 20]
+    assert common.format_size(65536) == "64KiB" and common.format_size(1000) == "1000B"
+    with pytest.raises(ValueError):
+        common.parse_size("12 parsecs")
+
+
+def test_backend_specs():
+    assert common.parse_backend("horovod") == common.Backend("horovod", "horovod-gloo")
+    assert common.parse_backend("fasthorovod:4").count == 4
+    assert common.parse_backend("mpi4py:2").count == 2
+    train_kinds = ("horovod-gloo", "horovod-mpi", "fasthorovod")
+    assert common.parse_backend("fasthorovod:4:odsgd", train_kinds, True).algorithm == "odsgd"
+    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd"):
+        with pytest.raises(ValueError):
+            common.parse_backend(bad)
+
+
+@pytest.mark.parametrize("spec, mode", [("horovod-gloo", "--gloo"), ("fasthorovod:4", "--gloo"),
+                                        ("torch-gloo", "--gloo"), ("horovod-mpi", "--mpi"),
+                                        ("mpi4py:4", "--mpi")])
+def test_launcher_prefix_starts_every_backend(spec, mode):
+    prefix = ["fasthorovodrun", "--emulate-cloud", "4:1gbit:200mbit"]
+    (process,) = common.build_launch(common.parse_backend(spec), 4, ["python", "w.py"], prefix)
+    assert Path(process.argv[0]).name == prefix[0]  # resolved to a path where installed
+    assert process.argv[1:3] == prefix[1:]
+    assert process.argv[3:6] == [mode, "-np", "4"]
+    assert process.argv.index("python") > 5
+
+
+def test_native_mpi_launch_keeps_traffic_on_tcp():
+    (process,) = common.build_launch(common.parse_backend("mpi4py:4"), 2, ["python", "w.py"])
+    line = " ".join(process.argv)
+    assert "--mca btl tcp,self" in line and "--mca btl_tcp_links 4" in line
+    assert "--mca pml ob1" in line
+
+
+def test_torch_gloo_spawns_one_process_per_rank():
+    processes = common.build_launch(common.parse_backend("torch-gloo"), 3, ["python", "w.py"])
+    assert [p.env["RANK"] for p in processes] == ["0", "1", "2"]
+    assert len({p.env["MASTER_PORT"] for p in processes}) == 1
+
+
+def _run_driver(script, args, tmp_path, timeout=150):
+    out, plot = tmp_path / "result.json", tmp_path / "result.png"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args, "--out", str(out),
+                           "--plot", str(plot)], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return json.loads(out.read_text()), plot, proc.stdout
+
+
+def test_missing_launcher_is_skipped_not_a_crash(tmp_path):
+    report, _, stdout = _run_driver(
+        "allreduce.py", ["--np", "2", "--backends", "horovod-gloo", "--sizes", "4KiB",
+                         "--launcher-prefix", "no-such-launcher --flag"], tmp_path)
+    (entry,) = report["backends"]
+    assert entry["status"] == "skipped" and "no-such-launcher" in entry["reason"]
+    assert "skipped" in stdout
+
+
+def _require_horovod():
+    pytest.importorskip("horovod.torch", reason="Horovod is not installed (scripts/setup_env.sh)")
+
+
+@pytest.mark.multiproc
+def test_allreduce_driver_end_to_end(tmp_path):
+    _require_horovod()
+    report, plot, stdout = _run_driver(
+        "allreduce.py", ["--np", "2", "--backends", "horovod-gloo", "--sizes", "64KiB,1MiB",
+                         "--iters", "3", "--warmup", "1", "--timeout", "100"], tmp_path)
+    (entry,) = report["backends"]
+    assert entry["status"] == "ok", entry
+    results = entry["result"]["results"]
+    assert [r["bytes"] for r in results] == [64 << 10, 1 << 20]
+    assert all(r["verified"] and r["busbw_gbps"] > 0 and r["p90_s"] >= r["median_s"] > 0
+               for r in results)
+    assert report["machine"]["cores"] >= 1 and report["args"]["np"] == 2
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert "1MiB" in stdout
+
+
+@pytest.mark.multiproc
+def test_train_driver_end_to_end(tmp_path):
+    _require_horovod()
+    report, plot, stdout = _run_driver(
+        "train.py", ["--np", "2", "--backends", "horovod", "--model", "alexnet",
+                     "--image-size", "32", "--batch-size", "2", "--num-classes", "10",
+                     "--steps", "1", "--warmup-steps", "0", "--compute-steps", "1",
+                     "--timeout", "100"], tmp_path)
+    (entry,) = report["backends"]
+    assert entry["status"] == "ok", entry
+    result = entry["result"]
+    assert result["np"] == 2 and result["images_per_s"] > 0 and len(result["weights_sha256"]) == 64
+    assert result["exposed_comm_s"] == pytest.approx(result["step_s"] - result["compute_s"])
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert "1.00x" in stdout
