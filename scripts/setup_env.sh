@@ -38,12 +38,12 @@ have() { "$py" -c "import $1" >/dev/null 2>&1; }
 
 have torch || { log "pip install torch==2.13.0"; pip install torch==2.13.0; }
 missing=()
-for mod in numpy psutil pytest pybind11 matplotlib cloudpickle yaml packaging; do
+for mod in numpy psutil pytest pybind11 matplotlib cloudpickle yaml packaging sklearn; do
   have "$mod" || missing+=("$mod")
 done
 if ((${#missing[@]})); then
   log "pip install ${missing[*]}"
-  pip install numpy psutil pytest "pybind11>=2.11" matplotlib cloudpickle pyyaml packaging
+  pip install numpy psutil pytest "pybind11>=2.11" matplotlib cloudpickle pyyaml packaging scikit-learn
 fi
 have mpi4py || { log "pip install mpi4py (builds against OpenMPI)"; pip install mpi4py; }
 

@@ -4,6 +4,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cstring>
 #include <thread>
 
@@ -16,6 +20,7 @@
 
 namespace py = pybind11;
 using namespace fasthorovod;
+
 
 namespace {
 
@@ -65,8 +70,23 @@ class PyShmBuffer {
 
 // Test-only: `buffers[r]` is rank r's data; runs the whole ring with one thread per rank over
 // loopback TCP, exactly as proxies do (same handshake, same framing), and reduces in place.
+// Test-only: opens a connection to `port` on loopback and sends `payload` (empty: nothing at all).
+Socket ConnectStranger(int port, const std::string& payload) {
+  Socket sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(sock.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    throw std::runtime_error("stranger could not connect: " + ErrnoString(errno));
+  }
+  if (!payload.empty()) (void)!::send(sock.fd(), payload.data(), payload.size(), MSG_NOSIGNAL);
+  return sock;
+}
+
 void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes, int sockets,
-                       double prescale, double postscale, double timeout_seconds) {
+                       double prescale, double postscale, double timeout_seconds,
+                       const std::vector<py::bytes>& strangers) {
   const uint32_t size = static_cast<uint32_t>(buffers.size());
   if (size == 0 || !DTypeValid(dtype)) throw py::value_error("need >= 1 buffer and a valid dtype");
   std::vector<py::buffer_info> infos;
@@ -81,6 +101,9 @@ void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t s
   std::vector<Socket> listeners(size);
   std::vector<int> ports(size);
   for (uint32_t r = 0; r < size; ++r) Check(Listen("127.0.0.1", 0, &listeners[r], &ports[r]));
+  // Strangers knock on rank 0 before its real neighbour does; set-up must reject them and go on.
+  std::vector<Socket> stranger_sockets;
+  for (const auto& payload : strangers) stranger_sockets.push_back(ConnectStranger(ports[0], payload));
   std::vector<Status> results(size);
   {
     py::gil_scoped_release release;
@@ -280,8 +303,23 @@ PYBIND11_MODULE(_C, m) {
   m.def("segment_count", &SegmentCount, py::arg("chunk_elements"), py::arg("segment_elements"));
   m.def("_loopback_allreduce", &LoopbackAllreduce, py::arg("buffers"), py::arg("dtype"), py::arg("segment_bytes"),
         py::arg("sockets") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
-        py::arg("timeout_seconds") = 60.0,
-        R"pbdoc(Test helper: ring allreduce among threads over loopback TCP, in place.)pbdoc");
+        py::arg("timeout_seconds") = 60.0, py::arg("strangers") = std::vector<py::bytes>(),
+        R"pbdoc(Test helper: ring allreduce among threads over loopback TCP, in place. Each of
+`strangers` first connects to rank 0's listener and sends its bytes (b"" sends nothing).)pbdoc");
+  m.def("_hello",
+        [](py::bytes token, uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
+          std::string t = token;
+          if (t.size() != kTokenBytes) throw py::value_error("token must be 16 bytes");
+          LinkIdentity id;
+          std::memcpy(id.token, t.data(), kTokenBytes);
+          id.rank = rank;
+          id.size = size;
+          id.lane = lane;
+          id.config_hash = config_hash;
+          return py::bytes(EncodeHello(id, socket_index));
+        },
+        py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"),
+        py::arg("config_hash"), R"pbdoc(Test helper: the handshake bytes a proxy would send.)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
   m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
   m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);

@@ -197,8 +197,10 @@ class RingRun {
     int64_t last_progress = NowNs();
     const int64_t timeout_ns = static_cast<int64_t>(opt_.timeout_seconds * 1e9);
     while (recv_remaining_ > 0 || SendsPending()) {
-      if (opt_.abort != nullptr && opt_.abort->load(std::memory_order_relaxed) != 0) {
-        return Status::Error(Code::kAborted, "aborted: the job is shutting down or another lane failed");
+      if (opt_.abort != nullptr && opt_.abort->load(std::memory_order_acquire) != 0) {
+        const bool known = opt_.abort_reason != nullptr && opt_.abort_reason[0] != '\0';
+        return Status::Error(Code::kAborted, Str("rank ", opt_.rank, " aborted its collectives: ",
+                                                 known ? opt_.abort_reason : "the job is shutting down"));
       }
       for (size_t s = 0; s < out_.size(); ++s) {
         fds[s] = {links_.to_next[s].fd(), static_cast<short>(out_[s].empty() ? 0 : POLLOUT), 0};

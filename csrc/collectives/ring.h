@@ -47,6 +47,7 @@ struct RingOptions {
   size_t segment_bytes = 1 << 20;
   double timeout_seconds = 300.0;             // longest time without any byte moving
   const std::atomic<uint32_t>* abort = nullptr;  // polled; non-zero makes the collective fail
+  const char* abort_reason = nullptr;             // why, once `abort` is set (may be null)
   std::atomic<int64_t>* progress_ns = nullptr;    // if set, stamped whenever bytes move
   std::string prev_name;  // "rank 0 (10.0.0.1:4242)" for messages
   std::string next_name;

@@ -162,7 +162,7 @@ void ProxyChannel::CollectLocked(uint64_t seq) {
     slot.error[kErrorBytes - 1] = '\0';
     result = Status::Error(Code::kPeerError, slot.error);
     if (broken_.ok()) broken_ = result;
-    header_->abort.store(1);
+    RaiseAbort(header_, result.message());
   }
   results_[seq] = result;
   collected_[seq % kNumSlots] = true;
@@ -216,7 +216,7 @@ Status ProxyChannel::WaitSlot(uint64_t seq, double timeout_seconds) {
 Status ProxyChannel::FailLanesError(const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_.ok()) broken_ = Status::Error(Code::kPeerError, what);
-  header_->abort.store(1);
+  RaiseAbort(header_, broken_.message());
   return broken_;
 }
 
@@ -251,7 +251,7 @@ void ProxyChannel::Stop() {
 }
 
 void ProxyChannel::Abort() {
-  header_->abort.store(1);
+  RaiseAbort(header_, Str("rank ", header_->rank, " shut down while collectives were in flight"));
   Stop();
 }
 

@@ -33,11 +33,16 @@ namespace fasthorovod {
 namespace {
 
 std::atomic<uint32_t> g_signalled{0};
-std::atomic<uint32_t>* g_abort_word = nullptr;
+ChannelHeader* g_channel = nullptr;
 
+// Async-signal-safe: plain stores only.
 void OnTerminate(int) {
   g_signalled.store(1);
-  if (g_abort_word != nullptr) g_abort_word->store(1);
+  if (g_channel != nullptr && g_channel->abort.load() == 0) {
+    static const char kReason[] = "its worker process died or was terminated";
+    for (size_t i = 0; i < sizeof(kReason); ++i) g_channel->abort_reason[i] = kReason[i];
+    g_channel->abort.store(1);
+  }
 }
 
 void InstallSignalHandlers() {
@@ -105,6 +110,7 @@ class Proxy {
     options_.segment_bytes = ch_->segment_bytes;
     options_.timeout_seconds = ch_->timeout_seconds;
     options_.abort = &ch_->abort;
+    options_.abort_reason = ch_->abort_reason;
     options_.progress_ns = &info_.progress_ns;
     options_.prev_name = Who((ch_->rank + ch_->size - 1) % ch_->size);
     options_.next_name = Str(Who((ch_->rank + 1) % ch_->size), " (", next.host, ":", next.port, ")");
@@ -263,11 +269,11 @@ Status RunProxy(const std::string& channel_name, uint32_t lane) {
     return Status::Error(Code::kInvalidArgument, "channel segment has a different version (stale build?)");
   }
   if (lane >= channel->num_lanes) return Status::Error(Code::kInvalidArgument, Str("lane ", lane, " out of range"));
-  g_abort_word = &channel->abort;
+  g_channel = channel;
   if (getppid() != channel->worker_pid) return Status::Error(Code::kAborted, "worker exited before the proxy started");
   Proxy proxy(channel, lane);
   Status st = proxy.Run();
-  g_abort_word = nullptr;
+  g_channel = nullptr;
   return st;
 }
 

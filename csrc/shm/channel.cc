@@ -17,4 +17,12 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
+void RaiseAbort(ChannelHeader* header, const std::string& reason) {
+  uint32_t expected = 0;
+  if (header->abort.load() == 0) {
+    CopyString(header->abort_reason, reason);
+    header->abort.compare_exchange_strong(expected, 1, std::memory_order_release);
+  }
+}
+
 }  // namespace fasthorovod

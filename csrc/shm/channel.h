@@ -90,6 +90,7 @@ struct ChannelHeader {
   std::atomic<uint32_t> head;
   std::atomic<uint32_t> stop;
   std::atomic<uint32_t> abort;
+  char abort_reason[kErrorBytes];  // written before `abort` is set; the root cause for every lane
   LaneInfo lanes[kMaxLanes];
   RequestSlot slots[kNumSlots];
 };
@@ -101,6 +102,9 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "shared counters must b
 // differs from `expected`, on a wake, or after timeout_ms (spurious returns are fine).
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms);
 void FutexWakeAll(std::atomic<uint32_t>* word);
+
+// Records why the job's collectives must stop, then raises the abort flag every lane polls.
+void RaiseAbort(ChannelHeader* header, const std::string& reason);
 
 // Copies a string into a fixed char array, always NUL-terminated.
 template <size_t N>

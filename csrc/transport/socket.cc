@@ -182,6 +182,18 @@ Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::str
   return Status::Ok();
 }
 
+std::string EncodeHello(const LinkIdentity& sender, uint32_t socket_index) {
+  Hello hello{};
+  hello.magic = kHelloMagic;
+  std::memcpy(hello.token, sender.token, kTokenBytes);
+  hello.rank = sender.rank;
+  hello.size = sender.size;
+  hello.lane = sender.lane;
+  hello.socket_index = socket_index;
+  hello.config_hash = sender.config_hash;
+  return std::string(reinterpret_cast<const char*>(&hello), sizeof(hello));
+}
+
 Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* port) {
   sockaddr_in addr;
   FHVD_RETURN_IF_ERROR(Resolve(host, 0, &addr));
@@ -223,15 +235,8 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
       backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
     }
     if (!st.ok()) return st.WithContext("cannot connect to " + next_name + ": ");
-    Hello hello{};
-    hello.magic = kHelloMagic;
-    std::memcpy(hello.token, self.token, kTokenBytes);
-    hello.rank = self.rank;
-    hello.size = self.size;
-    hello.lane = self.lane;
-    hello.socket_index = static_cast<uint32_t>(s);
-    hello.config_hash = self.config_hash;
-    FHVD_RETURN_IF_ERROR(SendAll(sock.fd(), &hello, sizeof(hello), deadline, next_name));
+    const std::string hello = EncodeHello(self, static_cast<uint32_t>(s));
+    FHVD_RETURN_IF_ERROR(SendAll(sock.fd(), hello.data(), hello.size(), deadline, next_name));
     links->to_next.push_back(std::move(sock));
   }
 

@@ -78,6 +78,10 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links);
 
+// The Hello a connecting proxy sends on socket `socket_index` (exposed for tests that impersonate
+// strangers).
+std::string EncodeHello(const LinkIdentity& sender, uint32_t socket_index);
+
 // Blocking-with-deadline helpers on a non-blocking fd (used for handshakes).
 Status SendAll(int fd, const void* data, size_t len, Deadline deadline, const std::string& who);
 Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::string& who);

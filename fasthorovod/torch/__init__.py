@@ -76,6 +76,7 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     join,
     poll,
     proxy_group,
+    restart_proxies,
     shutdown,
     synchronize,
 )

@@ -44,19 +44,31 @@ _in_flight_names: set = set()
 
 def init(comm=None, process_sets=None):
     """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them."""
-    global _group, _config
     _stop_proxies()
     _hvd.init(comm, process_sets)
-    _config = Config.from_env()
-    if _config.num_proxies > 0 and _hvd.size() > 1:
-        _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
-                                  _hvd_functions.broadcast_object, _hvd_functions.allgather_object)
+    _start_proxies()
 
 
 def shutdown(*args, **kwargs):
     """Stops and reaps the proxies, unlinks shared memory, then shuts Horovod down."""
     _stop_proxies()
     return _hvd.shutdown(*args, **kwargs)
+
+
+def _start_proxies() -> None:
+    global _group, _config
+    _config = Config.from_env()
+    if _config.num_proxies > 0 and _hvd.size() > 1:
+        _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
+                                  _hvd_functions.broadcast_object, _hvd_functions.allgather_object)
+
+
+def restart_proxies() -> None:
+    """Replaces this job's proxies with fresh ones, keeping Horovod running (collective: every
+    rank must call it). After a FastHorovodError the data plane is unusable; this recovers it
+    without the cost of hvd.shutdown()/hvd.init(). Pending proxy handles are dropped."""
+    _stop_proxies()
+    _start_proxies()
 
 
 def _stop_proxies() -> None:
@@ -117,7 +129,7 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
             idx = [i for i, t in enumerate(tensors) if t.dtype == dtype]
             ins = [_host(tensors[i]) for i in idx]
             outs = [outputs[i] for i in idx]
-            host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty_like(o, device="cpu")
+            host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype)
                          for o in outs]
             req = group.allreduce(ins, host_outs, name, op == Average, prescale_factor, postscale_factor)
             requests.append((req, outs, host_outs))

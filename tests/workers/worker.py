@@ -4,7 +4,7 @@ Every scenario verifies its own results and exits non-zero on the first wrong va
 passes only if every rank computed exactly what it should.
 """
 import argparse
-import json
+import math
 import subprocess
 import sys
 
@@ -161,6 +161,118 @@ def scenario_join(args):
     print(f"rank {rank}: join ok, last joined {last}", flush=True)
 
 
+def scenario_bad_input(args):
+    """Edge-case tensors work, unsupported ones fail like Horovod, non-finite values pass through."""
+    rank, size = hvd.rank(), hvd.size()
+    empty = hvd.allreduce(torch.zeros(0), op=hvd.Sum, name="empty")
+    assert empty.shape == (0,)
+    scalar = hvd.allreduce(torch.tensor(float(rank + 1)), op=hvd.Sum, name="scalar")
+    assert scalar.shape == () and scalar.item() == size * (size + 1) / 2
+    base = torch.arange(600_000, dtype=torch.float32).reshape(1000, 600) * (rank + 1)
+    strided = base.t()  # non-contiguous
+    out = hvd.allreduce(strided, op=hvd.Sum, name="strided")
+    assert torch.equal(out, base.t() / (rank + 1) * (size * (size + 1) / 2))
+    inplace = base.clone().t()
+    hvd.allreduce_(inplace, op=hvd.Sum, name="strided.inplace")
+    assert torch.equal(inplace, out)
+    special = torch.zeros(400_000)
+    special[0], special[1], special[2] = float("nan"), float("inf"), -float("inf") if rank == 0 else 1.0
+    got = hvd.allreduce(special, op=hvd.Sum, name="nonfinite")
+    assert torch.isnan(got[0]) and got[1] == float("inf") and got[2] == -float("inf"), got[:3]
+    for dtype in (torch.bool, torch.complex64):
+        try:
+            hvd.allreduce(torch.zeros(400_000, dtype=dtype), name=f"unsupported.{dtype}")
+        except ValueError as e:
+            assert "not supported" in str(e), e
+        else:
+            raise AssertionError(f"{dtype} must raise like Horovod")
+    print(f"rank {rank}: bad input ok", flush=True)
+
+
+def scenario_restart(args):
+    """hvd.shutdown() then hvd.init() in the same processes: fresh proxies, no leaks."""
+    import psutil
+
+    proc = psutil.Process()
+    rank = hvd.rank()
+    for cycle in range(args.cycles):
+        if cycle:
+            hvd.init()
+        pids = [p.pid for p in hvd.proxy_group().processes]
+        out = hvd.allreduce(torch.ones(500_000), op=hvd.Sum, name=f"restart.{cycle}")
+        assert torch.all(out == hvd.size())
+        if cycle == 1:
+            fds, rss = proc.num_fds(), proc.memory_info().rss
+        hvd.barrier()
+        hvd.shutdown()
+        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                       for pid in pids), "proxies must be gone after shutdown"
+    grown = proc.num_fds() - fds
+    assert grown <= 2, f"file descriptors grew by {grown} over {args.cycles - 2} restarts"
+    print(f"rank {rank}: restart ok; fds +{grown}, "
+          f"rss {(proc.memory_info().rss - rss) / 2**20:+.1f} MiB", flush=True)
+    hvd.init()  # main() shuts down once more
+
+
+def scenario_refused(args):
+    """Strangers connecting to a running job's proxy ports are refused; the job is undisturbed."""
+    import socket
+
+    rank, size = hvd.rank(), hvd.size()
+    ports = [lane["port"] for lane in hvd.proxy_group().lane_stats()]
+    refused = 0
+    for port in ports:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
+        except ConnectionRefusedError:
+            refused += 1
+    assert refused == len(ports), f"{len(ports) - refused} proxy ports still accept connections"
+    out = hvd.allreduce(torch.full((1 << 20,), float(rank)), op=hvd.Sum, name="after.strangers")
+    assert torch.all(out == size * (size - 1) / 2)
+    print(f"rank {rank}: {refused} connection attempts refused, job unaffected", flush=True)
+
+
+def scenario_soak(args):
+    """Many allreduces of random sizes, dtypes and ops with async overlap; every result verified."""
+    import random
+
+    import psutil
+
+    rank, size = hvd.rank(), hvd.size()
+    rng = random.Random(args.seed)  # same sequence on every rank
+    dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.uint8]
+    proc = psutil.Process()
+    pending, checked = [], 0
+    baseline = None
+    for i in range(args.count):
+        nbytes = int(2 ** rng.uniform(0, math.log2(args.max_bytes)))
+        dtype = rng.choice(dtypes)
+        op = rng.choice([hvd.Sum, hvd.Average]) if dtype.is_floating_point else hvd.Sum
+        count = max(1, nbytes // torch.empty((), dtype=dtype).element_size())
+        x = rank_input(count, dtype, rank)
+        pending.append((hvd.allreduce_async(x, op=op, name=f"soak.{i}"), count, dtype, op))
+        if len(pending) >= rng.randint(1, 4):
+            for handle, c, d, o in pending:
+                out = hvd.synchronize(handle)
+                exp = expected_sum(c, d, size)
+                if o == hvd.Average:
+                    assert torch.allclose(out.double(), exp.double() / size, rtol=1e-2, atol=1e-2), (i, c, d)
+                else:
+                    assert torch.equal(out, exp), (i, c, d)
+                checked += 1
+            pending.clear()
+        if i == args.count // 10:
+            baseline = (proc.num_fds(), proc.memory_info().rss)
+    for handle, c, d, o in pending:
+        hvd.synchronize(handle)
+        checked += 1
+    fds, rss = proc.num_fds(), proc.memory_info().rss
+    assert fds - baseline[0] <= 2, f"fds grew from {baseline[0]} to {fds}"
+    print(f"SOAK rank {rank}: {checked} allreduces verified, 0 mismatches; fds {baseline[0]}->{fds}, "
+          f"rss {baseline[1] / 2**20:.0f}->{rss / 2**20:.0f} MiB", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
@@ -173,6 +285,10 @@ def main():
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--sockets", type=int, default=1)
     parser.add_argument("--out", default="")
+    parser.add_argument("--cycles", type=int, default=4)
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     hvd.init()
     try:

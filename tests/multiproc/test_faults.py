@@ -1,0 +1,30 @@
+"""Failure injection: a proxy killed or frozen mid-allreduce, and a worker killed.
+
+Every rank must raise FastHorovodError (naming the failed rank and lane where it can be known)
+within FASTHOROVOD_TIMEOUT_SECONDS, and nothing — no proxy process, no shared-memory segment —
+may be left behind (tests/multiproc/harness.py checks after each job).
+"""
+import re
+
+import pytest
+
+from tests.multiproc.harness import REPO, run_job
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+FAULT = str(REPO / "tests" / "workers" / "fault_worker.py")
+
+
+def _run_fault(np_, *args, timeout_s="5", job_timeout=600):
+    return run_job(np_, *args, worker=FAULT, timeout=job_timeout,
+                   env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": timeout_s})
+
+
+def test_proxy_sigkill_at_random_points_20_trials():
+    result = _run_fault(3, "kill", "--trials", "20", "--seed", "7", job_timeout=900)
+    assert "DETECTION trials=20" in result.stdout, result.stdout[-3000:]
+    print(re.findall(r"DETECTION.*", result.stdout)[0])
+
+
+def test_proxy_sigstop_is_detected_by_timeout():
+    result = _run_fault(3, "stop", "--trials", "2", "--seed", "3")
+    assert "DETECTION trials=2" in result.stdout, result.stdout[-3000:]

@@ -1,0 +1,32 @@
+"""Bad input through the public API, strangers at a running job, restart, and a soak run."""
+import re
+
+import pytest
+
+from tests.multiproc.harness import run_job
+
+pytestmark = pytest.mark.multiproc
+
+
+def test_bad_input_behaves_like_horovod_or_better():
+    run_job(3, "bad_input", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+
+
+def test_strangers_are_refused_by_a_running_job():
+    result = run_job(2, "refused", env={"FASTHOROVOD_NUM_PROXIES": "3"})
+    assert result.stdout.count("3 connection attempts refused") == 2, result.stdout[-2000:]
+
+
+def test_shutdown_and_init_again_in_the_same_processes():
+    result = run_job(2, "restart", "--cycles", "5", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_soak_random_sizes_dtypes_and_ops():
+    """1,000 verified allreduces up to 16 MB across 3 ranks in CI; benchmarks/soak.py runs 10,000."""
+    result = run_job(3, "soak", "--count", "1000", "--max-bytes", str(16 << 20),
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "65536"},
+                     timeout=900)
+    lines = re.findall(r"SOAK .*", result.stdout)
+    assert len(lines) == 3 and all("1000 allreduces verified, 0 mismatches" in l for l in lines), lines

@@ -1,0 +1,97 @@
+"""Failure-injection workloads, run as Horovod ranks by tests/multiproc/test_faults.py.
+
+Each trial keeps every rank issuing large allreduces while a victim rank injects one fault (SIGKILL
+or SIGSTOP of one of its proxies) at a random moment. Every rank must then raise FastHorovodError
+within the timeout; the ranks report (after the fact, over Horovod) what they raised and when, and
+rank 0 checks it. Between trials the job restarts the data plane with hvd.restart_proxies() (Horovod keeps running).
+"""
+import argparse
+import os
+import random
+import signal
+import sys
+import time
+
+import torch
+
+import fasthorovod.torch as hvd
+
+VICTIM = 1
+
+
+def run_until_error(deadline_s: float) -> tuple:
+    """Issues allreduces until one raises; returns (error, time it was raised)."""
+    x = torch.ones(4 << 20)  # 16 MiB
+    end = time.time() + deadline_s
+    i = 0
+    while time.time() < end:
+        try:
+            handle = hvd.allreduce_async(x, op=hvd.Sum, name=f"fault.{i}")
+            out = hvd.synchronize(handle)
+            assert torch.all(out == hvd.size()), "a completed allreduce must still be exact"
+        except hvd.FastHorovodError as e:
+            return e, time.time()
+        i += 1
+    return None, time.time()
+
+
+def trial(kind: str, rng: random.Random, timeout: float) -> dict:
+    rank = hvd.rank()
+    lane = rng.randrange(hvd.proxy_group().config.num_proxies)
+    delay = rng.uniform(0.05, 0.8)
+    injected_at = None
+    if rank == VICTIM:
+        pid = hvd.proxy_group().processes[lane].pid
+        import threading
+
+        def inject():
+            nonlocal injected_at
+            time.sleep(delay)
+            injected_at = time.time()
+            os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
+
+        threading.Thread(target=inject, daemon=True).start()
+    error, raised_at = run_until_error(delay + 3 * timeout + 10)
+    report = {"rank": rank, "lane": lane, "error": repr(error) if error else None,
+              "type": type(error).__name__ if error else None, "raised_at": raised_at, "injected_at": injected_at}
+    reports = hvd.allgather_object(report, name="fault.report")
+    return {"lane": lane, "reports": reports}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["kill", "stop"])
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    timeout = float(os.environ["FASTHOROVOD_TIMEOUT_SECONDS"])
+    rng = random.Random(args.seed)  # same seed everywhere: every rank agrees on lane and delay
+    detections = []
+    hvd.init()
+    for t in range(args.trials):
+        if t:
+            hvd.restart_proxies()
+        result = trial(args.kind, rng, timeout)
+        injected = next(r["injected_at"] for r in result["reports"] if r["injected_at"] is not None)
+        for r in result["reports"]:
+            assert r["error"] is not None, f"trial {t}: rank {r['rank']} did not raise: {result}"
+            assert r["type"] in ("FastHorovodError", "FastHorovodTimeoutError"), r
+            took = r["raised_at"] - injected
+            assert took <= timeout + 5, f"trial {t}: rank {r['rank']} raised after {took:.1f} s: {r}"
+            detections.append(took)
+        if args.kind == "kill":
+            # The ranks name the failed rank and lane (a timeout is only acceptable for SIGSTOP).
+            named = [r for r in result["reports"] if f"rank {VICTIM}" in r["error"]]
+            assert len(named) == len(result["reports"]), f"trial {t}: not every rank named rank {VICTIM}: {result}"
+        if int(os.environ.get("HOROVOD_RANK", "0")) == 0:
+            print(f"trial {t}: lane {result['lane']} {args.kind}: every rank raised; "
+                  f"max detection {max(detections[-len(result['reports']):]):.2f} s; "
+                  f"example: {result['reports'][0]['error'][:300]}", flush=True)
+    hvd.shutdown()
+    if int(os.environ.get("HOROVOD_RANK", "0")) == 0:
+        print(f"DETECTION trials={args.trials} max={max(detections):.2f}s "
+              f"median={sorted(detections)[len(detections) // 2]:.2f}s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
