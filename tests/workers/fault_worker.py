@@ -58,13 +58,44 @@ def trial(kind: str, rng: random.Random, timeout: float) -> dict:
     return {"lane": lane, "reports": reports}
 
 
+def worker_killed(out_path: str) -> None:
+    """The victim worker SIGKILLs itself mid-allreduce. Its proxies must exit within 5 s (the
+    kernel's parent-death signal) and every other rank must raise. Results go to a file at once,
+    since the launcher tears the job down as soon as it sees the victim die."""
+    import json
+
+    import psutil
+
+    hvd.init()
+    rank = hvd.rank()
+    proxies = hvd.allgather_object([p.pid for p in hvd.proxy_group().processes], name="fault.pids")[VICTIM]
+    if rank == VICTIM:
+        import threading
+
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    killed_at = time.time() + 0.3
+    error, raised_at = run_until_error(30)
+    gone_at = None
+    while time.time() < killed_at + 10:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in proxies):
+            gone_at = time.time()
+            break
+        time.sleep(0.02)
+    with open(f"{out_path}.rank{rank}", "w") as f:
+        json.dump({"error": repr(error), "raised_after": raised_at - killed_at,
+                   "proxies_gone_after": None if gone_at is None else gone_at - killed_at}, f)
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["kill", "stop"])
+    parser.add_argument("kind", choices=["kill", "stop", "worker"])
+    parser.add_argument("--out", default="")
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     timeout = float(os.environ["FASTHOROVOD_TIMEOUT_SECONDS"])
+    if args.kind == "worker":
+        return worker_killed(args.out)
     rng = random.Random(args.seed)  # same seed everywhere: every rank agrees on lane and delay
     detections = []
     hvd.init()
