@@ -1,0 +1,231 @@
+"""The ``fasthorovodrun`` command line: Horovod's horovodrun parser plus FastHorovod's flags.
+
+The parser is not a copy of horovodrun's: ``horovod.runner.launch.parse_args`` builds its parser
+and parses ``sys.argv`` in one function, so ``parse_args`` here runs that very function with
+``ArgumentParser.parse_args`` intercepted for its one call. The interception adds the
+"FastHorovod arguments" group to Horovod's parser object and parses our ``argv`` with it; Horovod's
+post-processing (``--config-file``, validation, ``--check-build``) then runs unchanged. So every
+horovodrun flag, default, check and help text is Horovod 0.28.1's own.
+
+FastHorovod's flags only set environment variables (``fasthorovod_env``). Without
+``--emulate-cloud`` they are put into this process's environment and the job is handed to
+Horovod's runner (``horovod.runner.launch._run``, what horovodrun itself calls), which forwards the
+launcher's environment to every rank: to local ranks directly, to remote ones on the ssh command
+line (Gloo) or with ``mpirun -x`` (MPI). With ``--emulate-cloud`` the job goes to
+``fasthorovod.runner.emulated``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fasthorovod.config import MAX_PROXIES, PREFIX, Config, ConfigError
+from fasthorovod.netem import parse_spec
+
+PROG = "fasthorovodrun"
+
+DESCRIPTION = (
+    "FastHorovod runner: horovodrun (Horovod 0.28.1's own parser and runner, all its flags below) "
+    "plus the FastHorovod arguments, which set FASTHOROVOD_* variables for every rank, and "
+    "--emulate-cloud, which runs the job on an emulated public-cloud network on this machine."
+)
+EPILOG = (
+    "Examples: fasthorovodrun --gloo -np 4 -H a:1,b:1,c:1,d:1 --proxies 8 python train.py;  "
+    "fasthorovodrun --emulate-cloud 4:1gbit:200mbit -np 4 python train.py.  See docs/runner.md."
+)
+
+# The environment variable each FastHorovod flag sets (documented in docs/env.md).
+FLAG_VARIABLES = {
+    "proxies": PREFIX + "NUM_PROXIES",
+    "sockets_per_proxy": PREFIX + "SOCKETS_PER_PROXY",
+    "proxy_threshold": PREFIX + "PROXY_THRESHOLD_BYTES",
+}
+
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
+               "MB": 1000**2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000**3}
+
+
+def parse_bytes(text: str) -> int:
+    """'1048576', '64KiB', '1MiB', '1MB' -> bytes (K/KiB/M/MiB/G/GiB binary; KB/MB/GB decimal)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"bad byte count {text!r}: use e.g. 1048576, 64KiB or 1MiB")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def _count(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low}, {high}]")
+        return value
+
+    return parse
+
+
+def _cloud_spec(text: str):
+    try:
+        return parse_spec(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "FastHorovod arguments",
+        "Each sets a FASTHOROVOD_* variable (docs/env.md) in the environment of every rank; a flag "
+        "overrides the variable inherited from the launcher's environment. They take effect in "
+        "scripts that `import fasthorovod.torch as hvd`.")
+    group.add_argument(
+        "--proxies", type=_count(0, MAX_PROXIES), metavar="K",
+        help="Proxy processes per worker (FASTHOROVOD_NUM_PROXIES): each carries one shard of every "
+             "large allreduce over its own TCP connections, so a worker uses K parallel flows and "
+             f"K cores. 0 sends everything through Horovod. 0-{MAX_PROXIES}; default 4.")
+    group.add_argument(
+        "--sockets-per-proxy", type=_count(1, 64), metavar="S",
+        help="TCP connections from each proxy to its ring neighbour, frames striped over them "
+             "(FASTHOROVOD_SOCKETS_PER_PROXY); a worker then opens K*S flows to its neighbour. "
+             "1-64; default 1.")
+    group.add_argument(
+        "--proxy-threshold", type=parse_bytes, metavar="BYTES",
+        help="Sum/Average allreduces of at least this many bytes go through the proxies, smaller "
+             "ones through Horovod (FASTHOROVOD_PROXY_THRESHOLD_BYTES). A number of bytes or e.g. "
+             "64KiB, 1MiB; default 1MiB.")
+    group.add_argument(
+        "--emulate-cloud", type=_cloud_spec, metavar="HOSTS:LINK:PER_FLOW",
+        help="Run the job on an emulated public-cloud network on this machine, e.g. "
+             "4:1gbit:200mbit: HOSTS network namespaces on a bridge, each host's link capped at "
+             "LINK in both directions and every TCP connection at PER_FLOW (fasthorovod.netem, "
+             "docs/netem.md). -np N ranks go one per host (N/HOSTS per host when N is a multiple "
+             "of HOSTS; on the first N hosts when N < HOSTS), start with Horovod's rendezvous "
+             "(--gloo, the default here) or mpirun (--mpi), and the network is always torn down "
+             "afterwards. Needs root; -H/--hostfile and elastic flags do not apply.")
+
+
+def _customize(parser: argparse.ArgumentParser) -> None:
+    parser.prog = PROG
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    add_fasthorovod_arguments(parser)
+
+
+def _parse_with_horovod(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    """Run Horovod's parse_args on ``argv`` with our group added to its parser (see module doc)."""
+    from horovod.runner import launch as horovod_launch
+
+    original = argparse.ArgumentParser.parse_args
+    captured: dict[str, argparse.ArgumentParser] = {}
+
+    def parse(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        argparse.ArgumentParser.parse_args = original  # intercept exactly one call
+        captured["parser"] = parser
+        _customize(parser)
+        return original(parser, list(argv), namespace)
+
+    argparse.ArgumentParser.parse_args = parse  # type: ignore[method-assign]
+    try:
+        args = horovod_launch.parse_args()
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+    if "parser" not in captured:  # a Horovod whose parse_args works differently
+        raise RuntimeError("could not extend horovod.runner.launch.parse_args (Horovod 0.28.1 expected)")
+    return args, captured["parser"]
+
+
+def fasthorovod_env(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The FASTHOROVOD_* variables that the flags in ``args`` set (only those given).
+
+    Outside the emulated mode, a single ``--network-interfaces`` NIC also becomes FASTHOROVOD_IFACE
+    (unless the environment sets it), so the proxies bind where Horovod's traffic goes under MPI
+    too (under Gloo they already follow HOROVOD_GLOO_IFACE).
+    """
+    environ = os.environ if environ is None else environ
+    env = {var: str(getattr(args, dest)) for dest, var in FLAG_VARIABLES.items()
+           if getattr(args, dest, None) is not None}
+    nics = sorted(getattr(args, "nics", None) or [])
+    if getattr(args, "emulate_cloud", None) is None and len(nics) == 1 and not environ.get(PREFIX + "IFACE"):
+        env[PREFIX + "IFACE"] = nics[0]
+    return env
+
+
+def _emulated_conflicts(args: argparse.Namespace) -> list[str]:
+    """Reasons why ``args`` cannot run with --emulate-cloud (empty when they can)."""
+    spec = args.emulate_cloud
+    problems = []
+    if args.hosts or args.hostfile:
+        problems.append("-H/--hosts and --hostfile do not apply: the emulated cloud brings its own hosts")
+    if args.host_discovery_script or args.min_num_proc or args.max_num_proc:
+        problems.append("elastic mode (--host-discovery-script, --min-np, --max-np) is not supported")
+    if args.use_jsrun:
+        problems.append("--jsrun is not supported (use --gloo or --mpi)")
+    if args.nics and set(args.nics) != {"eth0"}:
+        problems.append("--network-interfaces: an emulated host has one interface, eth0")
+    if args.num_proc is None or args.num_proc < 1:
+        problems.append("-np must be at least 1")
+    elif args.num_proc > spec.hosts and args.num_proc % spec.hosts:
+        problems.append(f"-np {args.num_proc} is not a multiple of the {spec.hosts} emulated hosts "
+                        f"(ranks are spread evenly: -np {spec.hosts * (args.num_proc // spec.hosts)} "
+                        f"or {spec.hosts * (args.num_proc // spec.hosts + 1)})")
+    return problems
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a fasthorovodrun command line (``sys.argv[1:]`` by default); exits on errors, like
+    horovodrun. The result is Horovod's namespace plus ``proxies``, ``sockets_per_proxy``,
+    ``proxy_threshold`` (ints or None) and ``emulate_cloud`` (a ``CloudSpec`` or None)."""
+    args, parser = _parse_with_horovod(sys.argv[1:] if argv is None else argv)
+    if not args.command:
+        parser.error("no command to run given (e.g. python train.py)")
+    try:
+        Config.from_env({**os.environ, **fasthorovod_env(args)})
+    except ConfigError as err:
+        parser.error(str(err))
+    if args.emulate_cloud is not None:
+        problems = _emulated_conflicts(args)
+        if problems:
+            parser.error("--emulate-cloud: " + "; ".join(problems))
+    return args
+
+
+def _exit_code(err: BaseException) -> int:
+    """Horovod's Gloo runner reports the first failed rank as 'Exit code: N'; use N."""
+    match = re.search(r"[Ee]xit code:? (-?\d+)", str(err))
+    code = int(match.group(1)) if match else 1
+    return code if 0 < code < 256 else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.log_level:  # as horovodrun does
+        logging.addLevelName(logging.NOTSET, "TRACE")
+        logging.basicConfig(level=logging.getLevelName(args.log_level))
+    env = fasthorovod_env(args)
+    if args.emulate_cloud is not None:
+        from .emulated import run_emulated
+
+        return run_emulated(args, env)
+
+    from horovod.runner import launch as horovod_launch
+
+    os.environ.update(env)  # Horovod's runner hands the launcher's environment to every rank
+    if args.verbose and env:
+        print(f"{PROG}: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())), file=sys.stderr)
+    try:
+        horovod_launch._run(args)
+    except (RuntimeError, ValueError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return _exit_code(err)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

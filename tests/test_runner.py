@@ -1,0 +1,384 @@
+"""Tests of ``fasthorovodrun`` (fasthorovod.runner).
+
+- Flag parsing and the environment the flags give the ranks run anywhere, in-process.
+- ``multiproc`` tests start real ranks on loopback through Horovod's runner.
+- ``netem`` tests (root, network namespaces) run jobs on an emulated cloud: a verified 4 MiB
+  allreduce with each rank in its own namespace, a failing rank, SIGTERM, a rank that never
+  reaches the rendezvous, and MPI; after each, nothing of that run's network may be left.
+
+Every subprocess has a timeout; on expiry its whole process group is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
+from fasthorovod.runner import fasthorovod_env, launch, parse_args
+from fasthorovod.runner.emulated import EmulatedJob
+
+REPO = Path(__file__).resolve().parents[1]
+FASTHOROVODRUN = Path(sys.executable).parent / "fasthorovodrun"
+
+
+# --- flag parsing and environment ----------------------------------------------------------------
+
+
+def test_horovod_flags_keep_their_meaning_and_ours_are_added() -> None:
+    args = parse_args(["--gloo", "-np", "4", "-H", "a:2,b:2", "--start-timeout", "45", "--verbose",
+                       "--network-interfaces", "eth1", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+                       "--timeline-filename", "/tmp/tl.json", "--output-filename", "/tmp/out",
+                       "--proxies", "8", "--sockets-per-proxy", "2", "--proxy-threshold", "64KiB",
+                       "python", "train.py", "--proxies", "3", "-np", "9"])
+    assert (args.use_gloo, args.use_mpi, args.num_proc, args.hosts) == (True, False, 4, "a:2,b:2")
+    assert (args.start_timeout, args.verbose, args.nics) == (45, True, {"eth1"})
+    assert (args.fusion_threshold_mb, args.cycle_time_ms, args.timeline_filename) == (32, 2.5, "/tmp/tl.json")
+    assert args.output_filename == "/tmp/out"
+    assert (args.proxies, args.sockets_per_proxy, args.proxy_threshold, args.emulate_cloud) == (8, 2, 65536, None)
+    # Everything from the command on belongs to the command, even flags with our names.
+    assert args.command == ["python", "train.py", "--proxies", "3", "-np", "9"]
+
+
+def test_flags_map_to_fasthorovod_variables() -> None:
+    args = parse_args(["-np", "2", "--proxies", "0", "--sockets-per-proxy", "3", "--proxy-threshold", "1MiB", "x"])
+    assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_PROXIES": "0", "FASTHOROVOD_SOCKETS_PER_PROXY": "3",
+                                         "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "1048576"}
+    assert fasthorovod_env(parse_args(["-np", "2", "x"]), {}) == {}  # unset flags leave the environment alone
+    one_nic = parse_args(["-np", "2", "--network-interfaces", "eth1", "x"])
+    assert fasthorovod_env(one_nic, {}) == {"FASTHOROVOD_IFACE": "eth1"}
+    assert fasthorovod_env(one_nic, {"FASTHOROVOD_IFACE": "ib0"}) == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-np", "2", "--proxies", "65", "x"], "argument --proxies: 65 is not in \\[0, 64\\]"),
+        (["-np", "2", "--sockets-per-proxy", "0", "x"], "argument --sockets-per-proxy: 0 is not in \\[1, 64\\]"),
+        (["-np", "2", "--proxy-threshold", "1furlong", "x"], "bad byte count '1furlong'"),
+        (["-np", "2", "--emulate-cloud", "4:1gbit:2gbit", "x"], "per-flow rate 2gbit exceeds link rate 1gbit"),
+        (["-np", "6", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-np 6 is not a multiple of the 4 emulated hosts"),
+        (["-np", "4", "-H", "a:4", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-H/--hosts and --hostfile do not apply"),
+        (["-np", "4", "--min-np", "2", "--emulate-cloud", "4:1gbit:200mbit", "x"], "elastic mode"),
+        (["-np", "4", "--network-interfaces", "eth1", "--emulate-cloud", "4:1gbit:200mbit", "x"], "eth0"),
+        (["-np", "2"], "no command to run"),
+    ],
+)
+def test_bad_command_lines_are_refused_with_the_reason(argv: list[str], message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_bad_inherited_variable_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "many")
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "x"])
+    assert "FASTHOROVOD_NUM_PROXIES='many' is not an integer" in capsys.readouterr().err
+    assert parse_args(["-np", "2", "--proxies", "2", "x"]).proxies == 2  # the flag overrides it
+
+
+def test_help_shows_horovods_flags_and_explains_ours(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: fasthorovodrun")
+    for horovod_flag in ("--gloo", "--mpi", "--hostfile", "--start-timeout", "--fusion-threshold-mb",
+                         "--timeline-filename", "--output-filename", "--network-interfaces"):
+        assert horovod_flag in text
+    assert "FastHorovod arguments" in text
+    for ours, variable in (("--proxies K", "FASTHOROVOD_NUM_PROXIES"),
+                           ("--sockets-per-proxy S", "FASTHOROVOD_SOCKETS_PER_PROXY"),
+                           ("--proxy-threshold BYTES", "FASTHOROVOD_PROXY_THRESHOLD_BYTES"),
+                           ("--emulate-cloud HOSTS:LINK:PER_FLOW", "4:1gbit:200mbit")):
+        assert ours in text and variable in text
+
+
+def test_real_clusters_go_to_horovods_runner_with_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from horovod.runner import launch as horovod_launch
+
+    seen = {}
+
+    def fake_run(args):
+        seen["args"] = args
+        seen["env"] = {k: v for k, v in os.environ.items() if k.startswith("FASTHOROVOD_")}
+
+    monkeypatch.setattr(horovod_launch, "_run", fake_run)
+    for var in list(os.environ):
+        if var.startswith("FASTHOROVOD_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "1")  # so that monkeypatch undoes what main() sets
+    assert launch.main(["--gloo", "-np", "2", "-H", "a:1,b:1", "--proxies", "6", "python", "t.py"]) == 0
+    assert seen["args"].hosts == "a:1,b:1" and seen["args"].command == ["python", "t.py"]
+    assert seen["env"] == {"FASTHOROVOD_NUM_PROXIES": "6"}
+
+
+def test_the_first_failed_ranks_exit_code_is_propagated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from horovod.runner import launch as horovod_launch
+
+    def failing_run(args):  # what horovod.runner.gloo_run raises
+        raise RuntimeError("Horovod detected that one or more processes exited with non-zero status, thus "
+                           "causing the job to be terminated. The first process to do so was:\n"
+                           "Process name: 1\nExit code: 7\n")
+
+    monkeypatch.setattr(horovod_launch, "_run", failing_run)
+    assert launch.main(["--gloo", "-np", "2", "python", "t.py"]) == 7
+
+
+def test_emulated_ranks_get_horovods_tunables_and_our_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_USER_SETTING", "kept")
+    args = parse_args(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32",
+                       "--cycle-time-ms", "5", "--timeline-filename", "/tmp/tl.json", "--proxies", "3", "x"])
+    job = EmulatedJob(args, fasthorovod_env(args))
+    env = job._base_env()
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert env["HOROVOD_CYCLE_TIME"] == "5.0" and env["HOROVOD_TIMELINE"] == "/tmp/tl.json"
+    assert env["FASTHOROVOD_NUM_PROXIES"] == "3" and env["FASTHOROVOD_IFACE"] == "eth0"
+    assert env["SOME_USER_SETTING"] == "kept" and env["PYTHONUNBUFFERED"] == "1"
+    assert (job.hosts_used, job.slots_per_host) == (2, 2)
+
+
+def test_without_root_the_emulated_mode_says_what_to_do(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert launch.main(["-np", "2", "--emulate-cloud", "2:1gbit:100mbit", "python", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert "need root" in err and "drop --emulate-cloud" in err
+
+
+# --- running jobs ------------------------------------------------------------------------------------
+
+
+def _run(argv: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``argv`` in its own session; kill the whole group if it outlives ``timeout``."""
+    env = dict(os.environ, FASTHOROVOD_TIMEOUT_SECONDS="60", **kwargs.pop("env", {}))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s: {argv}\n{out[-4000:]}\n{err[-4000:]}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+LOOPBACK_SCRIPT = """
+import torch, fasthorovod.torch as hvd
+hvd.init()
+group = hvd.proxy_group()
+x = torch.full((1 << 20,), float(hvd.rank() + 1))
+hvd.allreduce_(x, op=hvd.Sum, name="x")
+assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+print("OK", hvd.rank(), len(group.processes), group.config.sockets_per_proxy, flush=True)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.multiproc
+def test_loopback_job_through_horovods_runner_with_proxies() -> None:
+    result = _run([str(FASTHOROVODRUN), "--gloo", "-np", "2", "--proxies", "2", "--sockets-per-proxy", "2",
+                   sys.executable, "-c", LOOPBACK_SCRIPT])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:OK {rank} 2 2" in result.stdout
+
+
+# --- emulated cloud (root) -----------------------------------------------------------------------------
+
+
+def _netns_unusable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root (run the tests as root, or see docs/netem.md)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "ip/tc (iproute2) is not installed"
+    probe = f"fhvdrunprobe{os.getpid()}"
+    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
+    if added.returncode != 0:
+        return f"`ip netns add` is not permitted here: {added.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=True)
+    return None
+
+
+_UNUSABLE = _netns_unusable_reason()
+netem = pytest.mark.skipif(_UNUSABLE is not None, reason=f"emulated network unavailable: {_UNUSABLE}")
+
+EMULATED_SCRIPT = """
+import os, socket, psutil, torch
+import fasthorovod.torch as hvd
+from fasthorovod.config import Config
+from fasthorovod.proxy.group import bind_address
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+mine = [a.address for a in psutil.net_if_addrs()["eth0"] if a.family == socket.AF_INET]
+assert len(mine) == 1, mine
+me = mine[0]
+assert socket.gethostbyname(socket.gethostname()) == me        # what Gloo resolves
+assert socket.gethostbyname(os.environ["HOROVOD_HOSTNAME"]) == me
+assert bind_address(Config.from_env()) == me                    # where the proxies listen
+assert len(hvd.proxy_group().processes) == 2
+pattern = torch.arange(1 << 20, dtype=torch.int32) % 1021 + 1   # 4 MiB of float32, exact sums
+x = pattern.float() * (rank + 1)
+hvd.allreduce_(x, op=hvd.Sum, name="x")
+assert torch.equal(x, pattern.float() * (size * (size + 1) // 2)), x[:4]
+addresses = hvd.allgather_object(me)
+assert len(set(addresses)) == size, addresses
+print(f"RESULT rank={rank} address={me}", flush=True)
+hvd.shutdown()
+"""
+
+
+def _cloud_id(stderr: str) -> str:
+    match = re.search(r"emulated cloud ([0-9a-f]{6}) ", stderr)
+    assert match, f"--verbose did not name the emulated cloud:\n{stderr[-3000:]}"
+    return match.group(1)
+
+
+def _leftovers(cloud_id: str) -> list[str]:
+    """Everything of emulated cloud ``cloud_id`` still on the machine: namespaces (`ip netns
+    list`), /etc/netns directories, the state file, processes in its namespaces."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
+    marker = f"-{cloud_id}-"
+    namespaces = [line.split()[0] for line in listed.splitlines() if marker in line]
+    return namespaces + [str(p) for p in ETC_NETNS.glob(f"*{marker}*")] + [str(p) for p in STATE_DIR.glob(f"{cloud_id}.json")]
+
+
+def _hosts(stderr: str) -> dict[str, str]:
+    """namespace -> address, from the --verbose line."""
+    line = next(line for line in stderr.splitlines() if "hosts: " in line)
+    return dict(item.split("=") for item in line.split("hosts: ", 1)[1].split(", "))
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_emulated_cloud_job_each_rank_in_its_namespace(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(EMULATED_SCRIPT)
+    result = _run([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
+                   "--proxies", "2", sys.executable, str(script)])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    cloud_id = _cloud_id(result.stderr)
+    addresses = list(_hosts(result.stderr).values())
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:RESULT rank={rank} address={addresses[rank]}" in result.stdout
+    assert _leftovers(cloud_id) == []
+
+
+FAILING_SCRIPT = """
+import sys, time
+import horovod.torch as hvd
+hvd.init()
+if hvd.rank() == 1:
+    print("rank 1 gives up", flush=True)
+    sys.exit(3)
+time.sleep(600)
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_a_failing_rank_stops_the_job_with_its_code_and_the_network_goes(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(FAILING_SCRIPT)
+    output = tmp_path / "out"
+    started = time.monotonic()
+    result = _run([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
+                   "--output-filename", str(output), sys.executable, str(script)], timeout=240)
+    assert result.returncode == 3, result.stdout[-4000:] + result.stderr[-4000:]
+    assert time.monotonic() - started < 200  # rank 0 (sleeping 600 s) was killed
+    assert "Process 1 exit with status code 3." in result.stdout
+    assert "[1]<stdout>:rank 1 gives up" in (output / "rank.1" / "stdout").read_text()
+    assert (output / "rank.0" / "stderr").exists()
+    assert _leftovers(_cloud_id(result.stderr)) == []
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_sigterm_kills_the_ranks_and_tears_the_network_down(tmp_path: Path) -> None:
+    script = tmp_path / "sleep.py"
+    script.write_text("import time, horovod.torch as hvd\nhvd.init()\nprint('up', flush=True)\ntime.sleep(600)\n")
+    log = tmp_path / "log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
+                                 sys.executable, str(script)], stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while log.read_text().count("<stdout>:up") < 2:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log.read_text()
+    assert "SIGTERM received" in text
+    assert _leftovers(_cloud_id(text)) == []
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_a_rank_missing_the_rendezvous_fails_after_start_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "late.py"
+    script.write_text("import os, time\nif os.environ['HOROVOD_RANK'] == '1':\n    time.sleep(600)\n"
+                      "import horovod.torch as hvd\nhvd.init()\n")
+    result = _run([str(FASTHOROVODRUN), "--verbose", "--start-timeout", "5", "--emulate-cloud", "2:200mbit:50mbit",
+                   "-np", "2", sys.executable, str(script)], timeout=240)
+    assert result.returncode == 1
+    assert "ranks [1] did not reach Horovod's rendezvous within --start-timeout 5 s" in result.stderr
+    assert _leftovers(_cloud_id(result.stderr)) == []
+
+
+def _mpi_unusable_reason() -> str | None:
+    if shutil.which("mpirun") is None:
+        return "mpirun is not installed"
+    import horovod.torch
+
+    return None if horovod.torch.mpi_built() else "Horovod was built without MPI"
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_mpi_job_on_the_emulated_cloud(tmp_path: Path) -> None:
+    reason = _mpi_unusable_reason()
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "mpi.py"
+    script.write_text(textwrap.dedent("""
+        import socket, psutil, torch
+        import fasthorovod.torch as hvd
+        hvd.init()
+        me = [a.address for a in psutil.net_if_addrs()["eth0"] if a.family == socket.AF_INET][0]
+        x = torch.full((1 << 20,), float(hvd.rank() + 1))
+        hvd.allreduce_(x, op=hvd.Sum, name="x")
+        assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+        print(f"MPI rank={hvd.rank()} mpi={hvd.mpi_enabled()} address={me}", flush=True)
+        hvd.shutdown()
+    """))
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    result = _run([str(FASTHOROVODRUN), "--verbose", "--mpi", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
+                   "--proxies", "2", sys.executable, str(script)], env=env)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    addresses = list(_hosts(result.stderr).values())
+    for rank in (0, 1):
+        assert f"[1,{rank}]<stdout>:MPI rank={rank} mpi=True address={addresses[rank]}" in result.stdout
+    assert _leftovers(_cloud_id(result.stderr)) == []
