@@ -56,6 +56,9 @@ class Config:
     """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour."""
     proxy_threshold_bytes: int = 1 << 20
     """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies."""
+    rebalance_every: int = 16
+    """FASTHOROVOD_REBALANCE_EVERY: re-weigh the lanes' shards from measured per-lane rates every N
+    proxy requests (0 = keep equal shards)."""
     segment_bytes: int = 1 << 20
     """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
     bucket_bytes: int = 25 << 20
@@ -75,6 +78,7 @@ class Config:
             num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
             sockets_per_proxy=_int(env, "SOCKETS_PER_PROXY", cls.sockets_per_proxy, 1, 64),
             proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
+            rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
             socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),
@@ -84,6 +88,7 @@ class Config:
 
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
-        shared = (self.num_proxies, self.sockets_per_proxy, self.proxy_threshold_bytes, self.segment_bytes)
+        shared = (self.num_proxies, self.sockets_per_proxy, self.proxy_threshold_bytes, self.segment_bytes,
+                  self.rebalance_every)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

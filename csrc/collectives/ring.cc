@@ -212,16 +212,19 @@ class RingRun {
       int rc = poll(fds.data(), fds.size(), 100);
       if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
       bool progressed = false;
-      for (size_t s = 0; s < out_.size(); ++s) {
-        if (fds[s].revents & (POLLERR | POLLHUP)) {
-          return Status::Error(Code::kIoError, Str("connection to ", opt_.next_name, " broke (peer died or closed)"));
-        }
-        if (fds[s].revents & POLLOUT) FHVD_RETURN_IF_ERROR(PumpSend(s, stats, &progressed));
-      }
+      // Receive first: if the next rank has gone, an abort frame explaining why may already be
+      // waiting on the receive side, and it is a better error than the broken send.
       for (size_t s = 0; s < in_.size(); ++s) {
         if (fds[out_.size() + s].revents & (POLLIN | POLLHUP | POLLERR)) {
           FHVD_RETURN_IF_ERROR(PumpRecv(s, stats, &progressed));
         }
+      }
+      for (size_t s = 0; s < out_.size(); ++s) {
+        if (fds[s].revents & (POLLERR | POLLHUP)) {
+          FHVD_RETURN_IF_ERROR(ReadPendingAbort());
+          return Status::Error(Code::kIoError, Str("connection to ", opt_.next_name, " broke (peer died or closed)"));
+        }
+        if (fds[s].revents & POLLOUT) FHVD_RETURN_IF_ERROR(PumpSend(s, stats, &progressed));
       }
       if (progressed) {
         last_progress = NowNs();
@@ -370,6 +373,22 @@ class RingRun {
 
   // The previous rank failed and sent its reason: fail with the same message.
   Status ReadAbort(int fd, const FrameHeader& h) { return ReceiveAbort(fd, h, opt_.prev_name, &abort_origin_); }
+
+  // The send side broke: give the receive side a short chance to deliver an abort frame (the
+  // reason the next rank went away, when it is also the previous rank or the abort went round).
+  Status ReadPendingAbort() {
+    std::vector<pollfd> fds;
+    for (auto& sock : links_.from_prev) fds.push_back({sock.fd(), POLLIN, 0});
+    RingStats ignored;
+    bool progressed = false;
+    Deadline deadline = Deadline::After(0.2);
+    while (!deadline.Expired() && poll(fds.data(), fds.size(), deadline.RemainingMs(50)) > 0) {
+      for (size_t s = 0; s < in_.size(); ++s) {
+        if (fds[s].revents != 0) FHVD_RETURN_IF_ERROR(PumpRecv(s, &ignored, &progressed));
+      }
+    }
+    return Status::Ok();
+  }
 
   // Tells the next rank why this lane failed: finish any half-written frame (so the stream stays
   // framed), then send an abort frame with the message on every socket. Best effort, bounded.

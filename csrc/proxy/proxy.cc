@@ -16,7 +16,9 @@
 // should fill with zeros: it waits for its own kExitJoin first.
 #include "proxy/proxy.h"
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -64,12 +66,29 @@ class Proxy {
   Status Run() {
     Status st = Serve();
     if (!st.ok()) Fail(st);
+    DrainIncoming();
     info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
     FutexWakeAll(&ch_->head);
     return st;
   }
 
  private:
+  // Closing a socket that still holds unread bytes makes the kernel send a reset, and a reset can
+  // destroy data the peer has not read yet — such as the abort frame this lane just sent to explain
+  // a failure. So before exiting, read and discard what the previous rank is still sending, for as
+  // long as it keeps coming (at most one second).
+  void DrainIncoming() {
+    std::vector<char> scratch(1 << 16);
+    Deadline deadline = Deadline::After(1.0);
+    for (auto& sock : links_.from_prev) {
+      while (sock.valid() && !deadline.Expired()) {
+        pollfd p{sock.fd(), POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) break;
+        if (recv(sock.fd(), scratch.data(), scratch.size(), MSG_DONTWAIT) <= 0) break;
+      }
+    }
+  }
+
   bool Stopping() const {
     return g_signalled.load() != 0 || ch_->stop.load() != 0 || getppid() != ch_->worker_pid;
   }

@@ -115,6 +115,10 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
+        self._allgather_object: Optional[Callable] = None
+        self._broadcast_object: Optional[Callable] = None
+        self._posted = 0
+        self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
 
@@ -131,6 +135,7 @@ class ProxyGroup:
 
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
         cfg = self.config
+        self._allgather_object, self._broadcast_object = allgather_object, broadcast_object
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
         prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
@@ -157,6 +162,28 @@ class ProxyGroup:
 
     # -- requests ---------------------------------------------------------------------------------
 
+    def _rebalance(self) -> None:
+        """Re-weighs the lanes from their measured rates (bytes moved per busy second).
+
+        A striped transfer runs at the pace of its slowest lane, and real flows are uneven (per-flow
+        caps, hash collisions, CPU contention). Every rank contributes its lanes' rates since the
+        last rebalance; a lane's rate is the minimum over ranks (its ring is as fast as its slowest
+        hop); the new weights move halfway towards those rates. Every rank computes the same
+        weights from the same gathered numbers, so shard boundaries stay identical everywhere.
+        """
+        rates = []
+        for lane, (sent, busy) in enumerate(self._last_lane_totals):
+            stats = self.channel.lane(lane)
+            d_bytes, d_busy = stats["bytes_sent"] - sent, stats["busy_ns"] - busy
+            self._last_lane_totals[lane] = (stats["bytes_sent"], stats["busy_ns"])
+            rates.append(d_bytes / d_busy if d_busy > 0 and d_bytes > 0 else 0.0)
+        gathered = self._allgather_object(rates, name="fasthorovod.lane_rates")
+        ring_rates = [min(r[lane] for r in gathered) for lane in range(len(rates))]
+        if min(ring_rates) <= 0.0:
+            return  # a lane moved nothing measurable: keep the weights
+        total_w, total_r = sum(self.lane_weights), sum(ring_rates)
+        self.lane_weights = [0.5 * w / total_w + 0.5 * r / total_r for w, r in zip(self.lane_weights, ring_rates)]
+
     def lane_boundaries(self, count: int) -> List[int]:
         """Element boundaries of each lane's shard, proportional to the lane weights."""
         total = sum(self.lane_weights)
@@ -172,6 +199,9 @@ class ProxyGroup:
         """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        self._posted += 1
+        if self.config.rebalance_every and self._posted % self.config.rebalance_every == 0:
+            self._rebalance()  # the same request index on every rank: collectives stay in step
         dtype = tensors[0].dtype
         count = sum(t.numel() for t in tensors)
         itemsize = tensors[0].element_size()
@@ -205,8 +235,13 @@ class ProxyGroup:
         self._control(_C.REQUEST_JOIN)
 
     def end_join(self) -> None:
-        """Every rank has joined: the proxies serve this rank's requests again."""
+        """Every rank has joined: the proxies serve this rank's requests again.
+
+        Ranks that joined early missed lane rebalances; everyone adopts rank 0's weights and
+        request count so shard boundaries and rebalance points agree again."""
         self._control(_C.REQUEST_EXIT_JOIN)
+        self.lane_weights, self._posted = self._broadcast_object(
+            (self.lane_weights, self._posted), 0, name="fasthorovod.lane_weights")
 
     def _control(self, kind: int) -> None:
         if self._closed or self.channel is None:

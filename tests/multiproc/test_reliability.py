@@ -18,7 +18,7 @@ def test_strangers_are_refused_by_a_running_job():
 
 
 def test_shutdown_and_init_again_in_the_same_processes():
-    result = run_job(2, "restart", "--cycles", "5", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    result = run_job(2, "restart", "--cycles", "4", env={"FASTHOROVOD_NUM_PROXIES": "2"})
     assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
 
 

@@ -5,6 +5,7 @@ passes only if every rank computed exactly what it should.
 """
 import argparse
 import math
+import time
 import subprocess
 import sys
 
@@ -205,6 +206,10 @@ def scenario_restart(args):
             fds, rss = proc.num_fds(), proc.memory_info().rss
         hvd.barrier()
         hvd.shutdown()
+        # Horovod's Gloo rendezvous clears a scope only once every rank has finalized; a rank that
+        # re-initializes before that can read a peer's stale address and abort (Horovod's race,
+        # not ours), so give every rank time to finish its shutdown first.
+        time.sleep(2)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                        for pid in pids), "proxies must be gone after shutdown"
     grown = proc.num_fds() - fds
