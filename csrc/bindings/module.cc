@@ -21,6 +21,7 @@
 namespace py = pybind11;
 using namespace fasthorovod;
 
+void RegisterQuantize(pybind11::module_& m);  // bindings/quantize.cc
 
 namespace {
 
@@ -324,4 +325,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
   m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
   m.attr("NUM_SLOTS") = kNumSlots;
+  RegisterQuantize(m);
 }

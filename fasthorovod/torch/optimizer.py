@@ -224,14 +224,36 @@ def _class_dict(cls) -> dict:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
                          op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=global_process_set):
+                         sparse_as_dense=False, process_set=global_process_set, algorithm="ssgd",
+                         **algorithm_options):
     """Wraps `optimizer` so that ``step()`` applies gradients averaged (or summed) over all ranks.
 
     Same signature, arguments, errors and behaviour as ``horovod.torch.DistributedOptimizer``;
     with proxies running, gradients live in shared-memory buckets and travel over the proxies'
     parallel TCP rings (see the module docstring). ``zero_grad()`` zeroes bucketed gradients in
     place instead of setting them to None, which keeps them zero-copy.
+
+    Two arguments are FastHorovod's own:
+
+    algorithm: ``"ssgd"`` (default: synchronous SGD, as above), or a policy of
+        ``fasthorovod.scheduler``: ``"od-sgd"`` (one-step delay), ``"ssd-sgd"`` (several-steps
+        delay with GLU), ``"cd-sgd"`` (2-bit compression + delay + k-step correction),
+        ``"local-sgd"`` ((post-)local SGD) or ``"ssgd-2bit"`` (synchronous SGD on 2-bit
+        gradients; also chosen by ``compression=fasthorovod.scheduler.TwoBitCompression()``). The
+        delayed policies keep the model's parameters as local weights: call
+        ``optimizer.sync_weights()`` on every rank before evaluating or checkpointing.
+    **algorithm_options: options of the chosen algorithm, each with a default:
+        ``warmup_steps`` (od-sgd 200, ssd-sgd 500, cd-sgd 1000, local-sgd 0), ``local_lr_scale``
+        (4.0; od/ssd/cd-sgd), ``local_update`` ("sgd" or "dc-asgd") and ``dc_lambda`` (0.04;
+        od/cd-sgd), ``period`` (ssd-sgd 5, local-sgd 8), ``glu`` (1.0; ssd-sgd), ``threshold``
+        (0.5; cd-sgd, ssgd-2bit), ``correction_period`` (5; cd-sgd). See docs/algorithms.md.
+        An unknown algorithm or option, or any option with ``algorithm="ssgd"``, raises ValueError.
     """
+    if algorithm != "ssgd" or algorithm_options or getattr(compression, "scheduled", False):
+        from fasthorovod.scheduler import DistributedOptimizer as _scheduled_optimizer
+        return _scheduled_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+                                    algorithm=algorithm, **algorithm_options)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
