@@ -75,6 +75,10 @@ def parse_args(argv=None):
                              "name one; passed as algorithm= only when not 'ssgd'. A backend whose "
                              "DistributedOptimizer rejects it is reported as skipped. Horovod "
                              "backends always run synchronous SGD (default: %(default)s)")
+    parser.add_argument("--algorithm-warmup", type=int, default=0,
+                        help="warmup_steps= of the delayed algorithms (their synchronous stage); "
+                             "the benchmark's own --warmup-steps are untimed steps before timing, "
+                             "so a short run measures the delayed stage (default: %(default)s)")
     parser.add_argument("--proxy-threshold", type=common.parse_size,
                         help="FASTHOROVOD_PROXY_THRESHOLD_BYTES for fasthorovod backends "
                              "(default: FastHorovod's own)")
@@ -120,8 +124,10 @@ def time_steps(step, warmup, count, label, verbose):
     return times
 
 
-def optimizer_kwargs(backend, default_algorithm):
+def optimizer_kwargs(backend, default_algorithm, algorithm_warmup=0):
     algorithm = backend.algorithm or default_algorithm
+    if backend.kind == "fasthorovod" and algorithm not in ("ssgd", "ssgd-2bit"):
+        return {"algorithm": algorithm, "warmup_steps": algorithm_warmup}
     if backend.kind == "fasthorovod" and algorithm != "ssgd":
         return {"algorithm": algorithm}
     return {}
@@ -191,7 +197,7 @@ def worker(args):
                          "compute-only", rank == 0)
     model.zero_grad(set_to_none=True)
 
-    kwargs = optimizer_kwargs(backend, args.algorithm)
+    kwargs = optimizer_kwargs(backend, args.algorithm, args.algorithm_warmup)
     try:
         optimizer = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
                                              **kwargs)
@@ -207,6 +213,8 @@ def worker(args):
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     steps = time_steps(lambda: train_step(optimizer), args.warmup_steps, args.steps, "train",
                        rank == 0)
+    if hasattr(optimizer, "sync_weights"):
+        optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
     digest = check_identical_weights(hvd, model)
     result = summarize(hvd, args, steps, compute, kwargs.get("algorithm", "ssgd"), model, digest)
     if rank == 0:
@@ -224,6 +232,7 @@ def worker_argv(backend, args):
             "--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes),
             "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
             "--compute-steps", str(args.compute_steps), "--algorithm", args.algorithm,
+            "--algorithm-warmup", str(args.algorithm_warmup),
             "--seed", str(args.seed), "--threads", str(args.threads)]
 
 
