@@ -17,7 +17,7 @@ test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow"
 
 bench: setup
-	$(PY) benchmarks/allreduce.py --np 4 --backends horovod-gloo,fasthorovod:4 --sizes 1MiB,16MiB,64MiB --iters 10 --out results/allreduce.json --plot results/allreduce.png
+	scripts/bench.sh
 
 clean:
 	rm -rf build *.egg-info fasthorovod/_C*.so
