@@ -26,8 +26,10 @@ def test_join_contributes_zeros_through_the_proxies():
     run_job(3, "join", env={"FASTHOROVOD_NUM_PROXIES": "2"})
 
 
-def test_mismatched_collectives_raise_on_every_rank():
-    result = run_job(2, "mismatch", env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
+@pytest.mark.parametrize("variant", ["size", "dtype", "op", "order"])
+def test_mismatched_collectives_raise_on_every_rank(variant):
+    result = run_job(2, "mismatch", "--variant", variant,
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
     assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
 
 

@@ -115,17 +115,29 @@ def scenario_train(args):
 
 
 def scenario_mismatch(args):
-    """Ranks issue different large allreduces: every rank must raise a clear error, not hang."""
+    """Ranks issue different large allreduces (size, dtype, op or order): every rank must raise a
+    CollectiveMismatchError naming both sides, never hang or return a wrong sum."""
     rank = hvd.rank()
-    count = 300_000 if rank == 0 else 300_001
+    count, dtype, op = 300_000, torch.float32, hvd.Average
+    if args.variant == "size" and rank == 1:
+        count += 1
+    if args.variant == "dtype" and rank == 1:
+        dtype = torch.float64
+    if args.variant == "op" and rank == 1:
+        op = hvd.Sum
+    names = [f"mismatch.a.rank{rank}", f"mismatch.b.rank{rank}"]
+    if args.variant == "order":
+        names = ["mismatch.first", "mismatch.second"][:: 1 if rank == 0 else -1]
     try:
-        hvd.allreduce(torch.ones(count), name=f"mismatch.rank{rank}")
+        handles = [hvd.allreduce_async(torch.ones(count, dtype=dtype), op=op, name=n) for n in names]
+        for h in handles:
+            hvd.synchronize(h)
     except hvd.FastHorovodError as e:
         print(f"rank {rank}: raised {type(e).__name__}: {e}", flush=True)
         assert isinstance(e, hvd.CollectiveMismatchError), type(e)
-        assert "rank 0" in str(e) and "rank 1" in str(e) and "mismatch.rank" in str(e), str(e)
+        assert "rank 0" in str(e) and "rank 1" in str(e) and "mismatch." in str(e), str(e)
         return
-    raise AssertionError("a mismatched allreduce must raise")
+    raise AssertionError(f"a {args.variant} mismatch must raise")
 
 
 def scenario_sockets(args):
@@ -294,6 +306,7 @@ def main():
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "order"])
     args = parser.parse_args()
     hvd.init()
     try:
