@@ -45,5 +45,6 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["horovod==0.28.1", "torch", "psutil"],
-    entry_points={"console_scripts": ["fasthorovodrun = fasthorovod.runner.launch:main"]},
+    entry_points={"console_scripts": ["fasthorovodrun = fasthorovod.runner.launch:main",
+                                     "fasthorovod-trace = fasthorovod.trace.cli:main"]},
 )

@@ -22,6 +22,7 @@ namespace py = pybind11;
 using namespace fasthorovod;
 
 void RegisterQuantize(pybind11::module_& m);  // bindings/quantize.cc
+void RegisterTrace(pybind11::module_& m);     // bindings/trace.cc
 
 namespace {
 
@@ -326,4 +327,5 @@ PYBIND11_MODULE(_C, m) {
   m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
   m.attr("NUM_SLOTS") = kNumSlots;
   RegisterQuantize(m);
+  RegisterTrace(m);
 }
