@@ -56,7 +56,7 @@ class Config:
     """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour."""
     proxy_threshold_bytes: int = 1 << 20
     """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies."""
-    rebalance_every: int = 16
+    rebalance_every: int = 0
     """FASTHOROVOD_REBALANCE_EVERY: re-weigh the lanes' shards from measured per-lane rates every N
     proxy requests (0 = keep equal shards)."""
     segment_bytes: int = 1 << 20

@@ -16,7 +16,9 @@
 // should fill with zeros: it waits for its own kExitJoin first.
 #include "proxy/proxy.h"
 
+#include <dirent.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/prctl.h>
@@ -45,6 +47,19 @@ void OnTerminate(int) {
     for (size_t i = 0; i < sizeof(kReason); ++i) g_channel->abort_reason[i] = kReason[i];
     g_channel->abort.store(1);
   }
+}
+
+void RemoveWorkerSegments(const std::string& buffer_prefix, const std::string& channel_name) {
+  shm_unlink(channel_name.c_str());
+  const std::string prefix = (buffer_prefix.rfind('/', 0) == 0 ? buffer_prefix.substr(1) : buffer_prefix) + ".";
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (dirent* entry = readdir(dir)) {
+    if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) {
+      shm_unlink(("/" + std::string(entry->d_name)).c_str());
+    }
+  }
+  closedir(dir);
 }
 
 void InstallSignalHandlers() {
@@ -293,6 +308,11 @@ Status RunProxy(const std::string& channel_name, uint32_t lane) {
   Proxy proxy(channel, lane);
   Status st = proxy.Run();
   g_channel = nullptr;
+  if (g_signalled.load() != 0 || getppid() != channel->worker_pid) {
+    // The worker died and cannot unlink its shared memory: do it for it (every lane may; it is
+    // idempotent). Its segments are exactly the names under its buffer prefix, and its channel.
+    RemoveWorkerSegments(channel->buffer_prefix, channel_name);
+  }
   return st;
 }
 

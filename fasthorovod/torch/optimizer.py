@@ -50,6 +50,7 @@ class _Bucket:
         self.handle = None
         self.ctxs = None
         self.sparse: Dict[torch.Tensor, object] = {}  # params whose gradient came sparse this step
+        self.densified: List[torch.Tensor] = []  # sparse gradients sent dense (sparse_as_dense) this step
 
 
 class _BucketedOptimizerMethods(torch.optim.Optimizer):
@@ -110,11 +111,14 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         offset = 0
         for p in bucket.params:
             view = bucket.flat[offset:offset + p.numel()].view_as(p)
-            if p.grad is not None:
+            if p.grad is not None and not p.grad.is_sparse:
                 view.copy_(p.grad)
+                p.grad = view
             else:
+                # Leave p.grad alone (None until the first backward): a sparse gradient (e.g. from
+                # nn.Embedding(sparse=True)) must stay sparse, which it cannot if autograd accumulates
+                # it into a dense view. _launch binds dense gradients to the view on first use.
                 view.zero_()
-            p.grad = view
             bucket.views[p] = view
             offset += p.numel()
 
@@ -148,6 +152,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
             if p.grad.is_sparse:
                 if self.sparse_as_dense:
                     p.grad = p.grad.to_dense()
+                    bucket.densified.append(p)
                 else:
                     bucket.sparse[p] = sparse_allreduce_async(p.grad, name=self._parameter_names.get(p),
                                                               op=self.op, process_set=self.process_set)
@@ -187,10 +192,13 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
             for p, sparse_handle in bucket.sparse.items():
                 reduced = sparse_handle()
                 p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
+            for p in bucket.densified:  # as Horovod: back to sparse before the update (e.g. SparseAdam)
+                p.grad = p.grad.to_sparse()
             for p in bucket.params:
                 self._allreduce_delay[p] = self.backward_passes_per_step
             bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
             bucket.sparse.clear()
+            bucket.densified.clear()
         self._handles.clear()
         self._synchronized = True
 
@@ -215,6 +223,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         for bucket in getattr(self, "_buckets", []):
             bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
             bucket.sparse.clear()
+            bucket.densified.clear()
         return _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
@@ -271,6 +280,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             gradient_predivide_factor=gradient_predivide_factor, groups=groups,
             sparse_as_dense=sparse_as_dense, process_set=process_set)
     methods = {**_class_dict(_hvd_optimizer._DistributedOptimizer), **_class_dict(_BucketedOptimizerMethods)}
+    # horovod.torch.broadcast_optimizer_state() tells a DistributedOptimizer by this module name; any
+    # other name makes it call step() (a gradient allreduce) on the ranks without optimizer state only.
+    methods["__module__"] = _hvd_optimizer._DistributedOptimizer.__module__
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)

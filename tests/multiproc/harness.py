@@ -15,25 +15,34 @@ from pathlib import Path
 import threading
 from typing import Dict, Optional, Sequence, Set
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "workers" / "worker.py"
 HOROVODRUN = Path(sys.executable).parent / "horovodrun"
 
 
-def session_pids(sid: int) -> Set[int]:
-    """Live processes of session `sid` (the job's launcher, its ranks and their proxies)."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.add(int(entry))
-            except OSError:
-                pass
-    return pids
+def descendants(pid: int) -> Set[int]:
+    """The job's processes: the launcher's descendants (ranks, their proxies). Horovod's launcher
+    starts ranks in process groups of their own, so the tree, not the session, is what counts."""
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
 
 
-def leftovers(sid: int, job_pids: Set[int]) -> Dict[str, list]:
+def alive(pids: Set[int]) -> list:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            pass
+    return sorted(out)
+
+
+def leftovers(job_pids: Set[int]) -> Dict[str, list]:
     """What the job left: its processes still alive, shm segments named after its workers' pids.
 
     Only this job's resources count, so that jobs of other runs on the same machine do not
@@ -41,19 +50,19 @@ def leftovers(sid: int, job_pids: Set[int]) -> Dict[str, list]:
     """
     shm = [n for n in os.listdir("/dev/shm")
            if n.startswith("fasthorovod.") and any(f".{pid}." in n for pid in job_pids)]
-    return {"shm": shm, "processes": sorted(session_pids(sid))}
+    return {"shm": shm, "processes": alive(job_pids)}
 
 
 class _PidSampler(threading.Thread):
-    """Remembers every pid seen in the job's session while it runs."""
+    """Remembers every process seen in the job's tree while it runs (orphans included)."""
 
-    def __init__(self, sid: int) -> None:
+    def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
-        self.sid, self.pids, self.done = sid, set(), threading.Event()
+        self.root, self.pids, self.done = root, set(), threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(0.2):
-            self.pids |= session_pids(self.sid)
+        while not self.done.wait(0.1):
+            self.pids |= descendants(self.root)
 
 
 def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240,
@@ -80,8 +89,8 @@ def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, ti
     if expect_success and proc.returncode != 0:
         raise AssertionError(f"job failed (rc {proc.returncode}): {' '.join(worker_args)}\n{out[-8000:]}")
     deadline = time.monotonic() + 10
-    while any(leftovers(proc.pid, sampler.pids).values()) and time.monotonic() < deadline:
+    while any(leftovers(sampler.pids).values()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = leftovers(proc.pid, sampler.pids)
+    left = leftovers(sampler.pids)
     assert not any(left.values()), f"job left resources behind: {left}\n{out[-3000:]}"
     return result
