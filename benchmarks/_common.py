@@ -354,6 +354,18 @@ def first_error(lines):
     return next((line for line in lines if _ERROR_LINE.search(line)), None)
 
 
+def run_backends(kind, backends, args, worker_argv):
+    """Runs every backend's job in turn (each writing its result to a scratch file) and returns
+    their entries, in order."""
+    entries = []
+    with tempfile.TemporaryDirectory(prefix=f"fasthorovod-{kind}-") as scratch:
+        for index, backend in enumerate(backends):
+            result_file = os.path.join(scratch, f"{index}.json")
+            entries.append(run_backend(backend, args.np, worker_argv(backend, args), result_file, args,
+                                       args.proxy_threshold))
+    return entries
+
+
 def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
     """Run one backend's job and describe the outcome as a JSON-ready dict.
 

@@ -26,7 +26,6 @@ import argparse
 import importlib
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -324,12 +323,7 @@ def driver(args):
         backends = common.parse_backends(args.backends)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    entries = []
-    with tempfile.TemporaryDirectory(prefix="fasthorovod-allreduce-") as scratch:
-        for index, backend in enumerate(backends):
-            result_file = os.path.join(scratch, f"{index}.json")
-            entries.append(common.run_backend(backend, args.np, worker_argv(backend, args),
-                                              result_file, args, args.proxy_threshold))
+    entries = common.run_backends("allreduce", backends, args, worker_argv)
     print_table(entries, args.sizes)
     if args.out:
         common.write_json(args.out, common.report("allreduce", args, entries))

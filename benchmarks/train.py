@@ -29,7 +29,6 @@ import importlib
 import os
 import random
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -285,12 +284,7 @@ def driver(args):
         backends = common.parse_backends(args.backends, KINDS, with_algorithm=True)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    entries = []
-    with tempfile.TemporaryDirectory(prefix="fasthorovod-train-") as scratch:
-        for index, backend in enumerate(backends):
-            result_file = os.path.join(scratch, f"{index}.json")
-            entries.append(common.run_backend(backend, args.np, worker_argv(backend, args),
-                                              result_file, args, args.proxy_threshold))
+    entries = common.run_backends("train", backends, args, worker_argv)
     print_table(entries, args)
     if args.out:
         common.write_json(args.out, common.report("train", args, entries))

@@ -216,11 +216,10 @@ class ProxyGroup:
                 offsets.append(offset)
                 buffer.view(dtype, offset, t.numel()).copy_(t.reshape(-1))
                 offset += t.numel() * itemsize
-            offset = 0
         shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
         try:
             seq = self.channel.post(
-                buffer_id=buffer.id, buffer_offset=offsets[0] if not staged else 0, count=count,
+                buffer_id=buffer.id, buffer_offset=offsets[0], count=count,
                 dtype=DTYPE_CODES[dtype], op=OP_AVERAGE if average else OP_SUM, prescale=prescale,
                 postscale=postscale / self.size if average else postscale, name_hash=_hash64(name),
                 shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count))
