@@ -11,7 +11,8 @@ Backends, as written on the command line (``--backends a,b,c``):
     horovod-gloo (alias horovod)  horovodrun --gloo, ``import horovod.torch as hvd``
     horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
     fasthorovod[:K]               horovodrun --gloo, ``import fasthorovod.torch as hvd``,
-                                  FASTHOROVOD_NUM_PROXIES=K (FastHorovod's default without K)
+                                  FASTHOROVOD_NUM_PROXIES=K (FastHorovod's default without K);
+                                  a '+trace' suffix also records its DLC trace (--trace-root)
     torch-gloo                    N processes started here, torch.distributed gloo (env://)
     mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
 
@@ -83,11 +84,17 @@ class Backend:
     kind: str              # one of KINDS
     count: int = None      # fasthorovod: proxies per worker; mpi4py: btl_tcp_links
     algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
+    trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
-    """Parse 'kind[:count][:algorithm]' (algorithm only for fasthorovod, only if with_algorithm)."""
-    parts = spec.strip().split(":")
+    """Parse 'kind[:count][:algorithm][+trace]' (algorithm only for fasthorovod, only if
+    with_algorithm; +trace only for fasthorovod)."""
+    body = spec.strip()
+    trace = body.endswith("+trace")
+    if trace:
+        body = body[:-len("+trace")]
+    parts = body.split(":")
     kind = _ALIASES.get(parts[0], parts[0])
     if kind not in kinds:
         raise ValueError(f"unknown backend {spec!r}; choose from {', '.join(kinds)}")
@@ -100,7 +107,9 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
             raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer")
         count = int(parts[1])
     algorithm = parts[2] if len(parts) > 2 else None
-    return Backend(spec.strip(), kind, count, algorithm)
+    if trace and kind != "fasthorovod":
+        raise ValueError(f"backend {spec!r}: only fasthorovod backends can be traced (+trace)")
+    return Backend(spec.strip(), kind, count, algorithm, trace)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):
@@ -154,9 +163,16 @@ class Process:
     env: dict = field(default_factory=dict)  # added to the driver's environment
 
 
-def backend_env(backend, proxy_threshold=None):
+def trace_dir(backend, trace_root):
+    """Where a '+trace' backend records its DLC trace: TRACE_ROOT/<spec with ':' and '+' as '_'>."""
+    return os.path.join(os.path.abspath(trace_root), re.sub(r"[^A-Za-z0-9.-]", "_", backend.spec))
+
+
+def backend_env(backend, proxy_threshold=None, trace_root="traces"):
     """Environment a backend's workers need besides the launcher's own."""
     env = {}
+    if backend.trace:
+        env["FASTHOROVOD_TRACE_DIR"] = trace_dir(backend, trace_root)
     if backend.kind == "fasthorovod":
         if backend.count is not None:
             env["FASTHOROVOD_NUM_PROXIES"] = str(backend.count)
@@ -380,7 +396,9 @@ def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
     processes = build_launch(backend, np, worker + ["--result-file", result_file],
                              args.launcher_prefix)
     entry["commands"] = [shlex.join(p.argv) for p in processes]
-    entry["env"] = backend_env(backend, proxy_threshold)
+    entry["env"] = backend_env(backend, proxy_threshold, getattr(args, "trace_root", None) or "traces")
+    if backend.trace:
+        shutil.rmtree(entry["env"]["FASTHOROVOD_TRACE_DIR"], ignore_errors=True)  # no stale lanes
     print(f"== {backend.spec}: {entry['commands'][0]}", file=sys.stderr, flush=True)
     try:
         job = run_job(processes, args.timeout, dict(base_env(args.threads), **entry["env"]))
@@ -427,6 +445,10 @@ def add_driver_arguments(parser):
                              "--gloo or --mpi [--mpi-args ...], -np N and the worker command")
     parser.add_argument("--out", help="write the merged results as JSON here")
     parser.add_argument("--plot", help="write a PNG plot here")
+    parser.add_argument("--trace-root", default="traces", metavar="DIR",
+                        help="a fasthorovod backend written with the suffix '+trace' (e.g. "
+                             "fasthorovod:4+trace) records its DLC trace into DIR/<backend>, "
+                             "for 'fasthorovod-trace analyze' (default: %(default)s)")
 
 
 _WORKER_ARGS = ("worker", "backend", "result_file", "rendezvous")

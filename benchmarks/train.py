@@ -49,8 +49,9 @@ def parse_args(argv=None):
                     "PNG.")
     parser.add_argument("--backends", default="horovod,fasthorovod:4",
                         help="comma-separated: horovod-gloo (or horovod), horovod-mpi, "
-                             "fasthorovod[:PROXIES[:ALGORITHM]]; the first is the speed-up "
-                             "baseline "
+                             "fasthorovod[:PROXIES[:ALGORITHM]][+trace]; the first is the "
+                             "speed-up baseline; '+trace' records the backend's DLC trace "
+                             "(see --trace-root) 
                              "(default: %(default)s)")
     parser.add_argument("--model", choices=sorted(MODELS), default="alexnet",
                         help="model to train (default: %(default)s)")

@@ -61,7 +61,12 @@ def test_backend_specs():
     assert common.parse_backend("mpi4py:2").count == 2
     train_kinds = ("horovod-gloo", "horovod-mpi", "fasthorovod")
     assert common.parse_backend("fasthorovod:4:odsgd", train_kinds, True).algorithm == "odsgd"
-    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd"):
+    traced = common.parse_backend("fasthorovod:4:odsgd+trace", train_kinds, True)
+    assert (traced.count, traced.algorithm, traced.trace) == (4, "odsgd", True)
+    assert common.backend_env(traced, trace_root="/r") == {
+        "FASTHOROVOD_TRACE_DIR": "/r/fasthorovod_4_odsgd_trace", "FASTHOROVOD_NUM_PROXIES": "4"}
+    assert "FASTHOROVOD_TRACE_DIR" not in common.backend_env(common.parse_backend("fasthorovod:4"))
+    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace"):
         with pytest.raises(ValueError):
             common.parse_backend(bad)
 

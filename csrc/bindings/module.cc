@@ -88,9 +88,10 @@ Socket ConnectStranger(int port, const std::string& payload) {
 
 void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes, int sockets,
                        double prescale, double postscale, double timeout_seconds,
-                       const std::vector<py::bytes>& strangers) {
+                       const std::vector<py::bytes>& strangers, uint32_t op) {
   const uint32_t size = static_cast<uint32_t>(buffers.size());
   if (size == 0 || !DTypeValid(dtype)) throw py::value_error("need >= 1 buffer and a valid dtype");
+  if (op > static_cast<uint32_t>(ReduceOp::kGather)) throw py::value_error("op must be OP_SUM, OP_AVERAGE or OP_GATHER");
   std::vector<py::buffer_info> infos;
   for (auto& b : buffers) infos.push_back(WritableBuffer(b));
   const size_t elem = DTypeSize(static_cast<DType>(dtype));
@@ -128,6 +129,7 @@ void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t s
         CollectiveDesc desc;
         desc.total_bytes = desc.shard_bytes = count * elem;
         desc.dtype = dtype;
+        desc.op = op;
         std::strncpy(desc.name, "loopback", kWireNameBytes - 1);
         ShardWork work{infos[r].ptr, count, static_cast<DType>(dtype), prescale, postscale};
         RingOptions options;
@@ -264,6 +266,17 @@ PYBIND11_MODULE(_C, m) {
              }
              Check(st);
            })
+      .def("set_trace",
+           [](ProxyChannel& c, const std::string& dir, int64_t clock_offset_ns, double timeout) {
+             Status st;
+             {
+               py::gil_scoped_release release;
+               st = c.SetTrace(dir, clock_offset_ns, timeout);
+             }
+             Check(st);
+           },
+           py::arg("dir"), py::arg("clock_offset_ns"), py::arg("timeout"),
+           R"pbdoc(Starts (dir) or stops ("") the proxies' traces; a stop waits for every live lane.)pbdoc")
       .def("stop", &ProxyChannel::Stop)
       .def("abort", &ProxyChannel::Abort)
       .def("lane", [](const ProxyChannel& c, uint32_t lane) {
@@ -276,6 +289,7 @@ PYBIND11_MODULE(_C, m) {
         d["bytes_sent"] = s.bytes_sent;
         d["bytes_received"] = s.bytes_received;
         d["collectives"] = s.collectives;
+        d["zero_filled"] = s.zero_filled;
         d["busy_ns"] = s.busy_ns;
         return d;
       });
@@ -306,8 +320,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_loopback_allreduce", &LoopbackAllreduce, py::arg("buffers"), py::arg("dtype"), py::arg("segment_bytes"),
         py::arg("sockets") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
         py::arg("timeout_seconds") = 60.0, py::arg("strangers") = std::vector<py::bytes>(),
-        R"pbdoc(Test helper: ring allreduce among threads over loopback TCP, in place. Each of
-`strangers` first connects to rank 0's listener and sends its bytes (b"" sends nothing).)pbdoc");
+        py::arg("op") = static_cast<uint32_t>(ReduceOp::kSum),
+        R"pbdoc(Test helper: ring allreduce (op OP_GATHER: allgather) among threads over loopback TCP,
+in place. Each of `strangers` first connects to rank 0's listener and sends its bytes (b"" sends
+nothing).)pbdoc");
   m.def("_hello",
         [](py::bytes token, uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
           std::string t = token;
@@ -322,8 +338,13 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"),
         py::arg("config_hash"), R"pbdoc(Test helper: the handshake bytes a proxy would send.)pbdoc");
+  m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
+        R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
   m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
+  m.attr("OP_SUM") = static_cast<uint32_t>(ReduceOp::kSum);
+  m.attr("OP_AVERAGE") = static_cast<uint32_t>(ReduceOp::kAverage);
+  m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
   m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
   m.attr("NUM_SLOTS") = kNumSlots;
   RegisterQuantize(m);

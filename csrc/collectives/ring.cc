@@ -11,6 +11,10 @@
 //     postscale (1/size for Average, times Horovod's postscale factor) is applied to it here, once.
 //   allgather, step t = 0 … size−2: send chunk (rank+1−t), receive chunk (rank−t) into place.
 //
+// An allgather (op kGather, e.g. the scheduler's packed 2-bit payloads) runs the allgather steps
+// only: each rank starts with its own data in chunk rank+1 (AllgatherOwnChunk) and ends with
+// every rank's.
+//
 // The chunk sent at step t+1 is always the chunk received at step t. Chunks are cut further into
 // segments of at most `segment_bytes`, and each segment travels as one frame: a 128-byte header
 // ({seq, name hash, shape hash, sizes, dtype, op, step, segment, offset, length}) and its payload.
@@ -72,6 +76,10 @@ struct OutFrame {
   FrameHeader header;
   const char* payload;
   size_t sent = 0;  // bytes of header + payload already written
+  int64_t ready_ns = 0;  // trace: queued
+  int64_t start_ns = 0;  // trace: first byte written
+  int64_t dep_id = kNoRecord;
+  uint8_t dep_type = 0;
   size_t total() const { return sizeof(FrameHeader) + header.length; }
 };
 
@@ -82,14 +90,17 @@ struct InState {
   char* payload_dst = nullptr;
   uint64_t frames_expected = 0;
   uint64_t frames_done = 0;
+  int64_t start_ns = 0;  // trace: first byte of the current frame
 };
 
 std::string DescribeDesc(const char* name, uint64_t seq, uint64_t total, uint64_t shard, uint32_t dtype,
                          uint32_t op) {
   std::string n(name, strnlen(name, kWireNameBytes));
+  const char* kind = op == static_cast<uint32_t>(ReduceOp::kAverage) ? "average"
+                     : op == static_cast<uint32_t>(ReduceOp::kGather) ? "allgather"
+                                                                      : "sum";
   return Str("tensor '", n, "' (collective #", seq, ", ", total, " bytes, lane shard ", shard, " bytes, ",
-             DTypeValid(dtype) ? DTypeName(static_cast<DType>(dtype)) : "bad dtype", ", ",
-             op == static_cast<uint32_t>(ReduceOp::kAverage) ? "average" : "sum", ")");
+             DTypeValid(dtype) ? DTypeName(static_cast<DType>(dtype)) : "bad dtype", ", ", kind, ")");
 }
 
 // Reads the message of an abort frame whose header `h` was just received on fd.
@@ -108,6 +119,7 @@ class RingRun {
       : links_(links), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)) {
     seg_elems_ = std::max<size_t>(1, opt.segment_bytes / elem_);
     steps_ = 2 * (opt.size - 1);
+    first_step_ = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? opt.size - 1 : 0;
     out_.resize(links.to_next.size());
     in_.resize(links.from_prev.size());
     temp_.resize(links.from_prev.size());
@@ -145,7 +157,7 @@ class RingRun {
   }
   char* Bytes(size_t element) const { return static_cast<char*>(work_.data) + element * elem_; }
 
-  void QueueSend(uint32_t step, size_t segment) {
+  void QueueSend(uint32_t step, size_t segment, int64_t dep_id, TraceDep dep_type) {
     uint32_t c = SendChunk(step);
     size_t begin, end;
     SegmentRange(c, segment, &begin, &end);
@@ -157,6 +169,11 @@ class RingRun {
     f.header.offset = begin * elem_;
     f.header.length = (end - begin) * elem_;
     f.payload = Bytes(begin);
+    if (opt_.trace != nullptr) {
+      f.ready_ns = NowNs();
+      f.dep_id = dep_id;
+      f.dep_type = static_cast<uint8_t>(dep_type);
+    }
     out_[next_socket_].push_back(f);
     next_socket_ = (next_socket_ + 1) % out_.size();
   }
@@ -178,20 +195,23 @@ class RingRun {
   }
 
   Status Execute(RingStats* stats) {
-    Scale(work_.dtype, work_.data, work_.count, work_.prescale);
+    const bool gather = desc_.op == static_cast<uint32_t>(ReduceOp::kGather);
+    if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.prescale);
     if (opt_.size == 1) {
-      Scale(work_.dtype, work_.data, work_.count, work_.postscale);
+      if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.postscale);
       return Status::Ok();
     }
     // Frames each socket will carry: the sender issues F frames, frame j on socket j mod S.
     uint64_t frames_total = 0;
-    for (uint32_t t = 0; t < steps_; ++t) frames_total += Segments(RecvChunk(t));
+    for (uint32_t t = first_step_; t < steps_; ++t) frames_total += Segments(RecvChunk(t));
     for (size_t s = 0; s < in_.size(); ++s) {
       in_[s].frames_expected = frames_total / in_.size() + (s < frames_total % in_.size() ? 1 : 0);
       temp_[s].resize(seg_elems_ * elem_);
     }
     recv_remaining_ = frames_total;
-    for (size_t i = 0; i < Segments(SendChunk(0)); ++i) QueueSend(0, i);
+    for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) {
+      QueueSend(first_step_, i, kNoRecord, TraceDep::kOnRequest);
+    }
 
     std::vector<pollfd> fds(out_.size() + in_.size());
     int64_t last_progress = NowNs();
@@ -253,6 +273,7 @@ class RingRun {
     auto& queue = out_[s];
     while (!queue.empty()) {
       OutFrame& f = queue.front();
+      if (opt_.trace != nullptr && f.sent == 0) f.start_ns = NowNs();
       iovec iov[2];
       int n = 0;
       if (f.sent < sizeof(FrameHeader)) {
@@ -276,6 +297,9 @@ class RingRun {
       stats->bytes_sent += static_cast<uint64_t>(w);
       if (f.sent < f.total()) return Status::Ok();
       stats->frames_sent++;
+      if (opt_.trace != nullptr) {
+        TraceFrame(f.header, TraceDirection::kSend, s, f.ready_ns, f.start_ns, f.dep_id, f.dep_type);
+      }
       queue.pop_front();
     }
     return Status::Ok();
@@ -300,6 +324,7 @@ class RingRun {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
         return Status::Error(Code::kIoError, Str("receive from ", opt_.prev_name, " failed: ", ErrnoString(errno)));
       }
+      if (opt_.trace != nullptr && in.header_got == 0) in.start_ns = NowNs();
       *progressed = true;
       stats->bytes_received += static_cast<uint64_t>(r);
       if (in.header_got < sizeof(FrameHeader)) {
@@ -343,7 +368,7 @@ class RingRun {
               ". Large allreduces must be issued in the same order, with the same shapes, dtypes and ops, "
               "on every rank."));
     }
-    if (h.step >= steps_ || h.segment >= Segments(RecvChunk(h.step))) {
+    if (h.step < first_step_ || h.step >= steps_ || h.segment >= Segments(RecvChunk(h.step))) {
       return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": step ", h.step,
                                                " segment ", h.segment, " out of range"));
     }
@@ -358,14 +383,46 @@ class RingRun {
     return Status::Ok();
   }
 
+  // One trace record (the caller checked opt_.trace). Payload bytes only; the header is 128 more.
+  int64_t TraceFrame(const FrameHeader& h, TraceDirection dir, size_t socket, int64_t ready_ns, int64_t start_ns,
+                     int64_t dep_id, uint8_t dep_type) {
+    MessageRecord r;
+    const bool send = dir == TraceDirection::kSend;
+    r.src = send ? opt_.rank : (opt_.rank + opt_.size - 1) % opt_.size;
+    r.dst = send ? (opt_.rank + 1) % opt_.size : opt_.rank;
+    r.direction = static_cast<uint8_t>(dir);
+    r.seq = desc_.seq;
+    r.request = opt_.trace_request;
+    r.name_hash = desc_.name_hash;
+    r.bytes = h.length;
+    r.shard_bytes = desc_.shard_bytes;
+    r.ready_ns = ready_ns;
+    r.start_ns = start_ns;
+    r.end_ns = NowNs();
+    r.step = h.step;
+    r.segment = h.segment;
+    r.lane = static_cast<uint16_t>(opt_.lane);
+    r.socket = static_cast<uint16_t>(socket);
+    r.op = static_cast<uint8_t>(h.kind == kAbort                                         ? TraceOp::kAbort
+                                : desc_.op == static_cast<uint32_t>(ReduceOp::kGather) ? TraceOp::kAllgather
+                                                                                      : TraceOp::kAllreduce);
+    r.dep_type = dep_type;
+    r.dep_id = dep_id;
+    r.flags = opt_.trace_flags;
+    return opt_.trace->Record(r);
+  }
+
   void FinishFrame(size_t s) {
     InState& in = in_[s];
     const FrameHeader& h = in.header;
+    const int64_t recv_id = opt_.trace == nullptr ? kNoRecord
+        : TraceFrame(h, TraceDirection::kRecv, s, in.start_ns, in.start_ns, kNoRecord,
+                     static_cast<uint8_t>(TraceDep::kOnPeerSend));
     if (h.step < opt_.size - 1 && h.length > 0) {
       ReduceSum(work_.dtype, Bytes(h.offset / elem_), temp_[s].data(), h.length / elem_);
       if (h.step == opt_.size - 2) Scale(work_.dtype, Bytes(h.offset / elem_), h.length / elem_, work_.postscale);
     }
-    if (h.step + 1 < steps_) QueueSend(h.step + 1, h.segment);
+    if (h.step + 1 < steps_) QueueSend(h.step + 1, h.segment, recv_id, TraceDep::kOnReceive);
     in.header_got = 0;
     in.frames_done++;
     recv_remaining_--;
@@ -426,6 +483,7 @@ class RingRun {
   const size_t elem_;
   size_t seg_elems_ = 1;
   uint32_t steps_ = 0;
+  uint32_t first_step_ = 0;  // size-1 for an allgather (kGather): its steps are the allgather phase's
   std::vector<std::deque<OutFrame>> out_;
   std::vector<InState> in_;
   std::vector<std::vector<char>> temp_;
@@ -475,6 +533,8 @@ Status PeekCollective(RingLinks& links, const RingOptions& options, int timeout_
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk) {
   return static_cast<size_t>((static_cast<unsigned __int128>(count) * chunk) / size);
 }
+
+uint32_t AllgatherOwnChunk(uint32_t rank, uint32_t size) { return (rank + 1) % size; }
 
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements) {
   // An empty chunk still travels as one empty frame so that its header is checked.

@@ -7,6 +7,7 @@
 
 #include "collectives/reduce.h"
 #include "common/status.h"
+#include "trace/recorder.h"
 #include "transport/socket.h"
 
 namespace fasthorovod {
@@ -14,7 +15,8 @@ namespace fasthorovod {
 constexpr uint32_t kFrameMagic = 0x46485652u;  // "FHVR"
 constexpr size_t kWireNameBytes = 32;
 
-enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1 };
+// kGather is not a reduction: the collective is an allgather (see RingAllreduce).
+enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2 };
 
 // What every rank must agree on for one collective. Carried in every frame header and compared
 // by the receiver against its own: a difference is an ordering or shape mismatch between ranks.
@@ -49,6 +51,9 @@ struct RingOptions {
   const std::atomic<uint32_t>* abort = nullptr;  // polled; non-zero makes the collective fail
   const char* abort_reason = nullptr;             // why, once `abort` is set (may be null)
   std::atomic<int64_t>* progress_ns = nullptr;    // if set, stamped whenever bytes move
+  TraceRecorder* trace = nullptr;          // if set, one record per frame (docs/trace.md)
+  uint64_t trace_request = kNoRequest;     // the worker's request number, for the records
+  uint8_t trace_flags = 0;                 // kTraceFlag*
   std::string prev_name;  // "rank 0 (10.0.0.1:4242)" for messages
   std::string next_name;
 };
@@ -63,7 +68,9 @@ struct RingStats {
   int64_t end_ns = 0;
 };
 
-// Runs reduce-scatter then allgather of `work` with the neighbours on `links`. On failure the
+// Runs reduce-scatter then allgather of `work` with the neighbours on `links` (desc.op kGather:
+// the allgather only, with this rank's contribution in chunk AllgatherOwnChunk(rank, size) of the
+// shard and nothing reduced or scaled; chunk c is [c·count/size, (c+1)·count/size)). On failure the
 // lane is unusable; the returned Status says why. When this rank detected the failure (or
 // received an abort from its previous rank), it sends an abort frame with the message to the next
 // rank so that every rank of the ring fails with the same explanation instead of a bare EOF.
@@ -79,5 +86,7 @@ Status PeekCollective(RingLinks& links, const RingOptions& options, int timeout_
 // Helpers exposed for unit tests: chunk boundaries and segment counts of the ring schedule.
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk);
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements);
+// The chunk a rank holds complete when the allgather phase starts (its contribution to a kGather).
+uint32_t AllgatherOwnChunk(uint32_t rank, uint32_t size);
 
 }  // namespace fasthorovod

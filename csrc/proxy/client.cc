@@ -57,15 +57,19 @@ Status ProxyChannel::WatchProxy(uint32_t lane, int pid) {
   return Status::Ok();
 }
 
+bool ProxyChannel::ProcessExited(uint32_t lane) const {
+  if (pidfds_[lane] < 0) return false;
+  pollfd p{pidfds_[lane], POLLIN, 0};
+  return poll(&p, 1, 0) > 0;  // a pidfd becomes readable when its process exits
+}
+
 Status ProxyChannel::CheckProxiesAlive() {
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     const LaneInfo& info = header_->lanes[lane];
     if (info.state.load() == static_cast<uint32_t>(LaneState::kFailed)) {
       return Status::Error(Code::kPeerError, Str("rank ", header_->rank, " lane ", lane, ": ", info.error));
     }
-    if (pidfds_[lane] < 0) continue;
-    pollfd p{pidfds_[lane], POLLIN, 0};
-    if (poll(&p, 1, 0) > 0) {
+    if (ProcessExited(lane)) {
       return Status::Error(Code::kPeerError,
                            Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ", info.pid,
                                ") exited unexpectedly (killed or crashed); see its stderr"));
@@ -250,6 +254,26 @@ void ProxyChannel::Stop() {
   FutexWakeAll(&header_->go);
 }
 
+Status ProxyChannel::SetTrace(const std::string& dir, int64_t clock_offset_ns, double timeout_seconds) {
+  if (dir.size() >= kTraceDirBytes) return Status::Error(Code::kInvalidArgument, "trace directory path too long");
+  CopyString(header_->trace_dir, dir);
+  header_->trace_clock_offset_ns = clock_offset_ns;
+  const uint32_t gen = header_->trace_generation.fetch_add(1, std::memory_order_acq_rel) + 1;
+  FutexWakeAll(&header_->head);
+  if (!dir.empty()) return Status::Ok();  // the next request sees it (ordered before the head bump)
+  Deadline deadline = Deadline::After(timeout_seconds);
+  for (uint32_t j = 0; j < header_->num_lanes; ++j) {
+    LaneInfo& lane = header_->lanes[j];
+    // A lane that exited or was killed has no trace to close (its file keeps what it flushed).
+    while (lane.trace_ack.load(std::memory_order_acquire) != gen &&
+           lane.state.load() == static_cast<uint32_t>(LaneState::kConnected) && !ProcessExited(j)) {
+      if (deadline.Expired()) return Status::Error(Code::kTimeout, Str("lane ", j, " did not close its trace"));
+      usleep(1000);
+    }
+  }
+  return Status::Ok();
+}
+
 void ProxyChannel::Abort() {
   RaiseAbort(header_, Str("rank ", header_->rank, " shut down while collectives were in flight"));
   Stop();
@@ -266,6 +290,7 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   s.bytes_sent = info.bytes_sent.load();
   s.bytes_received = info.bytes_received.load();
   s.collectives = info.collectives.load();
+  s.zero_filled = info.zero_filled.load();
   s.busy_ns = info.busy_ns.load();
   return s;
 }

@@ -52,6 +52,7 @@ struct LaneSnapshot {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t collectives = 0;
+  uint64_t zero_filled = 0;
   uint64_t busy_ns = 0;
 };
 
@@ -78,6 +79,8 @@ class ProxyChannel {
   // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
   void Stop();
   void Abort();
+  // Starts (dir non-empty) or stops the proxies' traces; a stop waits until every live lane closed its file.
+  Status SetTrace(const std::string& dir, int64_t clock_offset_ns, double timeout_seconds);
   LaneSnapshot Lane(uint32_t lane) const;
 
  private:
@@ -89,6 +92,7 @@ class ProxyChannel {
   void CollectLocked(uint64_t seq);  // records the result of a completed slot
   void ReapLocked();                 // frees completed slots in order
   Status CheckProxiesAlive();
+  bool ProcessExited(uint32_t lane) const;
   Status FailLanesError(const char* what);
   Status WaitSlot(uint64_t seq, double timeout_seconds);
 

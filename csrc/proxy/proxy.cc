@@ -24,6 +24,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "collectives/ring.h"
 #include "shm/channel.h"
 #include "shm/segment.h"
+#include "trace/recorder.h"
 #include "transport/socket.h"
 
 namespace fasthorovod {
@@ -80,6 +82,7 @@ class Proxy {
 
   Status Run() {
     Status st = Serve();
+    trace_.Close();
     if (!st.ok()) Fail(st);
     DrainIncoming();
     info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
@@ -152,6 +155,7 @@ class Proxy {
     uint32_t next_request = 0;
     for (;;) {
       if (Stopping()) return Status::Ok();
+      SyncTrace();
       if (ch_->head.load(std::memory_order_acquire) != next_request) {
         Handle(ch_->slots[next_request % kNumSlots]);
         ++next_request;
@@ -161,6 +165,27 @@ class Proxy {
         FutexWait(&ch_->head, next_request, 100);
       }
     }
+  }
+
+  // Applies a trace start/stop the worker posted (ProxyChannel::SetTrace) and acks it.
+  void SyncTrace() {
+    const uint32_t gen = ch_->trace_generation.load(std::memory_order_acquire);
+    if (gen == trace_generation_) return;
+    trace_generation_ = gen;
+    trace_.Close();
+    if (ch_->trace_dir[0] != '\0') {
+      TraceOptions o;
+      o.dir = std::string(ch_->trace_dir, strnlen(ch_->trace_dir, kTraceDirBytes));
+      o.rank = ch_->rank;
+      o.size = ch_->size;
+      o.lane = lane_;
+      o.clock_offset_ns = ch_->trace_clock_offset_ns;
+      o.extra_json = Str("\"sockets\": ", ch_->sockets_per_lane, ", \"segment_bytes\": ", ch_->segment_bytes);
+      Status st = trace_.Open(o);
+      if (!st.ok()) std::fprintf(stderr, "[fasthorovod proxy lane %u] trace off: %s\n", lane_, st.message().c_str());
+    }
+    options_.trace = trace_.active() ? &trace_ : nullptr;
+    info_.trace_ack.store(gen, std::memory_order_release);
   }
 
   // One look at the previous rank while joined; runs its collective with zeros if one started.
@@ -181,8 +206,11 @@ class Proxy {
       zeros_.assign(desc.shard_bytes, 0);
       ShardWork work{zeros_.data(), desc.shard_bytes / DTypeSize(dtype), dtype, 1.0, desc.postscale};
       RingStats stats;
+      options_.trace_request = kNoRequest;
+      options_.trace_flags = kTraceFlagZeroFill;
       st = RingAllreduce(links_, desc, work, options_, &stats);
       ++collective_seq_;
+      info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
       info_.progress_ns.store(NowNs());
     }
     if (!st.ok()) {
@@ -218,7 +246,8 @@ class Proxy {
   }
 
   Status Execute(RequestSlot& slot) {
-    if (slot.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(slot.dtype)) {
+    if (slot.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(slot.dtype) ||
+        slot.op > static_cast<uint32_t>(ReduceOp::kGather)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
     const DType dtype = static_cast<DType>(slot.dtype);
@@ -252,6 +281,8 @@ class Proxy {
     work.postscale = slot.postscale;
 
     RingStats stats;
+    options_.trace_request = slot.seq;
+    options_.trace_flags = 0;
     Status st = RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
@@ -289,6 +320,8 @@ class Proxy {
   uint32_t epoch_ = 0;           // joins completed
   bool joined_ = false;
   std::vector<char> zeros_;
+  TraceRecorder trace_;
+  uint32_t trace_generation_ = 0;
 };
 
 }  // namespace

@@ -25,12 +25,13 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 1;
+constexpr uint32_t kChannelVersion = 3;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kNumSlots = 256;
 constexpr size_t kErrorBytes = 2048;
 constexpr size_t kHostBytes = 64;
 constexpr size_t kNameBytes = 128;
+constexpr size_t kTraceDirBytes = 1024;
 
 enum class LaneState : uint32_t { kStarting = 0, kListening = 1, kConnected = 2, kFailed = 3, kExited = 4 };
 // kJoin/kExitJoin bracket hvd.join(): in between, the proxies take part in the other ranks'
@@ -48,6 +49,8 @@ struct LaneInfo {
   std::atomic<uint64_t> bytes_sent;
   std::atomic<uint64_t> bytes_received;
   std::atomic<uint64_t> collectives;
+  std::atomic<uint64_t> zero_filled;  // others' collectives run with zeros while this rank was joined
+  std::atomic<uint32_t> trace_ack;    // the trace_generation this lane has applied (docs/trace.md)
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
 };
 
@@ -91,6 +94,11 @@ struct ChannelHeader {
   std::atomic<uint32_t> stop;
   std::atomic<uint32_t> abort;
   char abort_reason[kErrorBytes];  // written before `abort` is set; the root cause for every lane
+  // Tracing (docs/trace.md): the worker writes trace_dir ("" = off) and the clock offset, then
+  // bumps trace_generation; each lane applies it before its next request and acks it.
+  char trace_dir[kTraceDirBytes];
+  int64_t trace_clock_offset_ns;
+  std::atomic<uint32_t> trace_generation;
   LaneInfo lanes[kMaxLanes];
   RequestSlot slots[kNumSlots];
 };

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -44,7 +45,7 @@ DTYPE_CODES = {
     torch.float32: 7,
     torch.float64: 8,
 }
-OP_SUM, OP_AVERAGE = 0, 1
+OP_SUM, OP_AVERAGE, OP_GATHER = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER
 
 
 def _hash64(text: str) -> int:
@@ -95,15 +96,54 @@ class Request:
             raise
         BufferPool.mapped_by_proxies(self._buffer)
         if self._staged:
-            for out, offset in zip(self._outputs, self._offsets):
-                out.view(-1).copy_(self._buffer.view(out.dtype, offset, out.numel()))
+            self._copy_out()
         self._finish()
+
+    def _copy_out(self) -> None:
+        for out, offset in zip(self._outputs, self._offsets):
+            out.view(-1).copy_(self._buffer.view(out.dtype, offset, out.numel()))
 
     def _finish(self) -> None:
         self._done = True
         if self._staged:
             self._group.pool.release(self._buffer)
         self._tensors = self._outputs = ()
+
+
+class GatherRequest(Request):
+    """A posted allgather (ProxyGroup.allgather): on wait() the (size, n) output holds rank r's
+    words in row r."""
+
+    def __init__(self, group: "ProxyGroup", seq: int, buffer: Buffer, output: torch.Tensor,
+                 bounds: Sequence[int]) -> None:
+        super().__init__(group, seq, buffer, True, (), (output,), (0,))
+        self._bounds = bounds
+
+    def _copy_out(self) -> None:
+        (out,) = self._outputs
+        size = out.shape[0]
+        for begin, end in zip(self._bounds[:-1], self._bounds[1:]):
+            # The lane's region holds size chunks of its columns; chunk c is rank c-1's (the ring's
+            # allgather starts from chunk rank+1), so row r of the output is chunk r+1.
+            region = self._buffer.view(out.dtype, size * begin * out.element_size(), size * (end - begin))
+            out[:, begin:end].copy_(torch.roll(region.view(size, end - begin), shifts=-1, dims=0))
+
+
+def proxy_command(channel_name: str, lane: int) -> List[str]:
+    """``python -P -m fasthorovod.proxy CHANNEL LANE``: -P (Python 3.11+) keeps the worker's current
+    directory off sys.path, so a file there named like a module (e.g. ``fasthorovod/``, ``torch.py``)
+    cannot shadow the proxy's imports."""
+    safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *safe_path, "-m", "fasthorovod.proxy", channel_name, str(lane)]
+
+
+def proxy_environment() -> dict:
+    """The worker's environment, with the directory this fasthorovod was imported from first on
+    PYTHONPATH: the proxies run the worker's copy of the package, wherever it came from."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    return env
 
 
 class ProxyGroup:
@@ -118,6 +158,8 @@ class ProxyGroup:
         self._allgather_object: Optional[Callable] = None
         self._broadcast_object: Optional[Callable] = None
         self._posted = 0
+        self._tracing = False
+        self._joined_at = (0, 0)  # (wall-clock ns, zero-filled count) at begin_join
         self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
@@ -147,7 +189,7 @@ class ProxyGroup:
             config_hash=cfg.wire_hash(), token=token, bind_host=host, buffer_prefix=prefix + ".buf")
         atexit.register(self.close)
         for lane in range(cfg.num_proxies):
-            proc = subprocess.Popen([sys.executable, "-m", "fasthorovod.proxy", self.channel.name, str(lane)],
+            proc = subprocess.Popen(proxy_command(self.channel.name, lane), env=proxy_environment(),
                                     stdin=subprocess.DEVNULL, close_fds=True)
             self.processes.append(proc)
             self.channel.watch_proxy(lane, proc.pid)
@@ -229,18 +271,68 @@ class ProxyGroup:
             raise
         return Request(self, seq, buffer, staged, tensors, outputs, offsets)
 
+    def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
+        """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
+        sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's row. wait()
+        fills a (size, len) tensor, row r = rank r's; the request's output is ``request.output``."""
+        if self._closed or self.channel is None:
+            raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
+            raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
+                             f"{tensor.dtype} on {tensor.device}")
+        n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
+        bounds = self.lane_boundaries(width)
+        output = torch.empty((n, width), dtype=tensor.dtype)
+        buffer = self.pool.acquire(max(1, n * width * itemsize))
+        own = _C.allgather_own_chunk(self.rank, n)
+        try:
+            for begin, end in zip(bounds[:-1], bounds[1:]):
+                m = end - begin
+                buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m).copy_(tensor[begin:end])
+            seq = self.channel.post(
+                buffer_id=buffer.id, buffer_offset=0, count=n * width, dtype=DTYPE_CODES[tensor.dtype],
+                op=OP_GATHER, prescale=1.0, postscale=1.0, name_hash=_hash64(name), shape_hash=_hash64(str(width)),
+                name=name, lane_begin=[n * b for b in bounds])
+        except BaseException:
+            self.pool.release(buffer)
+            raise
+        request = GatherRequest(self, seq, buffer, output, bounds)
+        request.output = output
+        return request
+
     def begin_join(self) -> None:
         """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
-        self._control(_C.REQUEST_JOIN)
+        self._control(_C.REQUEST_JOIN)  # returns once the lanes finished this rank's earlier requests
+        self._joined_at = (time.time_ns(), self._zero_filled())
 
-    def end_join(self) -> None:
-        """Every rank has joined: the proxies serve this rank's requests again.
+    def end_join(self, last_joined: int) -> int:
+        """Every rank has joined: the proxies serve this rank's requests again. Returns the rank that
+        joined last, correcting Horovod's answer (`last_joined`) with what the proxies saw.
+
+        Horovod orders the joins by when its coordinator saw them; a rank joined here when its
+        proxies began zero-filling, which can be a little before its JOIN reaches Horovod. A rank
+        whose proxies zero-filled a collective that rank R posted had joined before R, so it cannot
+        be the last; among the ranks that zero-filled nothing, Horovod's answer stands if it is one
+        of them, else the latest to join by the wall clock.
 
         Ranks that joined early missed lane rebalances; everyone adopts rank 0's weights and
         request count so shard boundaries and rebalance points agree again."""
+        self._control(_C.REQUEST_EXIT_JOIN)  # returns after the lanes' last zero-filled collective
+        joined_ns, filled_before = self._joined_at
+        mine = (joined_ns, self._zero_filled() - filled_before, self.lane_weights, self._posted)
+        everyone = self._allgather_object(mine, name="fasthorovod.join")
+        self.lane_weights, self._posted = everyone[0][2], everyone[0][3]
+        candidates = [r for r, entry in enumerate(everyone) if entry[1] == 0]
+        if last_joined in candidates or not candidates:
+            return last_joined
+        return max(candidates, key=lambda r: everyone[r][0])
+
+    def abandon_join(self) -> None:
+        """Horovod's join failed: take the proxies out of the joined state, nothing collective."""
         self._control(_C.REQUEST_EXIT_JOIN)
-        self.lane_weights, self._posted = self._broadcast_object(
-            (self.lane_weights, self._posted), 0, name="fasthorovod.lane_weights")
+
+    def _zero_filled(self) -> int:
+        return max((self.channel.lane(j)["zero_filled"] for j in range(self.config.num_proxies)), default=0)
 
     def _control(self, kind: int) -> None:
         if self._closed or self.channel is None:
@@ -249,6 +341,18 @@ class ProxyGroup:
                                 postscale=1.0, name_hash=0, shape_hash=0, name="", kind=kind,
                                 lane_begin=[0] * (self.config.num_proxies + 1))
         self.channel.wait(seq, self.config.timeout_seconds)
+
+    def start_trace(self, directory: str, clock_offset_ns: int) -> None:
+        """Every lane records its frames into DIR/rank<R>.lane<J>.bin from its next request on."""
+        if self.channel is not None and not self._closed:
+            self.channel.set_trace(os.path.abspath(directory), clock_offset_ns, self.config.timeout_seconds)
+            self._tracing = True
+
+    def stop_trace(self) -> None:
+        """Every live lane closes its trace file (returns once they have)."""
+        if self._tracing and self.channel is not None and not self._closed:
+            self._tracing = False
+            self.channel.set_trace("", 0, self.config.timeout_seconds)
 
     def lane_stats(self) -> List[dict]:
         return [self.channel.lane(j) for j in range(self.config.num_proxies)] if self.channel else []

@@ -14,9 +14,8 @@ A policy never calls Horovod or the proxies itself; it asks its :class:`Communic
 :class:`HorovodCommunicator` implements it with FastHorovod's collectives (large averages travel
 through the proxies). Unit tests inject a fake world of ranks instead (tests/unit/test_scheduler.py).
 
-The packed allgather goes through exactly one function, :func:`_allgather_packed`. Today it is
-Horovod's allgather; moving it onto the proxies (each lane gathering its shard of the words)
-changes only that function.
+The packed allgather goes through exactly one function, :func:`_allgather_packed`: the proxies'
+ring allgather (each lane gathering its shard of the words), or Horovod's without proxies.
 """
 from __future__ import annotations
 
@@ -80,11 +79,20 @@ def _allgather_packed(words: torch.Tensor, name: str) -> Handle:
     """The one path of packed 2-bit payloads between ranks: an allgather of int32 words.
 
     Returns a handle whose wait() gives the (size, len(words)) int32 tensor of every rank's words.
-    Implemented with Horovod's allgather for now; the sharded allgather over the proxies replaces
-    this body only.
+    With the proxies running it is their ring allgather, sharded over the lanes like an allreduce
+    (each lane gathers its share of the columns over its own TCP connections); without them
+    (FASTHOROVOD_NUM_PROXIES=0, one rank) Horovod's allgather.
     """
-    from fasthorovod.torch import allgather_async, synchronize
+    from fasthorovod.torch import allgather_async, mpi_ops, synchronize
 
+    group = mpi_ops.proxy_group()
+    if group is not None:
+        request = group.allgather(words, name)
+
+        def finish():
+            request.wait()
+            return request.output
+        return Handle(finish)
     handle = allgather_async(words.view(1, -1), name=name)
     return Handle(lambda: synchronize(handle))
 

@@ -78,6 +78,8 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     proxy_group,
     restart_proxies,
     shutdown,
+    start_trace,
+    stop_trace,
     synchronize,
 )
 from fasthorovod.torch.optimizer import DistributedOptimizer  # noqa: F401

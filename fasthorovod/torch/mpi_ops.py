@@ -18,6 +18,7 @@ them). Proxy handles are plain ints like Horovod's (drawn from a range Horovod n
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,6 +31,8 @@ from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compati
 
 from fasthorovod.config import Config
 from fasthorovod.proxy.group import DTYPE_CODES, ProxyGroup, Request
+from fasthorovod.torch.trace_hooks import compute_spans
+from fasthorovod.trace import capture as _trace
 
 _state_lock = threading.Lock()
 _group: Optional[ProxyGroup] = None
@@ -47,10 +50,32 @@ def init(comm=None, process_sets=None):
     _stop_proxies()
     _hvd.init(comm, process_sets)
     _start_proxies()
+    directory = _trace.trace_dir_from_env()
+    if directory:
+        start_trace(directory)
+
+
+def start_trace(directory: str) -> None:
+    """Starts the DLC trace (docs/trace.md) on this rank: its worker events and its proxies' frames.
+    Collective: every rank calls it (clock offsets are estimated against rank 0)."""
+    tracer = _trace.start_trace(directory, rank=_hvd.rank(), size=_hvd.size(), barrier=_hvd.barrier,
+                                allgather_object=_hvd_functions.allgather_object)
+    if _group is not None:
+        _group.start_trace(directory, tracer.clock_offset_ns)
+    compute_spans.install()
+
+
+def stop_trace() -> None:
+    """Stops the trace: the proxies close their files, then the worker's is flushed and closed."""
+    compute_spans.remove()
+    if _group is not None:
+        _group.stop_trace()
+    _trace.stop_trace()
 
 
 def shutdown(*args, **kwargs):
     """Stops and reaps the proxies, unlinks shared memory, then shuts Horovod down."""
+    stop_trace()
     _stop_proxies()
     return _hvd.shutdown(*args, **kwargs)
 
@@ -69,6 +94,9 @@ def restart_proxies() -> None:
     without the cost of hvd.shutdown()/hvd.init(). Pending proxy handles are dropped."""
     _stop_proxies()
     _start_proxies()
+    tracer = _trace.tracer
+    if tracer is not None and _group is not None:
+        _group.start_trace(os.path.dirname(tracer.path), tracer.clock_offset_ns)
 
 
 def _stop_proxies() -> None:
@@ -139,6 +167,10 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
         raise
     handle = next(_handle_ids)
     _handles[handle] = _ProxyHandle(requests, result, name)
+    tracer = _trace.tracer
+    if tracer is not None:
+        tracer.event("request", name, bytes=sum(t.numel() * t.element_size() for t in tensors),
+                     requests=[req.seq for req, _, _ in requests], proxied=True)
     return handle
 
 
@@ -168,8 +200,16 @@ def poll(handle):
     return all(req.poll() for req, _, _ in entry.requests)
 
 
+_horovod_names: Dict[int, str] = {}  # traced Horovod-path handles -> tensor name
+
+
 def synchronize(handle):
     """Waits for `handle` and returns its output (Horovod's ``synchronize``)."""
+    tracer = _trace.tracer
+    if tracer is not None:
+        entry = _handles.get(handle)
+        with tracer.span("wait", entry.name if entry is not None else _horovod_names.pop(handle, "")):
+            return _finish(handle) if entry is not None else _hvd.synchronize(handle)
     if handle in _handles:
         return _finish(handle)
     return _hvd.synchronize(handle)
@@ -182,7 +222,12 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if group is None:
         if output is not tensor and not tensor.is_contiguous():
             tensor = tensor.contiguous()  # out of place: Horovod needs contiguous input, the caller does not
-        return _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+        handle = _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+        tracer = _trace.tracer
+        if tracer is not None and name:
+            _horovod_names[handle] = name
+            tracer.event("request", name, bytes=tensor.numel() * tensor.element_size(), proxied=False)
+        return handle
     return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output)
 
 
@@ -305,6 +350,8 @@ def join(device=-1) -> int:
         return _hvd.join(device)
     group.begin_join()
     try:
-        return _hvd.join(device)
-    finally:
-        group.end_join()
+        last = _hvd.join(device)
+    except BaseException:
+        group.abandon_join()
+        raise
+    return group.end_join(last)

@@ -34,6 +34,8 @@ from horovod.torch.functions import broadcast_object
 from horovod.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
 
 from fasthorovod.torch import mpi_ops
+from fasthorovod.torch.trace_hooks import compute_spans
+from fasthorovod.trace import capture as _trace
 
 
 class _Bucket:
@@ -131,6 +133,8 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                     "Increase backward_passes_per_step to accumulate gradients locally.")
             assert not p.grad.requires_grad
             assert self._allreduce_delay[p] > 0
+            if _trace.tracer is not None:
+                compute_spans.gradient_ready()
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] == 0:
                 bucket.ready += 1
@@ -144,6 +148,9 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         return 1.0, 1.0
 
     def _launch(self, bucket: _Bucket) -> None:
+        tracer = _trace.tracer
+        if tracer is not None:
+            tracer.event("grad_ready", bucket.name, bucket=bucket.index)
         prescale, postscale = self._scale_factors()
         dense = []
         for p in bucket.params:
@@ -183,6 +190,9 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         for bucket in self._buckets:
             if bucket.handle is None:
                 self._launch(bucket)
+        tracer = _trace.tracer
+        if tracer is not None:
+            compute_spans.gradients_done()
         for bucket in self._buckets:
             outputs = mpi_ops.synchronize(bucket.handle)
             if not bucket.zero_copy:
@@ -201,6 +211,19 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
             bucket.densified.clear()
         self._handles.clear()
         self._synchronized = True
+        if tracer is not None:
+            self._synchronized_ns = _trace.now_ns()
+
+    def step(self, closure=None):
+        tracer = _trace.tracer
+        if tracer is None:
+            return _hvd_optimizer._DistributedOptimizer.step(self, closure)
+        entered = _trace.now_ns()
+        self._synchronized_ns = 0
+        result = _hvd_optimizer._DistributedOptimizer.step(self, closure)  # synchronize() stamps its end
+        tracer.complete("update", "", max(entered, self._synchronized_ns), _trace.now_ns())
+        tracer.next_step()
+        return result
 
     def zero_grad(self, set_to_none: bool = True):
         """Zeroes gradients; gradients that are views into shared-memory buckets are zeroed in place."""

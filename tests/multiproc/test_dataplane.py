@@ -22,6 +22,12 @@ def test_allreduce_of_100_megabytes():
     run_job(2, "large", "--mbytes", "100", env={"FASTHOROVOD_NUM_PROXIES": "2"})
 
 
+@pytest.mark.parametrize("np_,proxies", [(2, 3), (3, 2)])
+def test_sharded_allgather_through_the_proxies(np_, proxies):
+    result = run_job(np_, "gather", env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+    assert result.stdout.count("gather ok") == np_, result.stdout[-2000:]
+
+
 def test_join_contributes_zeros_through_the_proxies():
     run_job(3, "join", env={"FASTHOROVOD_NUM_PROXIES": "2"})
 

@@ -1,5 +1,5 @@
-"""The DLC trace from real ranks (horovodrun --gloo): clock alignment now; byte totals once the data
-plane records frames (the test activates when ProxyGroup.start_trace exists)."""
+"""The DLC trace from real ranks (horovodrun --gloo): clock alignment, and byte totals of the proxies'
+frame records against what was allreduced."""
 import json
 import os
 import subprocess
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import fasthorovod.torch
-from fasthorovod.proxy.group import ProxyGroup, _hash64
+from fasthorovod.proxy.group import _hash64
 from fasthorovod.trace import analyze as an
 from fasthorovod.trace import format as fmt
 from tests.multiproc.harness import run_job
@@ -17,7 +16,6 @@ from tests.multiproc.harness import run_job
 pytestmark = pytest.mark.multiproc
 
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "trace_worker.py"
-WIRED = hasattr(ProxyGroup, "start_trace") and hasattr(fasthorovod.torch, "start_trace")
 
 
 def ring_sent_elements(shard: int, size: int, rank: int) -> int:
@@ -54,8 +52,6 @@ def test_worker_traces_of_two_ranks_share_one_clock(tmp_path):
     assert r["sync"]["collectives"] >= 3  # "g" x3 (+ the allreduces themselves once mpi_ops is traced)
 
 
-@pytest.mark.skipif(not WIRED, reason="needs the data plane's capture points (ProxyGroup.start_trace, "
-                                      "hvd.start_trace; docs/trace.md 'Wiring')")
 def test_two_rank_trace_byte_totals_match_what_was_allreduced(tmp_path, np_=2):
     d = tmp_path / "trace"
     run_job(np_, "allreduce", "--dir", str(d), worker=WORKER, timeout=240,
@@ -119,6 +115,15 @@ def test_two_rank_trace_byte_totals_match_what_was_allreduced(tmp_path, np_=2):
     assert len(shards) == size * sum(t["repeats"] for t in manifests[0]["tensors"])
     assert all(total == sizes[name] for (_, name, _), total in shards.items()), shards
 
+    for rank in range(size):
+        # The optimizer's steps: forward (module hooks), backward (gradient hooks), update, in order.
+        events = trace.workers[rank][0].events
+        spans = {k: [e for e in events if e["k"] == k] for k in ("forward", "backward", "update")}
+        assert len(spans["forward"]) == len(spans["backward"]) == len(spans["update"]) == 4, \
+            {k: len(v) for k, v in spans.items()}
+        for f, b, u in zip(spans["forward"], spans["backward"], spans["update"]):
+            assert f["step"] == b["step"] == u["step"]
+            assert f["t"] + f["d"] <= b["t"] <= b["t"] + b["d"] <= u["t"], (f, b, u)
     r = an.analyze(str(d))
     assert not r["warnings"], r["warnings"]
     assert {(x["rank"], x["lane"]) for x in r["rank_lanes"]} == {(a, b) for a in range(size) for b in range(lanes)}

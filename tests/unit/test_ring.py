@@ -55,3 +55,29 @@ def test_prescale_and_postscale_are_applied_once():
 def test_buffers_of_different_lengths_are_rejected():
     with pytest.raises(ValueError):
         _C._loopback_allreduce([np.zeros(4, np.float32), np.zeros(5, np.float32)], DTYPE_CODES[torch.float32], 4096)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 5])
+@pytest.mark.parametrize("width", [0, 1, 7, 40_000])
+@pytest.mark.parametrize("sockets", [1, 2])
+def test_loopback_ring_allgather_delivers_every_ranks_chunk_unchanged(ranks, width, sockets):
+    """OP_GATHER: rank r contributes chunk allgather_own_chunk(r); afterwards every rank holds every
+    rank's chunk bit for bit, and nothing is scaled (prescale/postscale are ignored)."""
+    rows = [np.random.default_rng(r).integers(-2**31, 2**31 - 1, width, dtype=np.int64).astype(np.int32)
+            for r in range(ranks)]
+    buffers = []
+    for r in range(ranks):
+        buf = np.full(ranks * width, -1, np.int32)  # garbage where the other ranks' chunks will land
+        own = _C.allgather_own_chunk(r, ranks)
+        buf[own * width:(own + 1) * width] = rows[r]
+        buffers.append(buf)
+    _C._loopback_allreduce(buffers, DTYPE_CODES[torch.int32], segment_bytes=4096, sockets=sockets,
+                           prescale=3.0, postscale=0.5, op=_C.OP_GATHER)
+    expected = np.concatenate([rows[(c - 1) % ranks] for c in range(ranks)]) if width else np.zeros(0, np.int32)
+    for buf in buffers:
+        np.testing.assert_array_equal(buf, expected)
+
+
+def test_unknown_ring_op_is_rejected():
+    with pytest.raises(ValueError, match="op must be"):
+        _C._loopback_allreduce([np.zeros(4, np.int32)] * 2, DTYPE_CODES[torch.int32], 4096, op=7)

@@ -1,5 +1,6 @@
 """Shared-memory lifecycle, the buffer pool, and the configuration's validation."""
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +71,22 @@ def test_config_defaults_and_errors():
     a = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"})
     assert a.wire_hash() != Config.from_env({}).wire_hash()
     assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
+
+
+def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_path):
+    """A worker's current directory holding a 'fasthorovod' package (e.g. a checkout of another
+    version) must not be what its proxies import."""
+    import subprocess
+
+    from fasthorovod.proxy import group as pg
+
+    shadow = tmp_path / "fasthorovod"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the shadowing copy was imported')\n")
+    argv = pg.proxy_command("/fasthorovod.x.ctl", 3)
+    assert argv[-4:] == ["-m", "fasthorovod.proxy", "/fasthorovod.x.ctl", "3"]
+    probe = argv[:-4] + ["-c", "import fasthorovod.proxy.__main__, fasthorovod; print(fasthorovod.__file__)"]
+    out = subprocess.run(probe, cwd=tmp_path, env=pg.proxy_environment(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(Path(pg.__file__).resolve().parents[1] / "__init__.py")

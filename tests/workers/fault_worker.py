@@ -61,7 +61,8 @@ def trial(kind: str, rng: random.Random, timeout: float) -> dict:
 def worker_killed(out_path: str) -> None:
     """The victim worker SIGKILLs itself mid-allreduce. Its proxies must exit within 5 s (the
     kernel's parent-death signal) and every other rank must raise. Results go to a file at once,
-    since the launcher tears the job down as soon as it sees the victim die."""
+    since the launcher tears the job down as soon as it sees the victim die: it sends SIGTERM and,
+    5 s later, SIGKILL, so the survivors ignore SIGTERM until they have written their report."""
     import json
 
     import psutil
@@ -73,6 +74,8 @@ def worker_killed(out_path: str) -> None:
         import threading
 
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     killed_at = time.time() + 0.3
     error, raised_at = run_until_error(30)
     gone_at = None

@@ -155,6 +155,22 @@ def scenario_sockets(args):
     print(f"rank {rank}: {len(owned)} established TCP connections owned by {len(pids)} proxies", flush=True)
 
 
+def scenario_gather(args):
+    """The proxies' sharded ring allgather (the scheduler's packed 2-bit payloads): every rank ends
+    with every rank's words, in rank order, bit for bit."""
+    rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+    for width in (0, 1, 7, 16_385, 1_000_003):
+        rows = [torch.randint(-2**31, 2**31 - 1, (width,), dtype=torch.int32,
+                              generator=torch.Generator().manual_seed(1000 * r + width)) for r in range(size)]
+        requests = [group.allgather(rows[rank], f"gather.{width}.{i}") for i in range(2)]  # two in flight
+        for request in requests:
+            request.wait()
+            assert request.output.shape == (size, width)
+            assert torch.equal(request.output, torch.stack(rows)), (width, rank)
+    print(f"rank {rank}: gather ok", flush=True)
+
+
 def scenario_join(args):
     """Rank r runs r+1 large allreduces, then joins: joined ranks contribute zeros until all joined."""
     rank, size = hvd.rank(), hvd.size()
@@ -200,6 +216,22 @@ def scenario_bad_input(args):
         else:
             raise AssertionError(f"{dtype} must raise like Horovod")
     print(f"rank {rank}: bad input ok", flush=True)
+
+
+def scenario_huge(args):
+    """A tensor of more than 2 GiB and more than 2**31 elements (uint8), in place and verified; the
+    bytes and the element count both overflow 32 bits in every layer they cross."""
+    rank, size = hvd.rank(), hvd.size()
+    count = (1 << 31) + 4099
+    x = torch.full((count,), rank + 1, dtype=torch.uint8)
+    x[-1] = 7 * rank  # the tail past 2**31 carries its own value
+    start = time.time()
+    hvd.allreduce_(x, op=hvd.Sum, name="huge")
+    seconds = time.time() - start
+    total = size * (size + 1) // 2
+    assert bool((x[:-1] == total).all()), "wrong values below the last element"
+    assert int(x[-1]) == 7 * size * (size - 1) // 2, int(x[-1])
+    print(f"rank {rank}: huge ok, {count} uint8 elements in {seconds:.1f} s", flush=True)
 
 
 def scenario_restart(args):
