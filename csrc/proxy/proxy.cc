@@ -223,7 +223,10 @@ class Proxy {
     Status st = dead_;
     if (st.ok()) {
       switch (static_cast<RequestKind>(slot.kind)) {
-        case RequestKind::kJoin: joined_ = true; break;
+        case RequestKind::kJoin:
+          info_.zero_filled.store(0, std::memory_order_relaxed);  // counts this join's fills only
+          joined_ = true;
+          break;
         case RequestKind::kExitJoin:
           joined_ = false;
           ++epoch_;

@@ -49,7 +49,7 @@ struct LaneInfo {
   std::atomic<uint64_t> bytes_sent;
   std::atomic<uint64_t> bytes_received;
   std::atomic<uint64_t> collectives;
-  std::atomic<uint64_t> zero_filled;  // others' collectives run with zeros while this rank was joined
+  std::atomic<uint64_t> zero_filled;  // others' collectives run with zeros during the latest join
   std::atomic<uint32_t> trace_ack;    // the trace_generation this lane has applied (docs/trace.md)
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
 };

@@ -159,7 +159,7 @@ class ProxyGroup:
         self._broadcast_object: Optional[Callable] = None
         self._posted = 0
         self._tracing = False
-        self._joined_at = (0, 0)  # (wall-clock ns, zero-filled count) at begin_join
+        self._joined_ns = 0  # wall clock at begin_join
         self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
@@ -303,7 +303,7 @@ class ProxyGroup:
     def begin_join(self) -> None:
         """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
         self._control(_C.REQUEST_JOIN)  # returns once the lanes finished this rank's earlier requests
-        self._joined_at = (time.time_ns(), self._zero_filled())
+        self._joined_ns = time.time_ns()
 
     def end_join(self, last_joined: int) -> int:
         """Every rank has joined: the proxies serve this rank's requests again. Returns the rank that
@@ -318,8 +318,9 @@ class ProxyGroup:
         Ranks that joined early missed lane rebalances; everyone adopts rank 0's weights and
         request count so shard boundaries and rebalance points agree again."""
         self._control(_C.REQUEST_EXIT_JOIN)  # returns after the lanes' last zero-filled collective
-        joined_ns, filled_before = self._joined_at
-        mine = (joined_ns, self._zero_filled() - filled_before, self.lane_weights, self._posted)
+        # Each lane reset its count when it took the join request, so it holds this join's fills
+        # (a snapshot taken here at begin_join could already include some).
+        mine = (self._joined_ns, self._zero_filled(), self.lane_weights, self._posted)
         everyone = self._allgather_object(mine, name="fasthorovod.join")
         self.lane_weights, self._posted = everyone[0][2], everyone[0][3]
         candidates = [r for r, entry in enumerate(everyone) if entry[1] == 0]

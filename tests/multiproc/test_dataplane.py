@@ -32,6 +32,12 @@ def test_join_contributes_zeros_through_the_proxies():
     run_job(3, "join", env={"FASTHOROVOD_NUM_PROXIES": "2"})
 
 
+def test_join_never_returns_the_first_joiner():
+    result = run_job(2, "join_order", "--count", "40",
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"})
+    assert result.stdout.count("join order ok") == 2, result.stdout[-2000:]
+
+
 @pytest.mark.parametrize("variant", ["size", "dtype", "op", "order"])
 def test_mismatched_collectives_raise_on_every_rank(variant):
     result = run_job(2, "mismatch", "--variant", variant,

@@ -190,6 +190,26 @@ def scenario_join(args):
     print(f"rank {rank}: join ok, last joined {last}", flush=True)
 
 
+def scenario_join_order(args):
+    """Horovod's test_horovod_join_allreduce pattern, many times: one rank joins at once, the others
+    allreduce (through the proxies, which zero-fill for the joined rank) and then join. hvd.join()
+    must never name the first joiner, on any rank, even when Horovod's coordinator sees the JOINs
+    out of order."""
+    rank, size = hvd.rank(), hvd.size()
+    corrected = 0
+    for i in range(args.count):
+        first = i % size
+        if rank != first:
+            a = hvd.allreduce_async(torch.full((125,), float(rank)), name="join.a", op=hvd.Average)
+            b = hvd.allreduce_async(torch.full((4913,), float(rank)), name="join.b", op=hvd.Average)
+            hvd.synchronize(a)
+            hvd.synchronize(b)
+        last = hvd.join()
+        assert last != first, f"iteration {i}: hvd.join() returned the first joiner {first}"
+        assert hvd.allgather_object(last, name=f"join.last.{i}") == [last] * size
+    print(f"rank {rank}: join order ok over {args.count} joins", flush=True)
+
+
 def scenario_bad_input(args):
     """Edge-case tensors work, unsupported ones fail like Horovod, non-finite values pass through."""
     rank, size = hvd.rank(), hvd.size()
