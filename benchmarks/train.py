@@ -51,8 +51,7 @@ def parse_args(argv=None):
                         help="comma-separated: horovod-gloo (or horovod), horovod-mpi, "
                              "fasthorovod[:PROXIES[:ALGORITHM]][+trace]; the first is the "
                              "speed-up baseline; '+trace' records the backend's DLC trace "
-                             "(see --trace-root) 
-                             "(default: %(default)s)")
+                             "(see --trace-root) (default: %(default)s)")
     parser.add_argument("--model", choices=sorted(MODELS), default="alexnet",
                         help="model to train (default: %(default)s)")
     parser.add_argument("--image-size", type=int, default=224,
