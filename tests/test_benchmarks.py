@@ -149,3 +149,36 @@ def test_train_driver_end_to_end(tmp_path):
     assert result["exposed_comm_s"] == pytest.approx(result["step_s"] - result["compute_s"])
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "1.00x" in stdout
+
+
+@pytest.mark.multiproc
+def test_convergence_driver_end_to_end(tmp_path):
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed")
+    _require_horovod()
+    report, plot, stdout = _run_driver(
+        "convergence.py", ["--np", "2", "--backends", "fasthorovod:1:ssgd,fasthorovod:1:cd-sgd",
+                           "--epochs", "2", "--hidden", "64", "--hidden-layers", "1",
+                           "--timeout", "100"], tmp_path)
+    assert [e["backend"] for e in report["backends"]] == ["fasthorovod:1:ssgd",
+                                                          "fasthorovod:1:cd-sgd"]
+    summary = report["time_to_accuracy"]
+    ssgd, cdsgd = report["backends"]
+    for entry, algorithm in ((ssgd, "ssgd"), (cdsgd, "cd-sgd")):
+        assert entry["status"] == "ok", entry
+        result = entry["result"]
+        assert result["algorithm"] == algorithm and result["np"] == 2
+        curve = result["curve"]
+        assert [p["epoch"] for p in curve] == [1, 2]
+        assert all(0 <= p["accuracy"] <= 1 for p in curve)
+        assert 0 < curve[0]["train_s"] <= curve[1]["train_s"] == result["train_s"]
+        assert result["final_accuracy"] == curve[-1]["accuracy"]
+        assert result["communication"]["bytes_per_step"] > 0
+        assert "reached" in entry["time_to_target"] and "vs_first" in entry
+    # The target is the first backend's final accuracy, which it reaches by definition.
+    assert summary["target"] == ssgd["result"]["final_accuracy"]
+    assert ssgd["time_to_target"]["reached"]
+    assert ssgd["vs_first"]["time_ratio"] == pytest.approx(1.0)
+    assert cdsgd["result"]["options"] == {"algorithm": "cd-sgd", "warmup_steps": 20,
+                                          "threshold": 0.005}
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert "time to target" in stdout

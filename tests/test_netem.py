@@ -27,7 +27,7 @@ from fasthorovod.netem import (
     run_in_host,
 )
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import measure_tcp
+from fasthorovod.netem.check import measure_ring, measure_tcp
 from fasthorovod.netem.shaping import shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
 
@@ -189,6 +189,16 @@ def test_each_flow_is_capped_but_more_flows_get_more(cloud: EmulatedCloud) -> No
     assert one_flow <= 1.2 * per_flow, f"1 flow got {one_flow / 1e6:.1f} Mbit/s, cap {per_flow / 1e6:g}"
     assert four_flows >= 1.8 * one_flow, f"4 flows {four_flows / 1e6:.1f} Mbit/s vs 1 flow {one_flow / 1e6:.1f}"
     assert four_flows <= 1.1 * cloud.spec.link_bits_per_s
+
+
+@netem
+@pytest.mark.netem
+def test_ring_measurement_sends_both_ways_at_once_within_each_link(cloud: EmulatedCloud) -> None:
+    # Two hosts: host0 -> host1 and host1 -> host0 at the same time, each link capped on egress.
+    goodput = measure_ring(cloud.hosts, flows=4, seconds=2)
+    assert len(goodput) == 2
+    for bits in goodput:
+        assert 0.3 * cloud.spec.link_bits_per_s <= bits <= 1.1 * cloud.spec.link_bits_per_s, goodput
 
 
 @netem

@@ -59,7 +59,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    result = run_check(parse_spec(args.spec), args.prefix, seconds=args.seconds)
+    result = run_check(parse_spec(args.spec), args.prefix, seconds=args.seconds, ring=args.ring)
     print(result.report())
     return 0 if result.passed else 1
 
@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     check.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 test (default 3)")
+    check.add_argument(
+        "--ring",
+        action="store_true",
+        help=f"also measure every host sending to the next at once ({MANY_FLOWS} flows each): the most a ring "
+        "allreduce can get from this emulation on this machine's CPUs (reported, not judged)",
+    )
     check.set_defaults(run=_check)
 
     for command in (up, down, check):

@@ -3,11 +3,16 @@
 ``measure_tcp`` runs one iperf3 test between two hosts: a one-off server (``-s -1``) in the
 receiving host, a client with ``-P FLOWS`` parallel flows in the sending host, and returns the
 goodput the receiver saw (TCP payload only, so a few percent below the shaped wire rate).
-``run_check`` brings a network up, measures 1 flow and 8 flows from host0 to host1 and tears it down.
+``measure_ring`` runs every host's client at once, host i sending to host i+1 (the traffic of a
+ring allreduce), and returns each receiver's goodput: the most any ring collective can reach on
+this emulation *on this machine*, where the namespaces' packets share the host's CPUs.
+``run_check`` brings a network up, measures 1 flow and 8 flows from host0 to host1 (and, with
+``ring=True``, the ring) and tears it down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -33,6 +38,7 @@ class CheckResult:
     spec: CloudSpec
     one_flow_bits_per_s: float
     many_flows_bits_per_s: float
+    ring_bits_per_s: tuple = ()  # per receiving host, when measured (informational, not judged)
 
     @property
     def one_flow_ratio(self) -> float:
@@ -56,6 +62,17 @@ class CheckResult:
                 f" {self.spec.per_flow_bits_per_s / 1e6:g} Mbit/s (want {low}-{high} x)",
                 f"{MANY_FLOWS} flows: {self.many_flows_bits_per_s / 1e6:8.1f} Mbit/s = {self.many_flows_ratio:.2f}"
                 f" x link {self.spec.link_bits_per_s / 1e6:g} Mbit/s (want >= {MANY_FLOWS_MIN} x)",
+                *(
+                    [
+                        f"ring, every host -> next with {MANY_FLOWS} flows at once: mean"
+                        f" {sum(self.ring_bits_per_s) / len(self.ring_bits_per_s) / 1e6:.1f} Mbit/s per host"
+                        f" (min {min(self.ring_bits_per_s) / 1e6:.1f}) = "
+                        f"{sum(self.ring_bits_per_s) / len(self.ring_bits_per_s) / self.spec.link_bits_per_s:.2f}"
+                        " x link: the ceiling of a ring allreduce on this machine"
+                    ]
+                    if self.ring_bits_per_s
+                    else []
+                ),
                 "PASS" if self.passed else "FAIL",
             ]
         )
@@ -85,35 +102,56 @@ def _wait_until_listening(server: subprocess.Popen[bytes], timeout: float) -> No
 
 def measure_tcp(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> float:
     """Goodput in bit/s of ``flows`` parallel TCP flows from ``client`` to ``server`` (iperf3)."""
+    (goodput,) = _measure_pairs([(client, server)], flows, seconds)
+    return goodput
+
+
+def measure_ring(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> list:
+    """Goodput in bit/s received by each host while every host i sends ``flows`` flows to host i+1."""
+    return _measure_pairs([(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))], flows, seconds)
+
+
+def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
+    """Runs one iperf3 test per (client, server) pair, all at the same time; each receiver's goodput."""
     _require_iperf3()
-    server_argv = [
-        "iperf3", "--server", "--one-off", "--forceflush", "--bind", server.address, "--port", str(IPERF_PORT),
-    ]  # fmt: skip
-    client_argv = [
-        *exec_prefix(client),
-        "iperf3", "--client", server.address, "--port", str(IPERF_PORT),
-        "--time", f"{seconds:g}", "--parallel", str(flows), "--json",
-    ]  # fmt: skip
     client_timeout = seconds + 20
-    with run_in_host(server, server_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as iperf_server:
-        try:
+    with contextlib.ExitStack() as stack:
+        for _, server in pairs:
+            server_argv = [
+                "iperf3", "--server", "--one-off", "--forceflush", "--bind", server.address, "--port", str(IPERF_PORT),
+            ]  # fmt: skip
+            iperf_server = stack.enter_context(
+                run_in_host(server, server_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+            stack.callback(iperf_server.kill)
             _wait_until_listening(iperf_server, SERVER_START_TIMEOUT_S)
+        clients = []
+        for client, server in pairs:
+            client_argv = [
+                *exec_prefix(client),
+                "iperf3", "--client", server.address, "--port", str(IPERF_PORT),
+                "--time", f"{seconds:g}", "--parallel", str(flows), "--json",
+            ]  # fmt: skip
+            proc = subprocess.Popen(client_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)  # runs first (last in, first out)
+            clients.append(proc)
+        results = []
+        for (client, server), proc in zip(pairs, clients):
             try:
-                result = subprocess.run(client_argv, capture_output=True, text=True, timeout=client_timeout)
+                out, err = proc.communicate(timeout=client_timeout)
             except subprocess.TimeoutExpired:
                 raise NetemError(
                     f"iperf3 client {client.name} -> {server.address} did not finish in {client_timeout:g} s"
                 ) from None
-        finally:
-            iperf_server.kill()
-    if result.returncode != 0:
-        output = (result.stdout[-2000:] + result.stderr).strip()
-        raise NetemError(f"iperf3 client {client.name} -> {server.address} failed: {output}")
-    return float(json.loads(result.stdout)["end"]["sum_received"]["bits_per_second"])
+            if proc.returncode != 0:
+                raise NetemError(f"iperf3 client {client.name} -> {server.address} failed: {(out[-2000:] + err).strip()}")
+            results.append(float(json.loads(out)["end"]["sum_received"]["bits_per_second"]))
+    return results
 
 
-def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.0) -> CheckResult:
-    """Bring up ``spec``, measure 1 and ``MANY_FLOWS`` flows host0 -> host1, tear down."""
+def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.0, ring: bool = False) -> CheckResult:
+    """Bring up ``spec``, measure 1 and ``MANY_FLOWS`` flows host0 -> host1 (and the ring), tear down."""
     if spec.hosts < 2:
         raise ValueError(f"check needs at least 2 hosts, spec {spec} has {spec.hosts}")
     _require_iperf3()
@@ -121,4 +159,6 @@ def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.
         sender, receiver = cloud.hosts[0], cloud.hosts[1]
         one_flow = measure_tcp(sender, receiver, flows=1, seconds=seconds)
         many_flows = measure_tcp(sender, receiver, flows=MANY_FLOWS, seconds=seconds)
-    return CheckResult(spec=spec, one_flow_bits_per_s=one_flow, many_flows_bits_per_s=many_flows)
+        ring_goodput = tuple(measure_ring(cloud.hosts, MANY_FLOWS, seconds)) if ring else ()
+    return CheckResult(spec=spec, one_flow_bits_per_s=one_flow, many_flows_bits_per_s=many_flows,
+                       ring_bits_per_s=ring_goodput)
