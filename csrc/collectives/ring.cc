@@ -22,9 +22,12 @@
 // so the schedule is a pipeline: all segments of step 0 are queued at once, every arriving
 // segment releases the next step's segment, and sends, receives and reductions overlap (the
 // kernel's socket buffers keep filling while a segment is being reduced). A lane may use several
-// sockets per neighbour: frame j (in the order the sender issues them) travels on socket j mod S,
-// so each receiver knows how many frames of this collective each socket carries and never reads
-// into the next collective's frames.
+// sockets per neighbour; frames ready to go wait in one queue and each goes out on whichever
+// socket can take it first, so a socket whose flow is slower (an unlucky share of a shaped link)
+// carries fewer frames instead of holding the collective back. Once its last frame is out, the
+// sender closes the collective on every socket with an end marker (a header without payload), so
+// each receiver knows when a socket's frames of this collective are over and never reads into the
+// next collective's.
 //
 // Every header is compared with the receiver's own description of the collective; a difference
 // means the ranks issued different collectives (order, size, dtype, op, shape) and fails the lane
@@ -48,7 +51,7 @@
 namespace fasthorovod {
 namespace {
 
-enum FrameKind : uint32_t { kData = 1, kAbort = 2 };
+enum FrameKind : uint32_t { kData = 1, kAbort = 2, kEnd = 3 };
 constexpr size_t kMaxAbortMessage = 4096;
 
 struct FrameHeader {
@@ -88,8 +91,7 @@ struct InState {
   size_t header_got = 0;
   size_t payload_got = 0;
   char* payload_dst = nullptr;
-  uint64_t frames_expected = 0;
-  uint64_t frames_done = 0;
+  bool ended = false;  // this socket's end marker of the collective arrived
   int64_t start_ns = 0;  // trace: first byte of the current frame
 };
 
@@ -121,6 +123,7 @@ class RingRun {
     steps_ = 2 * (opt.size - 1);
     first_step_ = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? opt.size - 1 : 0;
     out_.resize(links.to_next.size());
+    end_sent_.assign(links.to_next.size(), false);
     in_.resize(links.from_prev.size());
     temp_.resize(links.from_prev.size());
   }
@@ -174,8 +177,8 @@ class RingRun {
       f.dep_id = dep_id;
       f.dep_type = static_cast<uint8_t>(dep_type);
     }
-    out_[next_socket_].push_back(f);
-    next_socket_ = (next_socket_ + 1) % out_.size();
+    pending_.push_back(f);
+    ++frames_queued_;
   }
 
   void FillHeader(FrameHeader* h, uint32_t kind) const {
@@ -201,14 +204,13 @@ class RingRun {
       if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.postscale);
       return Status::Ok();
     }
-    // Frames each socket will carry: the sender issues F frames, frame j on socket j mod S.
-    uint64_t frames_total = 0;
-    for (uint32_t t = first_step_; t < steps_; ++t) frames_total += Segments(RecvChunk(t));
-    for (size_t s = 0; s < in_.size(); ++s) {
-      in_[s].frames_expected = frames_total / in_.size() + (s < frames_total % in_.size() ? 1 : 0);
-      temp_[s].resize(seg_elems_ * elem_);
+    uint64_t frames_in = 0;
+    for (uint32_t t = first_step_; t < steps_; ++t) {
+      frames_in += Segments(RecvChunk(t));
+      frames_out_ += Segments(SendChunk(t));
     }
-    recv_remaining_ = frames_total;
+    for (size_t s = 0; s < in_.size(); ++s) temp_[s].resize(seg_elems_ * elem_);
+    recv_remaining_ = frames_in;
     for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) {
       QueueSend(first_step_, i, kNoRecord, TraceDep::kOnRequest);
     }
@@ -216,18 +218,17 @@ class RingRun {
     std::vector<pollfd> fds(out_.size() + in_.size());
     int64_t last_progress = NowNs();
     const int64_t timeout_ns = static_cast<int64_t>(opt_.timeout_seconds * 1e9);
-    while (recv_remaining_ > 0 || SendsPending()) {
+    while (ReceivesPending() || SendsPending()) {
       if (opt_.abort != nullptr && opt_.abort->load(std::memory_order_acquire) != 0) {
         const bool known = opt_.abort_reason != nullptr && opt_.abort_reason[0] != '\0';
         return Status::Error(Code::kAborted, Str("rank ", opt_.rank, " aborted its collectives: ",
                                                  known ? opt_.abort_reason : "the job is shutting down"));
       }
       for (size_t s = 0; s < out_.size(); ++s) {
-        fds[s] = {links_.to_next[s].fd(), static_cast<short>(out_[s].empty() ? 0 : POLLOUT), 0};
+        fds[s] = {links_.to_next[s].fd(), static_cast<short>(SocketHasWork(s) ? POLLOUT : 0), 0};
       }
       for (size_t s = 0; s < in_.size(); ++s) {
-        bool want = in_[s].frames_done < in_[s].frames_expected;
-        fds[out_.size() + s] = {links_.from_prev[s].fd(), static_cast<short>(want ? POLLIN : 0), 0};
+        fds[out_.size() + s] = {links_.from_prev[s].fd(), static_cast<short>(in_[s].ended ? 0 : POLLIN), 0};
       }
       int rc = poll(fds.data(), fds.size(), 100);
       if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
@@ -262,16 +263,50 @@ class RingRun {
     return Status::Ok();
   }
 
+  // Socket s has something to write: its frame in progress, a frame from the shared queue, or
+  // (all frames out) its end marker.
+  bool SocketHasWork(size_t s) const {
+    return !out_[s].empty() || !pending_.empty() || (frames_queued_ == frames_out_ && !end_sent_[s]);
+  }
+
   bool SendsPending() const {
-    for (const auto& q : out_) {
-      if (!q.empty()) return true;
+    for (size_t s = 0; s < out_.size(); ++s) {
+      if (SocketHasWork(s)) return true;
+    }
+    return false;
+  }
+
+  bool ReceivesPending() const {
+    if (recv_remaining_ > 0) return true;
+    for (const auto& in : in_) {
+      if (!in.ended) return true;
+    }
+    return false;
+  }
+
+  // Takes the socket's next frame: the oldest queued one (frames are queued in pipeline order), or
+  // its end marker once every frame of the collective has been handed to some socket.
+  bool TakeNext(size_t s) {
+    if (!pending_.empty()) {
+      out_[s].push_back(pending_.front());
+      pending_.pop_front();
+      return true;
+    }
+    if (frames_queued_ == frames_out_ && !end_sent_[s]) {
+      OutFrame f;
+      std::memset(&f.header, 0, sizeof(f.header));
+      FillHeader(&f.header, kEnd);
+      f.payload = nullptr;
+      out_[s].push_back(f);
+      end_sent_[s] = true;
+      return true;
     }
     return false;
   }
 
   Status PumpSend(size_t s, RingStats* stats, bool* progressed) {
     auto& queue = out_[s];
-    while (!queue.empty()) {
+    while (!queue.empty() || TakeNext(s)) {
       OutFrame& f = queue.front();
       if (opt_.trace != nullptr && f.sent == 0) f.start_ns = NowNs();
       iovec iov[2];
@@ -294,8 +329,13 @@ class RingRun {
       }
       *progressed = true;
       f.sent += static_cast<size_t>(w);
-      stats->bytes_sent += static_cast<uint64_t>(w);
+      const bool marker = f.header.kind == kEnd;  // counted in no statistic, traced as no frame
+      if (!marker) stats->bytes_sent += static_cast<uint64_t>(w);
       if (f.sent < f.total()) return Status::Ok();
+      if (marker) {
+        queue.pop_front();
+        continue;
+      }
       stats->frames_sent++;
       if (opt_.trace != nullptr) {
         TraceFrame(f.header, TraceDirection::kSend, s, f.ready_ns, f.start_ns, f.dep_id, f.dep_type);
@@ -308,7 +348,7 @@ class RingRun {
   Status PumpRecv(size_t s, RingStats* stats, bool* progressed) {
     InState& in = in_[s];
     const int fd = links_.from_prev[s].fd();
-    while (in.frames_done < in.frames_expected) {
+    while (!in.ended) {
       ssize_t r;
       if (in.header_got < sizeof(FrameHeader)) {
         r = recv(fd, reinterpret_cast<char*>(&in.header) + in.header_got, sizeof(FrameHeader) - in.header_got,
@@ -326,15 +366,25 @@ class RingRun {
       }
       if (opt_.trace != nullptr && in.header_got == 0) in.start_ns = NowNs();
       *progressed = true;
-      stats->bytes_received += static_cast<uint64_t>(r);
       if (in.header_got < sizeof(FrameHeader)) {
         in.header_got += static_cast<size_t>(r);
         if (in.header_got < sizeof(FrameHeader)) continue;
         FHVD_RETURN_IF_ERROR(AcceptHeader(s));
         if (in.header.kind == kAbort) return ReadAbort(fd, in.header);
+        if (in.header.kind == kEnd) {
+          in.header_got = 0;
+          in.ended = true;
+          if (recv_remaining_ > 0 && AllEnded()) {
+            return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": collective #",
+                                                     desc_.seq, " ended ", recv_remaining_, " frames early"));
+          }
+          break;
+        }
+        stats->bytes_received += sizeof(FrameHeader);
         if (in.header.length > 0) continue;
       } else {
         in.payload_got += static_cast<size_t>(r);
+        stats->bytes_received += static_cast<uint64_t>(r);
         if (in.payload_got < in.header.length) continue;
       }
       FinishFrame(s);
@@ -352,6 +402,9 @@ class RingRun {
       return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (bad magic)"));
     }
     if (h.kind == kAbort) return Status::Ok();
+    if (h.kind != kData && h.kind != kEnd) {
+      return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (unknown kind ", h.kind, ")"));
+    }
     if (h.seq != desc_.seq || h.name_hash != desc_.name_hash || h.shape_hash != desc_.shape_hash ||
         h.total_bytes != desc_.total_bytes || h.shard_bytes != desc_.shard_bytes || h.dtype != desc_.dtype ||
         h.op != desc_.op || h.epoch != desc_.epoch) {
@@ -367,6 +420,11 @@ class RingRun {
                    : ""),
               ". Large allreduces must be issued in the same order, with the same shapes, dtypes and ops, "
               "on every rank."));
+    }
+    if (h.kind == kEnd) return Status::Ok();
+    if (recv_remaining_ == 0) {
+      return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": more frames than collective #",
+                                               desc_.seq, " has"));
     }
     if (h.step < first_step_ || h.step >= steps_ || h.segment >= Segments(RecvChunk(h.step))) {
       return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": step ", h.step,
@@ -424,11 +482,17 @@ class RingRun {
     }
     if (h.step + 1 < steps_) QueueSend(h.step + 1, h.segment, recv_id, TraceDep::kOnReceive);
     in.header_got = 0;
-    in.frames_done++;
     recv_remaining_--;
   }
 
   // The previous rank failed and sent its reason: fail with the same message.
+  bool AllEnded() const {
+    for (const auto& in : in_) {
+      if (!in.ended) return false;
+    }
+    return true;
+  }
+
   Status ReadAbort(int fd, const FrameHeader& h) { return ReceiveAbort(fd, h, opt_.prev_name, &abort_origin_); }
 
   // The send side broke: give the receive side a short chance to deliver an abort frame (the
@@ -487,7 +551,10 @@ class RingRun {
   std::vector<std::deque<OutFrame>> out_;
   std::vector<InState> in_;
   std::vector<std::vector<char>> temp_;
-  size_t next_socket_ = 0;
+  std::deque<OutFrame> pending_;  // frames ready to send, in pipeline order, not yet on a socket
+  std::vector<bool> end_sent_;    // per socket: its end marker has been queued
+  uint64_t frames_queued_ = 0;    // frames this rank has made ready so far
+  uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective
   uint64_t recv_remaining_ = 0;
   int64_t abort_origin_ = -1;
 };

@@ -91,7 +91,7 @@ struct MessageRecord {
   uint32_t step = 0;            // ring step, 0 … 2·(size−1)−1
   uint32_t segment = 0;         // segment index within the step's chunk
   uint16_t lane = 0;
-  uint16_t socket = 0;          // socket index within the lane (frame j travels on socket j mod S)
+  uint16_t socket = 0;          // socket index within the lane (a frame takes the first socket free)
   uint8_t direction = 0;        // TraceDirection
   uint8_t op = 1;               // TraceOp
   uint8_t dep_type = 0;         // TraceDep
