@@ -568,11 +568,7 @@ def driver(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    return driver(args)
+    return common.main(parse_args, worker, driver, argv)
 
 
 if __name__ == "__main__":
