@@ -558,3 +558,12 @@ def main(parse_args, worker, driver, argv=None):
         worker(args)
         return 0
     return driver(args)
+
+
+def save_figure(fig, path):
+    """Writes a matplotlib figure to `path` (creating its directory) and closes it."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

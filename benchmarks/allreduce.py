@@ -313,9 +313,7 @@ def plot(entries, args, path):
     if bw_ax.lines:
         bw_ax.legend(fontsize="small")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def driver(args):

@@ -544,9 +544,7 @@ def plot(entries, summary, args, path):
     time_ax.set_title(f"digits, MLP {model}, {args.np} ranks: accuracy vs time")
     epoch_ax.set_title("accuracy vs epoch")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def driver(args):

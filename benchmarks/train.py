@@ -274,9 +274,7 @@ def plot(entries, args, path):
     for ax in (rate_ax, step_ax):
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def driver(args):

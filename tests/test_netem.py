@@ -8,13 +8,14 @@ the namespaces they created, and check afterwards that nothing of theirs is left
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.netns import skip_unless_usable
 
 from fasthorovod.netem import (
     CloudSpec,
@@ -118,22 +119,7 @@ def test_unprivileged_up_says_what_is_needed(monkeypatch: pytest.MonkeyPatch) ->
 # --- the network itself (root only) --------------------------------------------------------------
 
 
-def _netns_unusable_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "tc", "iperf3"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    probe = f"{PREFIX}probe{os.getpid()}"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
-    if added.returncode != 0:
-        return f"`ip netns add` is not permitted here: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=True)
-    return None
-
-
-_UNUSABLE = _netns_unusable_reason()
-netem = pytest.mark.skipif(_UNUSABLE is not None, reason=f"emulated network unavailable: {_UNUSABLE}")
+netem = skip_unless_usable(("ip", "tc", "iperf3"), f"{PREFIX}probe")
 
 
 def _leftovers(instance_id: str) -> list[str]:

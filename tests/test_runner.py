@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns import skip_unless_usable
+
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
 from fasthorovod.runner import fasthorovod_env, launch, parse_args
 from fasthorovod.runner.emulated import EmulatedJob
@@ -199,21 +201,7 @@ def test_loopback_job_through_horovods_runner_with_proxies() -> None:
 # --- emulated cloud (root) -----------------------------------------------------------------------------
 
 
-def _netns_unusable_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root (run the tests as root, or see docs/netem.md)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "ip/tc (iproute2) is not installed"
-    probe = f"fhvdrunprobe{os.getpid()}"
-    added = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
-    if added.returncode != 0:
-        return f"`ip netns add` is not permitted here: {added.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=True)
-    return None
-
-
-_UNUSABLE = _netns_unusable_reason()
-netem = pytest.mark.skipif(_UNUSABLE is not None, reason=f"emulated network unavailable: {_UNUSABLE}")
+netem = skip_unless_usable(("ip", "tc"), "fhvdrunprobe")
 
 EMULATED_SCRIPT = """
 import os, socket, psutil, torch

@@ -18,6 +18,7 @@ import torch
 
 import fasthorovod.torch as hvd
 from fasthorovod.trace import capture
+from worker import run_scenario  # tests/workers/worker.py (this script's directory is on sys.path)
 
 TENSORS = [  # (name, elements, dtype): element counts divisible by size·lanes for 2 ranks × 2 lanes
     ("trace.a", 400_000, torch.float32),
@@ -88,12 +89,7 @@ def main():
     parser.add_argument("scenario", choices=["clock", "allreduce"])
     parser.add_argument("--dir", required=True)
     parser.add_argument("--steps", type=int, default=4)
-    args = parser.parse_args()
-    hvd.init()
-    try:
-        globals()[f"scenario_{args.scenario}"](args)
-    finally:
-        hvd.shutdown()
+    run_scenario(globals(), parser.parse_args())
 
 
 if __name__ == "__main__":

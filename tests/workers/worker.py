@@ -359,10 +359,15 @@ def main():
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "order"])
-    args = parser.parse_args()
+    run_scenario(globals(), parser.parse_args())
+
+
+def run_scenario(namespace: dict, args) -> None:
+    """hvd.init(), the scenario function ``scenario_<args.scenario>`` of `namespace`, and
+    hvd.shutdown() whatever happened (shared with the other worker scripts)."""
     hvd.init()
     try:
-        globals()[f"scenario_{args.scenario}"](args)
+        namespace[f"scenario_{args.scenario}"](args)
     finally:
         hvd.shutdown()
 
