@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Run Horovod's own test/parallel/test_torch.py against fasthorovod.torch (or horovod.torch).
+
+    git clone --depth 1 -b v0.28.1 https://github.com/horovod/horovod /tmp/horovod-src
+    .venv/bin/python scripts/horovod_tests.py /tmp/horovod-src --out /tmp/hvd-tests
+    .venv/bin/python scripts/horovod_tests.py /tmp/horovod-src --module horovod.torch   # the baseline
+
+The test file is copied (with test/utils) into OUT, the one line ``import horovod.torch as hvd``
+becomes ``import fasthorovod.torch as hvd``, and the suite runs under ``horovodrun --gloo -np 2``
+with FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 (every Sum/Average allreduce through the proxies) unless
+the environment sets another threshold. Nothing of Horovod's is stored in this repository.
+
+Horovod 0.28.1 with Gloo aborts at random in ``hvd.init()`` right after the previous test's
+``hvd.shutdown()`` on a loaded machine (its rendezvous re-initialization race; natively too), which
+kills the whole job. So the suite runs in chunks: after a job dies, the tests not yet reported run
+in a fresh job; a test at which the job dies twice is recorded as CRASH, one that exceeds the chunk
+timeout as HANG. Prints the counts and every test that did not pass, and writes OUT/summary.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT_LINE = re.compile(r"^\[(\d)\]<stdout>:(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+# Reports each failure as soon as it happens: a later crash of the job would lose pytest's summary.
+CONFTEST = '''import sys
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        sys.stdout.write(f"\\n===FAILURE {report.nodeid} [{report.when}]===\\n{report.longreprtext}\\n")
+        sys.stdout.flush()
+'''
+NP = 2
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("horovod_src", help="a Horovod 0.28.1 source checkout (holds test/parallel/test_torch.py)")
+    parser.add_argument("--module", default="fasthorovod.torch", choices=["fasthorovod.torch", "horovod.torch"],
+                        help="what the tests import as hvd")
+    parser.add_argument("--out", default="/tmp/fasthorovod-horovod-tests", help="scratch directory and logs")
+    parser.add_argument("-k", dest="keyword", help="only tests matching this pytest -k expression")
+    parser.add_argument("--chunk-timeout", type=int, default=900, help="seconds one job may run")
+    return parser.parse_args(argv)
+
+
+def prepare(src: Path, out: Path, module: str) -> Path:
+    """Copies Horovod's test/parallel/test_torch.py and test/utils into OUT; returns the test file."""
+    original = src / "test" / "parallel" / "test_torch.py"
+    if not original.is_file():
+        sys.exit(f"error: {original} not found: pass a Horovod source checkout (git clone -b v0.28.1 ...)")
+    shutil.rmtree(out / "test", ignore_errors=True)
+    (out / "test" / "parallel").mkdir(parents=True)
+    shutil.copytree(src / "test" / "utils", out / "test" / "utils")
+    text = original.read_text()
+    if "import horovod.torch as hvd\n" not in text:
+        sys.exit(f"error: {original} does not contain the line 'import horovod.torch as hvd'")
+    target = out / "test" / "parallel" / "test_torch.py"
+    target.write_text(text.replace("import horovod.torch as hvd\n", f"import {module} as hvd\n", 1))
+    (out / "test" / "parallel" / "conftest.py").write_text(CONFTEST)
+    return target
+
+
+def collect(test_file: Path, keyword: str | None) -> list:
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", test_file.name]
+    listed = subprocess.run(argv + (["-k", keyword] if keyword else []), cwd=test_file.parent,
+                            capture_output=True, text=True, timeout=600)
+    tests = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
+    if not tests:
+        sys.exit(f"error: no tests collected:\n{listed.stdout[-2000:]}{listed.stderr[-2000:]}")
+    return tests
+
+
+def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int) -> tuple:
+    """Runs the tests in as many jobs as it takes; returns ({test: {rank: outcome}}, jobs)."""
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", "0")
+    results, deaths, remaining, chunk = {}, {}, list(tests), 0
+    while remaining:
+        chunk += 1
+        log = out / f"chunk{chunk:02d}.log"
+        argv = [str(horovodrun), "--gloo", "-np", str(NP), sys.executable, "-m", "pytest", "-v", "-p",
+                "no:cacheprovider", *remaining]
+        start = time.time()
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(argv, cwd=test_file.parent, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    timeout=chunk_timeout, start_new_session=True).returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        for line in log.read_text(errors="replace").splitlines():
+            m = RESULT_LINE.match(line)
+            if m:
+                results.setdefault(m.group(2), {})[int(m.group(1))] = m.group(3)
+        left = [t for t in remaining if len(results.get(t, {})) < NP]
+        print(f"job {chunk}: exit {rc} after {time.time() - start:.0f} s, {len(remaining) - len(left)} reported, "
+              f"{len(left)} left", flush=True)
+        if left:
+            first = left[0]
+            deaths[first] = deaths.get(first, 0) + 1
+            if rc is None or deaths[first] >= 2:
+                kind = "HANG" if rc is None else "CRASH"
+                for rank in range(NP):
+                    results.setdefault(first, {}).setdefault(rank, kind)
+                left = left[1:]
+                print(f"  {first.split('::')[-1]}: {kind}", flush=True)
+        remaining = left
+    return results, chunk
+
+
+def outcome(per_rank: dict) -> str:
+    outs = set(per_rank.values())
+    for kind in ("HANG", "CRASH"):
+        if kind in outs:
+            return kind
+    if outs <= {"PASSED"}:
+        return "PASSED"
+    if outs <= {"SKIPPED"}:
+        return "SKIPPED"
+    return "FAILED"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    test_file = prepare(Path(args.horovod_src).resolve(), out, args.module)
+    tests = collect(test_file, args.keyword)
+    print(f"{len(tests)} tests, hvd = {args.module}", flush=True)
+    start = time.time()
+    results, jobs = run_chunks(tests, test_file, out, args.chunk_timeout)
+    summary = {t.split("::")[-1]: outcome(results.get(t, {})) for t in tests}
+    counts = {}
+    for value in summary.values():
+        counts[value] = counts.get(value, 0) + 1
+    with open(out / "summary.json", "w") as f:
+        json.dump({"module": args.module, "counts": counts, "jobs": jobs, "seconds": round(time.time() - start),
+                   "tests": summary}, f, indent=1)
+    print(json.dumps(counts), f"in {jobs} jobs, {time.time() - start:.0f} s")
+    for name, value in summary.items():
+        if value not in ("PASSED", "SKIPPED"):
+            print(f"  {value:7s} {name}")
+    return 0 if set(summary.values()) <= {"PASSED", "SKIPPED"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
