@@ -47,6 +47,18 @@ void Check(const Status& st) {
   if (!st.ok()) Raise(st);
 }
 
+// Runs a blocking call without the GIL (so other Python threads, e.g. Horovod's, keep running),
+// then raises its error, if any, as the matching FastHorovod exception.
+template <typename F>
+void CallReleased(F&& call) {
+  Status st;
+  {
+    py::gil_scoped_release release;
+    st = call();
+  }
+  Check(st);
+}
+
 py::buffer_info WritableBuffer(py::buffer& b) {
   py::buffer_info info = b.request(true);
   return info;
@@ -155,12 +167,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("run_proxy",
         [](const std::string& channel, uint32_t lane) {
-          Status st;
-          {
-            py::gil_scoped_release release;
-            st = RunProxy(channel, lane);
-          }
-          Check(st);
+          CallReleased([&] { return RunProxy(channel, lane); });
         },
         py::arg("channel"), py::arg("lane"),
         R"pbdoc(Runs a proxy's loop for `lane` of the worker's `channel` until stopped.)pbdoc");
@@ -208,22 +215,12 @@ PYBIND11_MODULE(_C, m) {
       .def("wait_listening",
            [](ProxyChannel& c, double timeout) {
              std::vector<int> ports;
-             Status st;
-             {
-               py::gil_scoped_release release;
-               st = c.WaitListening(timeout, &ports);
-             }
-             Check(st);
+             CallReleased([&] { return c.WaitListening(timeout, &ports); });
              return ports;
            })
       .def("connect",
            [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, double timeout) {
-             Status st;
-             {
-               py::gil_scoped_release release;
-               st = c.Connect(hosts, ports, timeout);
-             }
-             Check(st);
+             CallReleased([&] { return c.Connect(hosts, ports, timeout); });
            })
       .def("unlink_name", &ProxyChannel::UnlinkName)
       .def("post",
@@ -244,12 +241,7 @@ PYBIND11_MODULE(_C, m) {
              r.name = name;
              r.lane_begin = lane_begin;
              uint64_t seq = 0;
-             Status st;
-             {
-               py::gil_scoped_release release;
-               st = c.Post(r, &seq);
-             }
-             Check(st);
+             CallReleased([&] { return c.Post(r, &seq); });
              return seq;
            },
            py::arg("buffer_id"), py::arg("buffer_offset"), py::arg("count"), py::arg("dtype"), py::arg("op"),
@@ -259,21 +251,11 @@ PYBIND11_MODULE(_C, m) {
       .def("poll", &ProxyChannel::Poll)
       .def("wait",
            [](ProxyChannel& c, uint64_t seq, double timeout) {
-             Status st;
-             {
-               py::gil_scoped_release release;
-               st = c.Wait(seq, timeout);
-             }
-             Check(st);
+             CallReleased([&] { return c.Wait(seq, timeout); });
            })
       .def("set_trace",
            [](ProxyChannel& c, const std::string& dir, int64_t clock_offset_ns, double timeout) {
-             Status st;
-             {
-               py::gil_scoped_release release;
-               st = c.SetTrace(dir, clock_offset_ns, timeout);
-             }
-             Check(st);
+             CallReleased([&] { return c.SetTrace(dir, clock_offset_ns, timeout); });
            },
            py::arg("dir"), py::arg("clock_offset_ns"), py::arg("timeout"),
            R"pbdoc(Starts (dir) or stops ("") the proxies' traces; a stop waits for every live lane.)pbdoc")

@@ -118,6 +118,7 @@ class GatherRequest(Request):
                  bounds: Sequence[int]) -> None:
         super().__init__(group, seq, buffer, True, (), (output,), (0,))
         self._bounds = bounds
+        self.output = output  # (size, n); complete once wait() returned
 
     def _copy_out(self) -> None:
         (out,) = self._outputs
@@ -274,7 +275,7 @@ class ProxyGroup:
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
         """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
         sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's row. wait()
-        fills a (size, len) tensor, row r = rank r's; the request's output is ``request.output``."""
+        fills ``request.output``, a (size, len) tensor whose row r is rank r's."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
         if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
@@ -296,9 +297,7 @@ class ProxyGroup:
         except BaseException:
             self.pool.release(buffer)
             raise
-        request = GatherRequest(self, seq, buffer, output, bounds)
-        request.output = output
-        return request
+        return GatherRequest(self, seq, buffer, output, bounds)
 
     def begin_join(self) -> None:
         """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
