@@ -365,6 +365,12 @@ class ProxyGroup:
             if self._closed:
                 return
             self._closed = True
+        # Names first (mappings stay valid): if this process is killed while it waits for its
+        # proxies below, which then exit normally and clean nothing, no segment is left behind.
+        if self.channel is not None:
+            self.channel.unlink_name()
+        if self.pool is not None:
+            self.pool.close()
         if self.channel is not None:
             self.channel.stop()
         for proc in self.processes:
@@ -373,8 +379,4 @@ class ProxyGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        if self.channel is not None:
-            self.channel.unlink_name()
-        if self.pool is not None:
-            self.pool.close()
         atexit.unregister(self.close)
