@@ -48,7 +48,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     ``Compression.none``, ``Compression.fp16`` (od-sgd, ssd-sgd: their full-precision
     allreduces) or a :class:`TwoBitCompression` (ssgd, cd-sgd). ``backward_passes_per_step`` is
     accepted as is: gradients are read when ``step()`` runs, so several backward passes simply
-    accumulate. ``communicator`` replaces the collectives (tests).
+    accumulate (od-sgd then turns ``overlap_backward`` off). ``communicator`` replaces the
+    collectives (tests).
 
     Raises:
         ValueError: an unknown algorithm or option, a bad option value, or an argument the
@@ -80,6 +81,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
                          "(gradients travel as one flat buffer per dtype)")
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
+    if backward_passes_per_step > 1 and "overlap_backward" in cls.OPTIONS:
+        if options.get("overlap_backward"):
+            raise ValueError(f"overlap_backward=True sends gradients during backward, so it cannot "
+                             f"accumulate backward_passes_per_step={backward_passes_per_step} passes")
+        options["overlap_backward"] = False
     if process_set is not None and process_set.process_set_id != global_process_set.process_set_id:
         raise ValueError(f"algorithm {algorithm!r} runs on the global process set only")
     del sparse_as_dense  # sparse gradients are always densified

@@ -69,6 +69,12 @@ def positive_float(name: str, value: Any) -> float:
     return float(value)
 
 
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def one_of(*choices: str) -> Callable[[str, Any], str]:
     def check(name: str, value: Any) -> str:
         if value not in choices:

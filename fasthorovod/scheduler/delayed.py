@@ -8,6 +8,8 @@ forward and backward compute; meanwhile the local weights advance with the rank'
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from fasthorovod.scheduler.base import (
     Option,
     ScheduledOptimizer,
+    boolean,
     _InFlight,
     nonnegative_float,
     nonnegative_int,
@@ -22,11 +25,37 @@ from fasthorovod.scheduler.base import (
     positive_float,
     positive_int,
 )
+from fasthorovod.scheduler.comm import Handle
 from fasthorovod.scheduler.quantize import ErrorFeedbackChannel
 
 _LOCAL_LR_SCALE = Option(4.0, nonnegative_float,
                          "local learning rate as a multiple of each parameter group's current lr "
                          "(follows LR schedules; the research used 4x); 0 disables the local update")
+
+
+def _wait_all(handles: List[Handle], flat: torch.Tensor) -> torch.Tensor:
+    for handle in handles:
+        handle.wait()
+    return flat
+
+
+class _Bucket:
+    """Parameters (positions, consecutive in `layout`'s flat buffer) averaged together as soon as
+    backward has produced all their gradients."""
+
+    def __init__(self, index: int, layout, positions: List[int], offsets: Dict[int, int],
+                 params: List[torch.Tensor]) -> None:
+        self.index = index
+        self.layout = layout
+        self.positions = positions
+        self.offsets = offsets  # element offset of each parameter in the layout's flat buffer
+        self.begin = min(offsets[i] for i in positions)
+        self.end = max(offsets[i] + params[i].numel() for i in positions)
+        self.ready = 0
+        self.handle: Optional[Handle] = None
+
+    def view(self, flat: torch.Tensor, params: List[torch.Tensor], i: int) -> torch.Tensor:
+        return flat[self.offsets[i]:self.offsets[i] + params[i].numel()].view(params[i].shape)
 
 
 class ODSGD(ScheduledOptimizer):
@@ -37,8 +66,12 @@ class ODSGD(ScheduledOptimizer):
     ``D(g) = g`` (``local_update="sgd"``) or the DC-ASGD compensation
     ``D(g) = g + dc_lambda * g*g*(W_t - W_{t-1})`` (``local_update="dc-asgd"``).
 
+    With ``overlap_backward`` (the default) the averaging of g_t starts during step t's backward,
+    bucket by bucket as hooks see the gradients accumulated (as Horovod and FastHorovod's SSGD do),
+    so it runs for the rest of backward and all of step t+1's forward and backward.
+
     Options: ``warmup_steps`` (200), ``local_lr_scale`` (4.0), ``local_update`` ("sgd"),
-    ``dc_lambda`` (0.04).
+    ``dc_lambda`` (0.04), ``overlap_backward`` (True), ``bucket_bytes`` (25 MiB).
     """
 
     algorithm = "od-sgd"
@@ -48,12 +81,26 @@ class ODSGD(ScheduledOptimizer):
         "local_update": Option("sgd", one_of("sgd", "dc-asgd"),
                                "local update rule: plain SGD on the local gradient, or DC-ASGD-compensated"),
         "dc_lambda": Option(0.04, nonnegative_float, "DC-ASGD compensation strength lambda"),
+        "overlap_backward": Option(True, boolean,
+                                   "start averaging each bucket of gradients as soon as backward has "
+                                   "produced it (gradients are read then, as in Horovod); False: all "
+                                   "in step(), after any change made to p.grad"),
+        "bucket_bytes": Option(25 << 20, positive_int,
+                               "bytes per bucket of gradients with overlap_backward "
+                               "(FASTHOROVOD_BUCKET_BYTES's default)"),
     }
     num_slots = 2
+    _overlappable = True  # the gradients travel as averages of buffer slices (CD-SGD's do not)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._previous_global: Optional[List[torch.Tensor]] = None  # W_{t-1}, for DC-ASGD
+        self._buckets: List[_Bucket] = []
+        self._bucket_of: Dict[int, _Bucket] = {}
+        self._copied: set = set()  # parameters whose gradient is in this step's buffer already
+        self._hooks = []
+        if self._overlappable and self.options.get("overlap_backward"):
+            self._plan_buckets()
 
     def _policy_step(self) -> None:
         if self._step < self.warmup_steps:
@@ -67,7 +114,87 @@ class ODSGD(ScheduledOptimizer):
         self._local_update(grads)
 
     def _post(self, grads: Sequence[torch.Tensor], slot: int) -> _InFlight:
-        return self._post_grads(grads, slot)
+        if not self._buckets:
+            return self._post_grads(grads, slot)
+        for bucket in self._buckets:  # what backward did not finish (unused parameters, no hooks yet)
+            if bucket.handle is None:
+                for i in bucket.positions:
+                    if i not in self._copied:
+                        bucket.view(self._buffer(slot, bucket.layout), self._params, i).copy_(grads[i])
+                self._post_bucket(bucket, slot)
+        handles = []
+        for layout in self._layouts:
+            mine = [b.handle for b in self._buckets if b.layout is layout]
+            flat = self._buffer(slot, layout)
+            handles.append(Handle(functools.partial(_wait_all, mine, flat)))
+        self._next_step_buckets()
+        return _InFlight(handles, 1)
+
+    # -- buckets launched by backward (overlap_backward) ----------------------------------------
+
+    def _plan_buckets(self) -> None:
+        """Contiguous slices of each layout's flat buffer, in reverse parameter order (roughly the
+        order backward produces gradients), of at most bucket_bytes (or one parameter)."""
+        for layout in self._layouts:
+            itemsize = torch.empty((), dtype=layout.dtype).element_size()
+            offsets = dict(zip(layout.positions, itertools.accumulate([0] + layout.numels[:-1])))
+            current: List[int] = []
+            for i in reversed(layout.positions):
+                nbytes = self._params[i].numel() * itemsize
+                if current and (sum(self._params[j].numel() for j in current) * itemsize + nbytes
+                                > self.bucket_bytes):
+                    self._buckets.append(_Bucket(len(self._buckets), layout, current, offsets, self._params))
+                    current = []
+                current.append(i)
+            if current:
+                self._buckets.append(_Bucket(len(self._buckets), layout, current, offsets, self._params))
+        for bucket in self._buckets:
+            for i in bucket.positions:
+                self._bucket_of[i] = bucket
+                self._hooks.append(self._params[i].register_post_accumulate_grad_hook(self._make_hook(i)))
+
+    def _make_hook(self, i: int):
+        def hook(p: torch.Tensor) -> None:
+            # Before the first step() the counters may still change (broadcast from rank 0), and
+            # warm-up steps are synchronous: step() sends everything then.
+            if not self._started or self._step < self.warmup_steps:
+                return
+            if i in self._copied:
+                raise RuntimeError(
+                    f"the gradient of {self._names[i]!r} was computed twice before step() (algorithm "
+                    f"{self.algorithm!r} sends it as soon as backward produces it); accumulate over "
+                    "several backward passes with overlap_backward=False")
+            bucket = self._bucket_of[i]
+            slot = self._step % 2
+            with torch.no_grad():
+                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                bucket.view(self._buffer(slot, bucket.layout), self._params, i).copy_(g)
+            self._copied.add(i)
+            bucket.ready += 1
+            if bucket.ready == len(bucket.positions):
+                self._post_bucket(bucket, slot)
+        return hook
+
+    def _post_bucket(self, bucket: "_Bucket", slot: int) -> None:
+        flat = self._buffer(slot, bucket.layout)[bucket.begin:bucket.end]
+        bucket.handle = self._post_average(flat, self._name(f"bucket{bucket.index}", slot, bucket.layout))
+
+    def _next_step_buckets(self) -> None:
+        self._copied.clear()
+        for bucket in self._buckets:
+            bucket.ready = 0
+            bucket.handle = None
+
+    def _discard_unstepped(self) -> None:
+        """Finishes (and drops) buckets that a backward without step() started."""
+        for bucket in self._buckets:
+            if bucket.handle is not None:
+                bucket.handle.wait()
+        self._next_step_buckets()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._discard_unstepped()
+        super().load_state_dict(state_dict)
 
     def _apply_entry(self, entry: _InFlight) -> None:
         if self.local_update == "dc-asgd":
@@ -112,12 +239,14 @@ class CDSGD(ODSGD):
 
     algorithm = "cd-sgd"
     OPTIONS = {
-        **ODSGD.OPTIONS,
+        **{name: opt for name, opt in ODSGD.OPTIONS.items() if name not in ("overlap_backward", "bucket_bytes")},
         "warmup_steps": Option(1000, nonnegative_int, "steps of full-precision synchronous SGD first"),
         "threshold": Option(0.5, positive_float, "2-bit quantization threshold (MXNet's default 0.5)"),
         "correction_period": Option(5, positive_int,
                                     "every k-th delayed step sends gradient + residual in full precision"),
     }
+
+    _overlappable = False  # one error-feedback quantization over the whole flat buffer
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

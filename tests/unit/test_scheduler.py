@@ -258,7 +258,76 @@ def test_od_sgd_communication_overlaps_the_next_step():
         assert len(opt._in_flight) == 1
         return names
     names = [name.split(".") for name in run_world(2, body)[0]]
-    assert [(n[1], n[3], n[4]) for n in names] == [("od-sgd", "ssgd", "0"), ("od-sgd", "grad", "1")]
+    assert [(n[1], n[3], n[4]) for n in names] == [("od-sgd", "ssgd", "0"), ("od-sgd", "bucket0", "1")]
+
+
+def _backward_run(rank, comm, steps, unused_at=(), **options):
+    """OD-SGD on three parameters whose gradients come from a real backward (so the hooks run);
+    returns [(W, w~) per step] and how many bucket averages had started before each step()."""
+    shapes = [(4,), (3, 2), (5,)]
+    params = [torch.nn.Parameter(torch.arange(n, dtype=torch.float64).reshape(s) * 0.25)
+              for s, n in zip(shapes, (4, 6, 5))]
+    base = torch.optim.SGD(params, lr=LR, momentum=MOMENTUM)
+    opt = DistributedOptimizer(base, named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                               algorithm="od-sgd", communicator=comm, warmup_steps=2, local_lr_scale=2.0,
+                               **options)
+    trace, started = [], []
+    for t in range(steps):
+        opt.zero_grad()
+        loss = sum(0.5 * ((p - (rank + 1) * 0.5 - 0.25 * (t % 3)) ** 2).sum()
+                   for i, p in enumerate(params) if not (i == 0 and t in unused_at))
+        loss.backward()
+        started.append(sum(1 for kind, name, _ in comm.world.log[rank] if ".bucket" in name))
+        opt.step()
+        trace.append([w.clone() for w in opt.global_weights] + [p.detach().clone() for p in params])
+    opt.sync_weights()
+    return trace, started
+
+
+def test_od_sgd_overlap_backward_starts_buckets_in_backward_and_changes_nothing_else():
+    """Buckets sent from backward's hooks give the same W and w~, bit for bit, as sending the whole
+    buffer in step(); a parameter without a gradient (step 4) is sent as zeros by step()."""
+    overlapped = run_world(2, lambda r, c: _backward_run(r, c, 7, unused_at=(4,), bucket_bytes=90))
+    in_step = run_world(2, lambda r, c: _backward_run(r, c, 7, unused_at=(4,), overlap_backward=False))
+    for (trace, started), (reference, none_started) in zip(overlapped, in_step):
+        for t, (got, want) in enumerate(zip(trace, reference)):
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), f"step {t}"
+        assert not any(none_started)
+        # Buckets {p2, p1} (88 bytes) and {p0}. Bucket averages started between one step()'s
+        # start and the next backward's end: none in warm-up (steps 0-1), both buckets in steps
+        # 2-3's backward; in step 4 only {p2, p1} (p0 has no gradient), so step 4's step() sends
+        # {p0}, counted with step 5's two.
+        per_step = [b - a for a, b in zip([0] + started, started)]
+        assert per_step == [0, 0, 2, 2, 1, 3, 2], per_step
+
+
+def test_od_sgd_overlap_backward_rejects_a_second_backward_before_step():
+    def body(rank, comm):
+        p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+        opt = DistributedOptimizer(torch.optim.SGD([p], lr=LR), named_parameters=[("weight", p)],
+                                   algorithm="od-sgd", communicator=comm, warmup_steps=0)
+        for _ in range(2):
+            (p * p).sum().backward()
+            opt.step()
+        (p * p).sum().backward()
+        with pytest.raises(RuntimeError, match="'weight' was computed twice before step"):
+            (p * p).sum().backward()
+        opt.step()
+        opt.sync_weights()
+        return p.detach().clone()
+    a, b = run_world(2, body)
+    assert torch.equal(a, b)
+
+
+def test_od_sgd_backward_passes_per_step_turns_overlap_off():
+    p = torch.nn.Parameter(torch.ones(3))
+    comm = FakeComm(World(1), 0)
+    opt = DistributedOptimizer(torch.optim.SGD([p], lr=LR), algorithm="od-sgd", communicator=comm,
+                               backward_passes_per_step=2)
+    assert opt.options["overlap_backward"] is False
+    with pytest.raises(ValueError, match="cannot accumulate backward_passes_per_step=2"):
+        DistributedOptimizer(torch.optim.SGD([p], lr=LR), algorithm="od-sgd", communicator=comm,
+                             backward_passes_per_step=2, overlap_backward=True)
 
 
 # -- CD-SGD -----------------------------------------------------------------------------------------
