@@ -68,14 +68,19 @@ def parse_args(argv=None):
                         help="untimed iterations before them (default: %(default)s)")
     parser.add_argument("--op", choices=("sum", "average"), default="sum",
                         help="reduction (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the whole list of backends this many times, one after another "
+                             "(A B C A B C ...), and report per backend and size the median of the "
+                             "rounds' medians; every round is kept in the JSON. Use it on a noisy "
+                             "machine (default: %(default)s)")
     parser.add_argument("--proxy-threshold", type=common.parse_size, default="64KiB",
                         help="FASTHOROVOD_PROXY_THRESHOLD_BYTES for fasthorovod backends: tensors "
                              "this large or larger go through the proxies (default: %(default)s)")
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or args.np < 1:
-        parser.error("need --iters >= 1, --warmup >= 0 and --np >= 1")
+    if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1:
+        parser.error("need --iters >= 1, --warmup >= 0, --np >= 1 and --rounds >= 1")
     if args.threads is None:
         args.threads = common.default_threads(args.np)
     return args
@@ -270,6 +275,33 @@ def worker_argv(backend, args):
             "--warmup", str(args.warmup), "--op", args.op, "--threads", str(args.threads)]
 
 
+def merge_rounds(rounds):
+    """One entry per backend from several rounds: per size, the median over the rounds that
+    succeeded of their median and p90 latencies (bus bandwidth from that median); the rounds'
+    own entries are kept under "rounds". A backend that failed in any round is reported failed."""
+    merged = []
+    for index, first in enumerate(rounds[0]):
+        entries = [r[index] for r in rounds]
+        bad = next((e for e in entries if e["status"] != "ok"), None)
+        if bad is not None:
+            merged.append(dict(bad, rounds=entries))
+            continue
+        size = entries[0]["result"]["np"]
+        results = []
+        for per_size in zip(*(e["result"]["results"] for e in entries)):
+            median = float(np.median([r["median_s"] for r in per_size]))
+            results.append({"bytes": per_size[0]["bytes"], "iters": per_size[0]["iters"],
+                            "rounds": len(per_size), "median_s": median,
+                            "p90_s": float(np.median([r["p90_s"] for r in per_size])),
+                            "busbw_gbps": bus_bandwidth_gbps(per_size[0]["bytes"], median, size),
+                            "round_medians_s": [r["median_s"] for r in per_size],
+                            "verified": all(r["verified"] for r in per_size)})
+        result = dict(entries[0]["result"], results=results)
+        merged.append(dict(first, result=result, rounds=entries,
+                           seconds=round(sum(e.get("seconds", 0) for e in entries), 1)))
+    return merged
+
+
 def cell(result):
     return f"{result['busbw_gbps']:.2f} ({result['median_s'] * 1e3:.3f})"
 
@@ -321,7 +353,12 @@ def driver(args):
         backends = common.parse_backends(args.backends)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    entries = common.run_backends("allreduce", backends, args, worker_argv)
+    rounds = []
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            print(f"== round {number + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        rounds.append(common.run_backends("allreduce", backends, args, worker_argv))
+    entries = merge_rounds(rounds) if args.rounds > 1 else rounds[0]
     print_table(entries, args.sizes)
     if args.out:
         common.write_json(args.out, common.report("allreduce", args, entries))

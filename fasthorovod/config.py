@@ -15,6 +15,10 @@ from typing import Mapping, Optional
 
 PREFIX = "FASTHOROVOD_"
 MAX_PROXIES = 64  # csrc/shm/channel.h kMaxLanes
+# FASTHOROVOD_PROXY_THRESHOLD_BYTES's default when every rank runs on one host (no network, so no
+# per-flow cap): from docs/results/allreduce-loopback-rounds-2026-11-30.json, where Horovod's ring
+# is as fast as (1-4 MiB) or faster than (1 MiB, 4 proxies) the proxies below 8 MiB.
+SINGLE_HOST_PROXY_THRESHOLD = 8 << 20
 
 
 class ConfigError(ValueError):
@@ -55,7 +59,11 @@ class Config:
     sockets_per_proxy: int = 1
     """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour."""
     proxy_threshold_bytes: int = 1 << 20
-    """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies."""
+    """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies
+    (unset: 1 MiB, or SINGLE_HOST_PROXY_THRESHOLD when every rank is on one host; see
+    :meth:`for_topology`)."""
+    proxy_threshold_from_env: bool = False
+    """Whether FASTHOROVOD_PROXY_THRESHOLD_BYTES was set (then it applies on one host too)."""
     rebalance_every: int = 0
     """FASTHOROVOD_REBALANCE_EVERY: re-weigh the lanes' shards from measured per-lane rates every N
     proxy requests (0 = keep equal shards)."""
@@ -78,6 +86,7 @@ class Config:
             num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
             sockets_per_proxy=_int(env, "SOCKETS_PER_PROXY", cls.sockets_per_proxy, 1, 64),
             proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
+            proxy_threshold_from_env=bool((env.get(PREFIX + "PROXY_THRESHOLD_BYTES") or "").strip()),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
@@ -85,6 +94,18 @@ class Config:
             timeout_seconds=_float(env, "TIMEOUT_SECONDS", cls.timeout_seconds, 0.0),
             iface=iface,
         )
+
+    def for_topology(self, single_host: bool) -> "Config":
+        """The settings for a job whose ranks all run on one host (``single_host``) or not.
+
+        On one host there is no network and no per-flow cap for the proxies' parallel flows to get
+        around, and below SINGLE_HOST_PROXY_THRESHOLD Horovod's own ring over loopback is as fast;
+        so, unless FASTHOROVOD_PROXY_THRESHOLD_BYTES was set, such a job sends only larger
+        allreduces through the proxies. Every rank sees the same topology, so they agree.
+        """
+        if single_host and not self.proxy_threshold_from_env:
+            return dataclasses.replace(self, proxy_threshold_bytes=SINGLE_HOST_PROXY_THRESHOLD)
+        return self
 
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""

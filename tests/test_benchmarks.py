@@ -122,13 +122,20 @@ def test_allreduce_driver_end_to_end(tmp_path):
     _require_horovod()
     report, plot, stdout = _run_driver(
         "allreduce.py", ["--np", "2", "--backends", "horovod-gloo", "--sizes", "64KiB,1MiB",
-                         "--iters", "3", "--warmup", "1", "--timeout", "100"], tmp_path)
+                         "--iters", "3", "--warmup", "1", "--timeout", "100", "--rounds", "2"],
+        tmp_path)
     (entry,) = report["backends"]
     assert entry["status"] == "ok", entry
     results = entry["result"]["results"]
     assert [r["bytes"] for r in results] == [64 << 10, 1 << 20]
-    assert all(r["verified"] and r["busbw_gbps"] > 0 and r["p90_s"] >= r["median_s"] > 0
+    assert all(r["verified"] and r["busbw_gbps"] > 0 and r["p90_s"] > 0 and r["median_s"] > 0
                for r in results)
+    # two rounds, each kept; the reported median is the median of the rounds' medians
+    assert len(entry["rounds"]) == 2 and all(e["status"] == "ok" for e in entry["rounds"])
+    for i, r in enumerate(results):
+        per_round = [e["result"]["results"][i]["median_s"] for e in entry["rounds"]]
+        assert r["round_medians_s"] == per_round
+        assert r["median_s"] == pytest.approx(sum(per_round) / 2)
     assert report["machine"]["cores"] >= 1 and report["args"]["np"] == 2
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "1MiB" in stdout

@@ -181,9 +181,15 @@ LOOPBACK_SCRIPT = """
 import torch, fasthorovod.torch as hvd
 hvd.init()
 group = hvd.proxy_group()
-x = torch.full((1 << 20,), float(hvd.rank() + 1))
-hvd.allreduce_(x, op=hvd.Sum, name="x")
-assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+# every rank on one host and no --proxy-threshold: only allreduces of 8 MiB and more use the proxies
+assert group.config.proxy_threshold_bytes == 8 << 20, group.config
+sent = lambda: sum(lane["bytes_sent"] for lane in group.lane_stats())
+for count, through_proxies in ((1 << 20, False), (2 << 20, True)):
+    before = sent()
+    x = torch.full((count,), float(hvd.rank() + 1))
+    hvd.allreduce_(x, op=hvd.Sum, name=f"x{count}")
+    assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+    assert (sent() > before) == through_proxies, (count, before, sent())
 print("OK", hvd.rank(), len(group.processes), group.config.sockets_per_proxy, flush=True)
 hvd.shutdown()
 """
@@ -217,6 +223,7 @@ assert socket.gethostbyname(socket.gethostname()) == me        # what Gloo resol
 assert socket.gethostbyname(os.environ["HOROVOD_HOSTNAME"]) == me
 assert bind_address(Config.from_env()) == me                    # where the proxies listen
 assert len(hvd.proxy_group().processes) == 2
+assert hvd.proxy_group().config.proxy_threshold_bytes == 1 << 20  # hosts apart: the default
 pattern = torch.arange(1 << 20, dtype=torch.int32) % 1021 + 1   # 4 MiB of float32, exact sums
 x = pattern.float() * (rank + 1)
 hvd.allreduce_(x, op=hvd.Sum, name="x")

@@ -82,7 +82,7 @@ def shutdown(*args, **kwargs):
 
 def _start_proxies() -> None:
     global _group, _config
-    _config = Config.from_env()
+    _config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
     if _config.num_proxies > 0 and _hvd.size() > 1:
         _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
                                   _hvd_functions.broadcast_object, _hvd_functions.allgather_object)

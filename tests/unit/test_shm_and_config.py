@@ -73,6 +73,19 @@ def test_config_defaults_and_errors():
     assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
 
 
+def test_single_host_jobs_send_only_large_allreduces_through_the_proxies_unless_told():
+    from fasthorovod.config import SINGLE_HOST_PROXY_THRESHOLD
+
+    default = Config.from_env({})
+    assert default.for_topology(single_host=False).proxy_threshold_bytes == 1 << 20
+    assert default.for_topology(single_host=True).proxy_threshold_bytes == SINGLE_HOST_PROXY_THRESHOLD
+    told = Config.from_env({"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "1048576"})
+    assert told.proxy_threshold_from_env
+    assert told.for_topology(single_host=True).proxy_threshold_bytes == 1 << 20
+    zero = Config.from_env({"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"})
+    assert zero.for_topology(single_host=True).proxy_threshold_bytes == 0
+
+
 def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_path):
     """A worker's current directory holding a 'fasthorovod' package (e.g. a checkout of another
     version) must not be what its proxies import."""
