@@ -71,6 +71,9 @@ def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, ti
     cmd = [str(HOROVODRUN), "--gloo", "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
     full_env = dict(os.environ)
     full_env.setdefault("FASTHOROVOD_TIMEOUT_SECONDS", "60")
+    # Every rank of these jobs runs on this one host, where the unset threshold would be 8 MiB
+    # (Config.for_topology); the tests are written against the across-hosts default of 1 MiB.
+    full_env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", str(1 << 20))
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
                             start_new_session=True, cwd=REPO)
