@@ -276,9 +276,10 @@ def worker_argv(backend, args):
 
 
 def merge_rounds(rounds):
-    """One entry per backend from several rounds: per size, the median over the rounds that
-    succeeded of their median and p90 latencies (bus bandwidth from that median); the rounds'
-    own entries are kept under "rounds". A backend that failed in any round is reported failed."""
+    """One entry per backend from several rounds: per size, the median over the rounds of their
+    median and p90 latencies (bus bandwidth from that median); the rounds' own entries are kept
+    under "rounds". A backend that failed or was skipped in any round is reported as that round's
+    entry."""
     merged = []
     for index, first in enumerate(rounds[0]):
         entries = [r[index] for r in rounds]
@@ -289,12 +290,13 @@ def merge_rounds(rounds):
         size = entries[0]["result"]["np"]
         results = []
         for per_size in zip(*(e["result"]["results"] for e in entries)):
-            median = float(np.median([r["median_s"] for r in per_size]))
+            medians = [r["median_s"] for r in per_size]
+            median = float(np.median(medians))
             results.append({"bytes": per_size[0]["bytes"], "iters": per_size[0]["iters"],
                             "rounds": len(per_size), "median_s": median,
                             "p90_s": float(np.median([r["p90_s"] for r in per_size])),
                             "busbw_gbps": bus_bandwidth_gbps(per_size[0]["bytes"], median, size),
-                            "round_medians_s": [r["median_s"] for r in per_size],
+                            "round_medians_s": medians,
                             "verified": all(r["verified"] for r in per_size)})
         result = dict(entries[0]["result"], results=results)
         merged.append(dict(first, result=result, rounds=entries,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import itertools
 from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence
 
 import torch
@@ -90,16 +91,25 @@ class _Layout:
         self.index = index
         self.positions = positions  # indices into ScheduledOptimizer._params
         self.dtype = params[0].dtype
-        self.shapes = [p.shape for p in params]
-        self.numels = [p.numel() for p in params]
-        self.count = sum(self.numels)
+        numels = [p.numel() for p in params]
+        self.count = sum(numels)
+        # parameter index -> (element offset in the flat buffer, shape)
+        offsets = itertools.accumulate([0] + numels[:-1])
+        self._placement = dict(zip(positions, zip(offsets, (p.shape for p in params))))
+
+    def view(self, flat: torch.Tensor, i: int) -> torch.Tensor:
+        """Parameter i's part of `flat` (i indexes ScheduledOptimizer._params)."""
+        offset, shape = self._placement[i]
+        return flat[offset:offset + shape.numel()].view(shape)
+
+    def span(self, positions: Sequence[int]) -> slice:
+        """The slice of the flat buffer that parameters `positions` (consecutive in it) cover."""
+        begin = min(self._placement[i][0] for i in positions)
+        end = max(self._placement[i][0] + self._placement[i][1].numel() for i in positions)
+        return slice(begin, end)
 
     def views(self, flat: torch.Tensor) -> List[torch.Tensor]:
-        out, offset = [], 0
-        for shape, n in zip(self.shapes, self.numels):
-            out.append(flat[offset:offset + n].view(shape))
-            offset += n
-        return out
+        return [self.view(flat, i) for i in self.positions]
 
     def pack(self, tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> torch.Tensor:
         for view, t in zip(self.views(flat), tensors):

@@ -9,16 +9,17 @@ forward and backward compute; meanwhile the local weights advance with the rank'
 from __future__ import annotations
 
 import functools
-import itertools
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from fasthorovod.buckets import reversed_buckets
 from fasthorovod.scheduler.base import (
     Option,
     ScheduledOptimizer,
     boolean,
     _InFlight,
+    _Layout,
     nonnegative_float,
     nonnegative_int,
     one_of,
@@ -40,22 +41,16 @@ def _wait_all(handles: List[Handle], flat: torch.Tensor) -> torch.Tensor:
 
 
 class _Bucket:
-    """Parameters (positions, consecutive in `layout`'s flat buffer) averaged together as soon as
-    backward has produced all their gradients."""
+    """Parameters (consecutive in `layout`'s flat buffer) averaged together as soon as backward has
+    produced all their gradients."""
 
-    def __init__(self, index: int, layout, positions: List[int], offsets: Dict[int, int],
-                 params: List[torch.Tensor]) -> None:
+    def __init__(self, index: int, layout: _Layout, positions: List[int]) -> None:
         self.index = index
         self.layout = layout
         self.positions = positions
-        self.offsets = offsets  # element offset of each parameter in the layout's flat buffer
-        self.begin = min(offsets[i] for i in positions)
-        self.end = max(offsets[i] + params[i].numel() for i in positions)
+        self.span = layout.span(positions)
         self.ready = 0
         self.handle: Optional[Handle] = None
-
-    def view(self, flat: torch.Tensor, params: List[torch.Tensor], i: int) -> torch.Tensor:
-        return flat[self.offsets[i]:self.offsets[i] + params[i].numel()].view(params[i].shape)
 
 
 class ODSGD(ScheduledOptimizer):
@@ -90,7 +85,6 @@ class ODSGD(ScheduledOptimizer):
                                "(FASTHOROVOD_BUCKET_BYTES's default)"),
     }
     num_slots = 2
-    _overlappable = True  # the gradients travel as averages of buffer slices (CD-SGD's do not)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -98,8 +92,7 @@ class ODSGD(ScheduledOptimizer):
         self._buckets: List[_Bucket] = []
         self._bucket_of: Dict[int, _Bucket] = {}
         self._copied: set = set()  # parameters whose gradient is in this step's buffer already
-        self._hooks = []
-        if self._overlappable and self.options.get("overlap_backward"):
+        if self.options.get("overlap_backward"):  # CD-SGD has no such option
             self._plan_buckets()
 
     def _policy_step(self) -> None:
@@ -120,7 +113,7 @@ class ODSGD(ScheduledOptimizer):
             if bucket.handle is None:
                 for i in bucket.positions:
                     if i not in self._copied:
-                        bucket.view(self._buffer(slot, bucket.layout), self._params, i).copy_(grads[i])
+                        bucket.layout.view(self._buffer(slot, bucket.layout), i).copy_(grads[i])
                 self._post_bucket(bucket, slot)
         handles = []
         for layout in self._layouts:
@@ -133,25 +126,17 @@ class ODSGD(ScheduledOptimizer):
     # -- buckets launched by backward (overlap_backward) ----------------------------------------
 
     def _plan_buckets(self) -> None:
-        """Contiguous slices of each layout's flat buffer, in reverse parameter order (roughly the
-        order backward produces gradients), of at most bucket_bytes (or one parameter)."""
+        """Consecutive parameters of each layout, in reverse order, of at most bucket_bytes (or one
+        parameter); a hook on each parameter."""
         for layout in self._layouts:
             itemsize = torch.empty((), dtype=layout.dtype).element_size()
-            offsets = dict(zip(layout.positions, itertools.accumulate([0] + layout.numels[:-1])))
-            current: List[int] = []
-            for i in reversed(layout.positions):
-                nbytes = self._params[i].numel() * itemsize
-                if current and (sum(self._params[j].numel() for j in current) * itemsize + nbytes
-                                > self.bucket_bytes):
-                    self._buckets.append(_Bucket(len(self._buckets), layout, current, offsets, self._params))
-                    current = []
-                current.append(i)
-            if current:
-                self._buckets.append(_Bucket(len(self._buckets), layout, current, offsets, self._params))
+            for positions in reversed_buckets(layout.positions, lambda i: self._params[i].numel() * itemsize,
+                                              self.bucket_bytes):
+                self._buckets.append(_Bucket(len(self._buckets), layout, positions))
         for bucket in self._buckets:
             for i in bucket.positions:
                 self._bucket_of[i] = bucket
-                self._hooks.append(self._params[i].register_post_accumulate_grad_hook(self._make_hook(i)))
+                self._params[i].register_post_accumulate_grad_hook(self._make_hook(i))
 
     def _make_hook(self, i: int):
         def hook(p: torch.Tensor) -> None:
@@ -168,7 +153,7 @@ class ODSGD(ScheduledOptimizer):
             slot = self._step % 2
             with torch.no_grad():
                 g = p.grad.to_dense() if p.grad.is_sparse else p.grad
-                bucket.view(self._buffer(slot, bucket.layout), self._params, i).copy_(g)
+                bucket.layout.view(self._buffer(slot, bucket.layout), i).copy_(g)
             self._copied.add(i)
             bucket.ready += 1
             if bucket.ready == len(bucket.positions):
@@ -176,7 +161,7 @@ class ODSGD(ScheduledOptimizer):
         return hook
 
     def _post_bucket(self, bucket: "_Bucket", slot: int) -> None:
-        flat = self._buffer(slot, bucket.layout)[bucket.begin:bucket.end]
+        flat = self._buffer(slot, bucket.layout)[bucket.span]
         bucket.handle = self._post_average(flat, self._name(f"bucket{bucket.index}", slot, bucket.layout))
 
     def _next_step_buckets(self) -> None:
@@ -239,14 +224,13 @@ class CDSGD(ODSGD):
 
     algorithm = "cd-sgd"
     OPTIONS = {
+        # no buckets: one error-feedback quantization covers the whole flat buffer
         **{name: opt for name, opt in ODSGD.OPTIONS.items() if name not in ("overlap_backward", "bucket_bytes")},
         "warmup_steps": Option(1000, nonnegative_int, "steps of full-precision synchronous SGD first"),
         "threshold": Option(0.5, positive_float, "2-bit quantization threshold (MXNet's default 0.5)"),
         "correction_period": Option(5, positive_int,
                                     "every k-th delayed step sends gradient + residual in full precision"),
     }
-
-    _overlappable = False  # one error-feedback quantization over the whole flat buffer
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -33,6 +33,7 @@ from horovod.torch.compression import Compression
 from horovod.torch.functions import broadcast_object
 from horovod.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
 
+from fasthorovod.buckets import reversed_buckets
 from fasthorovod.torch import mpi_ops
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
@@ -88,20 +89,8 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                 groups += [[p] for p in params if id(p) not in grouped]
                 return [g for g in groups if g]
             return [g for g in split_list(params, self._groups) if g]
-        buckets: List[List[torch.Tensor]] = []
-        current: List[torch.Tensor] = []
-        current_bytes = 0
-        for p in reversed(params):
-            nbytes = p.numel() * p.element_size()
-            if current and (current_bytes + nbytes > bucket_bytes or p.dtype != current[0].dtype
-                            or p.device != current[0].device):
-                buckets.append(current)
-                current, current_bytes = [], 0
-            current.append(p)
-            current_bytes += nbytes
-        if current:
-            buckets.append(current)
-        return buckets
+        return reversed_buckets(params, lambda p: p.numel() * p.element_size(), bucket_bytes,
+                                lambda first, p: p.dtype == first.dtype and p.device == first.device)
 
     @staticmethod
     def _place_in_shared_memory(bucket: _Bucket, group) -> None:
