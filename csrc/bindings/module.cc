@@ -1,6 +1,8 @@
 // fasthorovod._C: the only file that sees pybind11. Tensors cross as Python buffers and raw
 // offsets into shared memory; nothing here knows about torch. Every blocking call releases the
-// GIL, and every failed Status becomes one exception of the fasthorovod.exceptions family.
+// GIL, and every failed Status becomes the exception of its kind (bindings/errors.h). Settings and
+// requests cross as bound structs (ChannelConfig, Request), and the codes Python needs (dtypes,
+// ops, request kinds, error kinds, limits) are exported from here rather than spelled twice.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -17,6 +19,7 @@
 #include "proxy/proxy.h"
 #include "shm/segment.h"
 #include "transport/socket.h"
+#include "bindings/errors.h"
 
 namespace py = pybind11;
 using namespace fasthorovod;
@@ -25,39 +28,6 @@ void RegisterQuantize(pybind11::module_& m);  // bindings/quantize.cc
 void RegisterTrace(pybind11::module_& m);     // bindings/trace.cc
 
 namespace {
-
-[[noreturn]] void Raise(const Status& st) {
-  const char* cls = "FastHorovodError";
-  switch (st.code()) {
-    case Code::kTimeout: cls = "FastHorovodTimeoutError"; break;
-    case Code::kMismatch: cls = "CollectiveMismatchError"; break;
-    case Code::kInvalidArgument: throw py::value_error(st.message());
-    default: break;
-  }
-  // A mismatch detected on another rank arrives as a peer error with the same text.
-  if (st.code() == Code::kPeerError && st.message().find("collective mismatch") != std::string::npos) {
-    cls = "CollectiveMismatchError";
-  }
-  py::object type = py::module_::import("fasthorovod.exceptions").attr(cls);
-  PyErr_SetString(type.ptr(), st.message().c_str());
-  throw py::error_already_set();
-}
-
-void Check(const Status& st) {
-  if (!st.ok()) Raise(st);
-}
-
-// Runs a blocking call without the GIL (so other Python threads, e.g. Horovod's, keep running),
-// then raises its error, if any, as the matching FastHorovod exception.
-template <typename F>
-void CallReleased(F&& call) {
-  Status st;
-  {
-    py::gil_scoped_release release;
-    st = call();
-  }
-  Check(st);
-}
 
 py::buffer_info WritableBuffer(py::buffer& b) {
   py::buffer_info info = b.request(true);
@@ -102,14 +72,14 @@ void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t s
                        double prescale, double postscale, double timeout_seconds,
                        const std::vector<py::bytes>& strangers, uint32_t op) {
   const uint32_t size = static_cast<uint32_t>(buffers.size());
-  if (size == 0 || !DTypeValid(dtype)) throw py::value_error("need >= 1 buffer and a valid dtype");
-  if (op > static_cast<uint32_t>(ReduceOp::kGather)) throw py::value_error("op must be OP_SUM, OP_AVERAGE or OP_GATHER");
+  if (size == 0 || !DTypeValid(dtype)) ThrowInvalidArgument("need >= 1 buffer and a valid dtype");
+  if (op > static_cast<uint32_t>(ReduceOp::kGather)) ThrowInvalidArgument("op must be OP_SUM, OP_AVERAGE or OP_GATHER");
   std::vector<py::buffer_info> infos;
   for (auto& b : buffers) infos.push_back(WritableBuffer(b));
   const size_t elem = DTypeSize(static_cast<DType>(dtype));
   for (auto& info : infos) {
     if (static_cast<size_t>(info.size * info.itemsize) != static_cast<size_t>(infos[0].size * infos[0].itemsize)) {
-      throw py::value_error("all buffers must have the same byte length");
+      ThrowInvalidArgument("all buffers must have the same byte length");
     }
   }
   const size_t count = static_cast<size_t>(infos[0].size * infos[0].itemsize) / elem;
@@ -185,30 +155,59 @@ PYBIND11_MODULE(_C, m) {
                                {static_cast<py::ssize_t>(b.segment().size())}, {1});
       });
 
+  py::class_<ChannelConfig>(m, "ChannelConfig", R"pbdoc(The settings a worker gives its proxies (csrc/proxy/client.h).)pbdoc")
+      .def(py::init<>())
+      .def_readwrite("num_lanes", &ChannelConfig::num_lanes)
+      .def_readwrite("rank", &ChannelConfig::rank)
+      .def_readwrite("size", &ChannelConfig::size)
+      .def_readwrite("sockets_per_lane", &ChannelConfig::sockets_per_lane)
+      .def_readwrite("socket_buffer_bytes", &ChannelConfig::socket_buffer_bytes)
+      .def_readwrite("segment_bytes", &ChannelConfig::segment_bytes)
+      .def_readwrite("timeout_seconds", &ChannelConfig::timeout_seconds)
+      .def_readwrite("config_hash", &ChannelConfig::config_hash)
+      .def_property(
+          "token", [](const ChannelConfig& c) { return py::bytes(c.token); },
+          [](ChannelConfig& c, const py::bytes& token) { c.token = token; })
+      .def_readwrite("bind_host", &ChannelConfig::bind_host)
+      .def_readwrite("buffer_prefix", &ChannelConfig::buffer_prefix);
+
+  py::class_<RequestDesc>(m, "Request", R"pbdoc(One request to the proxies, as its shared-memory slot holds it (csrc/shm/channel.h).)pbdoc")
+      .def(py::init<>())
+      .def_readwrite("kind", &RequestDesc::kind)
+      .def_readwrite("dtype", &RequestDesc::dtype)
+      .def_readwrite("op", &RequestDesc::op)
+      .def_readwrite("buffer_id", &RequestDesc::buffer_id)
+      .def_readonly("seq", &RequestDesc::seq)
+      .def_readwrite("name_hash", &RequestDesc::name_hash)
+      .def_readwrite("shape_hash", &RequestDesc::shape_hash)
+      .def_readwrite("count", &RequestDesc::count)
+      .def_readwrite("buffer_offset", &RequestDesc::buffer_offset)
+      .def_readwrite("prescale", &RequestDesc::prescale)
+      .def_readwrite("postscale", &RequestDesc::postscale)
+      .def_property(
+          "name", [](const RequestDesc& r) { return std::string(r.name, strnlen(r.name, kNameBytes)); },
+          [](RequestDesc& r, const std::string& name) { CopyString(r.name, name); })
+      .def_property(
+          "lane_begin",
+          [](const RequestDesc& r) {
+            return std::vector<uint64_t>(r.lane_begin, r.lane_begin + (r.num_lanes ? r.num_lanes + 1 : 0));
+          },
+          [](RequestDesc& r, const std::vector<uint64_t>& bounds) {
+            if (bounds.size() < 2 || bounds.size() > kMaxLanes + 1) {
+              ThrowInvalidArgument(Str("lane_begin needs 2 to ", kMaxLanes + 1, " boundaries, got ", bounds.size()));
+            }
+            std::copy(bounds.begin(), bounds.end(), r.lane_begin);
+            r.num_lanes = static_cast<uint32_t>(bounds.size() - 1);
+          },
+          R"pbdoc(Element boundaries of the lanes' shards: num_lanes + 1 entries from 0 to count.)pbdoc");
+
   py::class_<ProxyChannel>(m, "ProxyChannel", R"pbdoc(The worker's end of the shared-memory request channel.)pbdoc")
-      .def(py::init([](const std::string& name, uint32_t num_lanes, uint32_t rank, uint32_t size,
-                       uint32_t sockets_per_lane, int32_t socket_buffer_bytes, uint64_t segment_bytes,
-                       double timeout_seconds, uint64_t config_hash, py::bytes token, const std::string& bind_host,
-                       const std::string& buffer_prefix) {
-             ChannelConfig config;
-             config.num_lanes = num_lanes;
-             config.rank = rank;
-             config.size = size;
-             config.sockets_per_lane = sockets_per_lane;
-             config.socket_buffer_bytes = socket_buffer_bytes;
-             config.segment_bytes = segment_bytes;
-             config.timeout_seconds = timeout_seconds;
-             config.config_hash = config_hash;
-             config.token = token;
-             config.bind_host = bind_host;
-             config.buffer_prefix = buffer_prefix;
+      .def(py::init([](const std::string& name, const ChannelConfig& config) {
              std::unique_ptr<ProxyChannel> channel;
              Check(ProxyChannel::Create(name, config, &channel));
              return channel;
            }),
-           py::arg("name"), py::arg("num_lanes"), py::arg("rank"), py::arg("size"), py::arg("sockets_per_lane"),
-           py::arg("socket_buffer_bytes"), py::arg("segment_bytes"), py::arg("timeout_seconds"),
-           py::arg("config_hash"), py::arg("token"), py::arg("bind_host"), py::arg("buffer_prefix"))
+           py::arg("name"), py::arg("config"))
       .def_property_readonly("name", &ProxyChannel::name)
       .def_property_readonly("num_lanes", &ProxyChannel::num_lanes)
       .def("watch_proxy", [](ProxyChannel& c, uint32_t lane, int pid) { Check(c.WatchProxy(lane, pid)); })
@@ -224,30 +223,12 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("unlink_name", &ProxyChannel::UnlinkName)
       .def("post",
-           [](ProxyChannel& c, uint32_t buffer_id, uint64_t buffer_offset, uint64_t count, uint32_t dtype, uint32_t op,
-              double prescale, double postscale, uint64_t name_hash, uint64_t shape_hash, const std::string& name,
-              const std::vector<uint64_t>& lane_begin, uint32_t kind) {
-             AllreduceRequest r;
-             r.kind = kind;
-             r.buffer_id = buffer_id;
-             r.buffer_offset = buffer_offset;
-             r.count = count;
-             r.dtype = dtype;
-             r.op = op;
-             r.prescale = prescale;
-             r.postscale = postscale;
-             r.name_hash = name_hash;
-             r.shape_hash = shape_hash;
-             r.name = name;
-             r.lane_begin = lane_begin;
+           [](ProxyChannel& c, const RequestDesc& request) {
              uint64_t seq = 0;
-             CallReleased([&] { return c.Post(r, &seq); });
+             CallReleased([&] { return c.Post(request, &seq); });
              return seq;
            },
-           py::arg("buffer_id"), py::arg("buffer_offset"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-           py::arg("prescale"), py::arg("postscale"), py::arg("name_hash"), py::arg("shape_hash"), py::arg("name"),
-           py::arg("lane_begin"), py::arg("kind") = static_cast<uint32_t>(RequestKind::kAllreduce),
-           R"pbdoc(Posts a request (an allreduce, or kind 2/3: enter/leave hvd.join) and returns its sequence number.)pbdoc")
+           py::arg("request"), R"pbdoc(Posts a Request and returns its sequence number.)pbdoc")
       .def("poll", &ProxyChannel::Poll)
       .def("wait",
            [](ProxyChannel& c, uint64_t seq, double timeout) {
@@ -268,6 +249,7 @@ PYBIND11_MODULE(_C, m) {
         d["pid"] = s.pid;
         d["port"] = s.port;
         d["error"] = s.error;
+        d["error_code"] = CodeName(CodeFromWire(s.error_code));
         d["bytes_sent"] = s.bytes_sent;
         d["bytes_received"] = s.bytes_received;
         d["collectives"] = s.collectives;
@@ -278,23 +260,23 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("reduce_sum",
         [](uint32_t dtype, py::buffer dst, py::buffer src) {
-          if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+          if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
           auto d = WritableBuffer(dst);
           auto s = src.request();
           size_t bytes = static_cast<size_t>(d.size * d.itemsize);
-          if (bytes != static_cast<size_t>(s.size * s.itemsize)) throw py::value_error("buffers differ in size");
+          if (bytes != static_cast<size_t>(s.size * s.itemsize)) ThrowInvalidArgument("buffers differ in size");
           ReduceSum(static_cast<DType>(dtype), d.ptr, s.ptr, bytes / DTypeSize(static_cast<DType>(dtype)));
         },
         R"pbdoc(dst += src elementwise, with the proxies' rounding rules (tests).)pbdoc");
   m.def("scale",
         [](uint32_t dtype, py::buffer data, double factor) {
-          if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+          if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
           auto d = WritableBuffer(data);
           Scale(static_cast<DType>(dtype), d.ptr,
                 static_cast<size_t>(d.size * d.itemsize) / DTypeSize(static_cast<DType>(dtype)), factor);
         });
   m.def("dtype_size", [](uint32_t dtype) {
-    if (!DTypeValid(dtype)) throw py::value_error("invalid dtype code");
+    if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
     return DTypeSize(static_cast<DType>(dtype));
   });
   m.def("chunk_begin", &ChunkBegin, py::arg("count"), py::arg("size"), py::arg("chunk"));
@@ -309,7 +291,7 @@ nothing).)pbdoc");
   m.def("_hello",
         [](py::bytes token, uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
           std::string t = token;
-          if (t.size() != kTokenBytes) throw py::value_error("token must be 16 bytes");
+          if (t.size() != kTokenBytes) ThrowInvalidArgument("token must be 16 bytes");
           LinkIdentity id;
           std::memcpy(id.token, t.data(), kTokenBytes);
           id.rank = rank;
@@ -323,12 +305,19 @@ nothing).)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
-  m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
+  m.attr("NUM_SLOTS") = kNumSlots;
   m.attr("OP_SUM") = static_cast<uint32_t>(ReduceOp::kSum);
   m.attr("OP_AVERAGE") = static_cast<uint32_t>(ReduceOp::kAverage);
   m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
+  m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
+  m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
   m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
-  m.attr("NUM_SLOTS") = kNumSlots;
+  py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
+  for (uint32_t d = 0; d < kNumDTypes; ++d) dtypes[DTypeName(static_cast<DType>(d))] = d;
+  m.attr("DTYPES") = dtypes;
+  py::dict codes;  // error kinds ("timeout", ...) -> codes; fasthorovod.exceptions maps them to classes
+  for (uint32_t c = 1; c < kNumCodes; ++c) codes[CodeName(static_cast<Code>(c))] = c;
+  m.attr("ERROR_CODES") = codes;
   RegisterQuantize(m);
   RegisterTrace(m);
 }

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "bindings/errors.h"
 #include "collectives/quantize.h"
 
 namespace py = pybind11;
@@ -29,14 +30,14 @@ bool CContiguous(const py::buffer_info& info) {
 
 py::buffer_info Request(py::buffer& b, bool writable, const char* what) {
   py::buffer_info info = b.request(writable);
-  if (!CContiguous(info)) throw py::value_error(std::string(what) + " must be C-contiguous");
+  if (!CContiguous(info)) ThrowInvalidArgument(std::string(what) + " must be C-contiguous");
   return info;
 }
 
 py::buffer_info Float32(py::buffer& b, bool writable, const char* what) {
   py::buffer_info info = Request(b, writable, what);
   if (info.itemsize != 4 || info.format != py::format_descriptor<float>::format()) {
-    throw py::value_error(std::string(what) + " must be float32, got format '" + info.format + "'");
+    ThrowInvalidArgument(std::string(what) + " must be float32, got format '" + info.format + "'");
   }
   return info;
 }
@@ -44,14 +45,14 @@ py::buffer_info Float32(py::buffer& b, bool writable, const char* what) {
 py::buffer_info Words(py::buffer& b, bool writable, const char* what) {
   py::buffer_info info = Request(b, writable, what);
   if (info.itemsize != 4) {
-    throw py::value_error(std::string(what) + " must have 4-byte elements (int32/uint32), got " +
+    ThrowInvalidArgument(std::string(what) + " must have 4-byte elements (int32/uint32), got " +
                           std::to_string(info.itemsize) + "-byte '" + info.format + "'");
   }
   return info;
 }
 
 void CheckThreshold(float threshold) {
-  if (!(threshold > 0.0f)) throw py::value_error("threshold must be > 0, got " + std::to_string(threshold));
+  if (!(threshold > 0.0f)) ThrowInvalidArgument("threshold must be > 0, got " + std::to_string(threshold));
 }
 
 void Quantize(py::buffer grad, py::buffer residual, py::buffer packed, float threshold) {
@@ -61,10 +62,10 @@ void Quantize(py::buffer grad, py::buffer residual, py::buffer packed, float thr
   py::buffer_info q = Words(packed, true, "packed");
   const size_t count = static_cast<size_t>(g.size);
   if (static_cast<size_t>(r.size) != count) {
-    throw py::value_error("residual has " + std::to_string(r.size) + " elements, grad " + std::to_string(count));
+    ThrowInvalidArgument("residual has " + std::to_string(r.size) + " elements, grad " + std::to_string(count));
   }
   if (static_cast<size_t>(q.size) != PackedWords2Bit(count)) {
-    throw py::value_error("packed must hold exactly " + std::to_string(PackedWords2Bit(count)) + " words for " +
+    ThrowInvalidArgument("packed must hold exactly " + std::to_string(PackedWords2Bit(count)) + " words for " +
                           std::to_string(count) + " values, got " + std::to_string(q.size));
   }
   auto run = [&] {
@@ -84,11 +85,11 @@ void DequantizeSum(py::buffer payloads, py::buffer out, float threshold, float s
   py::buffer_info p = Words(payloads, false, "payloads");
   py::buffer_info o = Float32(out, true, "out");
   const size_t count = static_cast<size_t>(o.size);
-  if (p.ndim != 1 && p.ndim != 2) throw py::value_error("payloads must be 1-D (one payload) or 2-D (one per row)");
+  if (p.ndim != 1 && p.ndim != 2) ThrowInvalidArgument("payloads must be 1-D (one payload) or 2-D (one per row)");
   const size_t num_payloads = p.ndim == 2 ? static_cast<size_t>(p.shape[0]) : 1;
   const size_t words_per_payload = p.ndim == 2 ? static_cast<size_t>(p.shape[1]) : static_cast<size_t>(p.size);
   if (words_per_payload != PackedWords2Bit(count)) {
-    throw py::value_error("each payload must hold " + std::to_string(PackedWords2Bit(count)) + " words for " +
+    ThrowInvalidArgument("each payload must hold " + std::to_string(PackedWords2Bit(count)) + " words for " +
                           std::to_string(count) + " values, got " + std::to_string(words_per_payload));
   }
   auto run = [&] {

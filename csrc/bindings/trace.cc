@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <string>
 
+#include "bindings/errors.h"
 #include "common/clock.h"
 #include "trace/recorder.h"
 
@@ -17,14 +18,6 @@ namespace py = pybind11;
 using namespace fasthorovod;
 
 namespace {
-
-void CheckTrace(const Status& st) {
-  if (st.ok()) return;
-  if (st.code() == Code::kInvalidArgument) throw py::value_error(st.message());
-  py::object type = py::module_::import("fasthorovod.exceptions").attr("FastHorovodError");
-  PyErr_SetString(type.ptr(), st.message().c_str());
-  throw py::error_already_set();
-}
 
 class PyTraceRecorder {
  public:
@@ -40,7 +33,7 @@ class PyTraceRecorder {
     o.flush_interval_ms = flush_interval_ms;
     o.extra_json = extra_json;
     lane_ = lane;
-    CheckTrace(recorder_.Open(o));
+    Check(recorder_.Open(o));
   }
 
   int64_t Record(uint32_t src, uint32_t dst, uint8_t direction, uint64_t bytes, int64_t start_ns, int64_t end_ns,
@@ -76,7 +69,7 @@ class PyTraceRecorder {
       py::gil_scoped_release release;
       st = recorder_.Close();
     }
-    CheckTrace(st);
+    Check(st);
   }
 
   TraceRecorder& recorder() { return recorder_; }
@@ -91,7 +84,7 @@ class PyTraceRecorder {
 // ns_per_record is the loop's time per record: building it, reading the clock, Record().
 py::dict TraceSelftest(const std::string& dir, uint64_t n, uint32_t rank, uint32_t lane, uint32_t size,
                        size_t capacity, int flush_interval_ms) {
-  if (size < 2) throw py::value_error("size must be >= 2");
+  if (size < 2) ThrowInvalidArgument("size must be >= 2");
   TraceRecorder recorder;
   TraceOptions o;
   o.dir = dir;
@@ -101,7 +94,7 @@ py::dict TraceSelftest(const std::string& dir, uint64_t n, uint32_t rank, uint32
   o.capacity = capacity > 0 ? capacity : std::max<size_t>(n, 1 << 16);
   o.flush_interval_ms = flush_interval_ms;
   o.extra_json = "\"selftest\": true";
-  CheckTrace(recorder.Open(o));
+  Check(recorder.Open(o));
   const uint32_t steps = 2 * (size - 1);
   const uint32_t segments = 4;
   const uint64_t frame_bytes = 1 << 16;
@@ -157,7 +150,7 @@ py::dict TraceSelftest(const std::string& dir, uint64_t n, uint32_t rank, uint32
     py::gil_scoped_release release;
     st = recorder.Close();
   }
-  CheckTrace(st);
+  Check(st);
   py::dict d;
   d["path"] = path;
   d["records"] = recorded;

@@ -64,15 +64,19 @@ bool ProxyChannel::ProcessExited(uint32_t lane) const {
 }
 
 Status ProxyChannel::CheckProxiesAlive() {
+  // Exits first: a proxy that died is the root cause of whatever its sibling lanes report after it
+  // (their collectives fail once the other ranks react), so it is what this worker raises.
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    if (ProcessExited(lane)) {
+      return Status::Error(Code::kProxyDied,
+                           Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
+                               header_->lanes[lane].pid, ") exited unexpectedly (killed or crashed); see its stderr"));
+    }
+  }
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     const LaneInfo& info = header_->lanes[lane];
     if (info.state.load() == static_cast<uint32_t>(LaneState::kFailed)) {
-      return Status::Error(Code::kPeerError, Str("rank ", header_->rank, " lane ", lane, ": ", info.error));
-    }
-    if (ProcessExited(lane)) {
-      return Status::Error(Code::kPeerError,
-                           Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ", info.pid,
-                               ") exited unexpectedly (killed or crashed); see its stderr"));
+      return Status::Error(CodeFromWire(info.error_code), Str("rank ", header_->rank, " lane ", lane, ": ", info.error));
     }
   }
   return Status::Ok();
@@ -120,9 +124,19 @@ Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const s
   return Status::Ok();
 }
 
-Status ProxyChannel::Post(const AllreduceRequest& request, uint64_t* seq) {
-  if (request.lane_begin.size() != header_->num_lanes + 1) {
-    return Status::Error(Code::kInvalidArgument, "lane_begin must have num_lanes + 1 entries");
+Status ProxyChannel::Post(const RequestDesc& request, uint64_t* seq) {
+  if (request.num_lanes != header_->num_lanes) {
+    return Status::Error(Code::kInvalidArgument, Str("the request describes ", request.num_lanes,
+                                                     " lane boundaries sets but the channel has ",
+                                                     header_->num_lanes, " lanes"));
+  }
+  if (request.lane_begin[0] != 0 || request.lane_begin[request.num_lanes] != request.count) {
+    return Status::Error(Code::kInvalidArgument, "lane boundaries must run from 0 to the element count");
+  }
+  for (uint32_t lane = 0; lane < request.num_lanes; ++lane) {
+    if (request.lane_begin[lane] > request.lane_begin[lane + 1]) {
+      return Status::Error(Code::kInvalidArgument, Str("lane boundaries must not decrease (lane ", lane, ")"));
+    }
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
@@ -137,20 +151,11 @@ Status ProxyChannel::Post(const AllreduceRequest& request, uint64_t* seq) {
   RequestSlot& slot = Slot(head_);
   slot.lanes_done.store(0, std::memory_order_relaxed);
   slot.failed.store(0, std::memory_order_relaxed);
+  slot.error_code = 0;
   slot.error[0] = '\0';
-  slot.kind = request.kind;
-  slot.dtype = request.dtype;
-  slot.op = request.op;
-  slot.buffer_id = request.buffer_id;
-  slot.seq = head_;
-  slot.name_hash = request.name_hash;
-  slot.shape_hash = request.shape_hash;
-  slot.count = request.count;
-  slot.buffer_offset = request.buffer_offset;
-  slot.prescale = request.prescale;
-  slot.postscale = request.postscale;
-  std::copy(request.lane_begin.begin(), request.lane_begin.end(), slot.lane_begin);
-  CopyString(slot.name, request.name);
+  slot.desc = request;
+  slot.desc.seq = head_;
+  slot.desc.name[kNameBytes - 1] = '\0';
   collected_[head_ % kNumSlots] = false;
   *seq = head_++;
   header_->head.store(static_cast<uint32_t>(head_), std::memory_order_release);
@@ -164,9 +169,9 @@ void ProxyChannel::CollectLocked(uint64_t seq) {
   Status result = Status::Ok();
   if (slot.failed.load(std::memory_order_acquire) != 0) {
     slot.error[kErrorBytes - 1] = '\0';
-    result = Status::Error(Code::kPeerError, slot.error);
+    result = Status::Error(CodeFromWire(slot.error_code), slot.error);
     if (broken_.ok()) broken_ = result;
-    RaiseAbort(header_, result.message());
+    RaiseAbort(header_, result);
   }
   results_[seq] = result;
   collected_[seq % kNumSlots] = true;
@@ -201,26 +206,26 @@ Status ProxyChannel::WaitSlot(uint64_t seq, double timeout_seconds) {
       return Status::Ok();
     }
     Status alive = CheckProxiesAlive();
-    if (!alive.ok()) return FailLanesError(alive.message().c_str());
+    if (!alive.ok()) return Fail(alive);
     // Time out when no lane has moved a byte (or finished anything) for timeout_seconds.
     int64_t last = start;
     for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
       last = std::max(last, header_->lanes[lane].progress_ns.load(std::memory_order_relaxed));
     }
     if (NowNs() - last > timeout_ns) {
-      return FailLanesError(Str("timed out: no progress on any lane of rank ", header_->rank, " for ",
-                                timeout_seconds, " s (FASTHOROVOD_TIMEOUT_SECONDS); a peer rank or its "
-                                "proxies may be stopped, dead or running a different collective")
-                                .c_str());
+      return Fail(Status::Error(Code::kTimeout,
+                                Str("timed out: no progress on any lane of rank ", header_->rank, " for ",
+                                    timeout_seconds, " s (FASTHOROVOD_TIMEOUT_SECONDS); a peer rank or its "
+                                    "proxies may be stopped, dead or running a different collective")));
     }
     FutexWait(&slot.lanes_done, done, 50);
   }
 }
 
-Status ProxyChannel::FailLanesError(const char* what) {
+Status ProxyChannel::Fail(const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (broken_.ok()) broken_ = Status::Error(Code::kPeerError, what);
-  RaiseAbort(header_, broken_.message());
+  if (broken_.ok()) broken_ = why;
+  RaiseAbort(header_, broken_);
   return broken_;
 }
 
@@ -275,7 +280,8 @@ Status ProxyChannel::SetTrace(const std::string& dir, int64_t clock_offset_ns, d
 }
 
 void ProxyChannel::Abort() {
-  RaiseAbort(header_, Str("rank ", header_->rank, " shut down while collectives were in flight"));
+  RaiseAbort(header_, Status::Error(Code::kAborted,
+                                    Str("rank ", header_->rank, " shut down while collectives were in flight")));
   Stop();
 }
 
@@ -286,7 +292,10 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   s.state = info.state.load();
   s.pid = info.pid;
   s.port = info.listen_port;
-  if (s.state == static_cast<uint32_t>(LaneState::kFailed)) s.error = info.error;
+  if (s.state == static_cast<uint32_t>(LaneState::kFailed)) {
+    s.error_code = info.error_code;
+    s.error = info.error;
+  }
   s.bytes_sent = info.bytes_sent.load();
   s.bytes_received = info.bytes_received.load();
   s.collectives = info.collectives.load();

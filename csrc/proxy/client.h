@@ -1,5 +1,9 @@
 // The worker's side of the channel: create it, hand the proxies their neighbours, post requests,
 // and wait for them with a bound on time and an eye on the proxies' liveness.
+//
+// Errors keep their kind: a lane's failure arrives with the Code its proxy wrote next to the
+// message (a mismatch stays kMismatch, a peer's timeout kTimeout), this worker's own no-progress
+// timeout is kTimeout, and a proxy process that exited is kProxyDied.
 #pragma once
 
 #include <cstdint>
@@ -29,25 +33,11 @@ struct ChannelConfig {
   std::string buffer_prefix;
 };
 
-struct AllreduceRequest {
-  uint32_t kind = static_cast<uint32_t>(RequestKind::kAllreduce);
-  uint32_t buffer_id = 0;
-  uint64_t buffer_offset = 0;
-  uint64_t count = 0;
-  uint32_t dtype = 0;
-  uint32_t op = 0;
-  double prescale = 1.0;
-  double postscale = 1.0;  // including 1/size for Average
-  uint64_t name_hash = 0;
-  uint64_t shape_hash = 0;
-  std::string name;
-  std::vector<uint64_t> lane_begin;  // num_lanes + 1 element boundaries
-};
-
 struct LaneSnapshot {
   uint32_t state = 0;
   int32_t pid = 0;
   int32_t port = 0;
+  uint32_t error_code = 0;  // a Code (state == kFailed)
   std::string error;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -72,7 +62,8 @@ class ProxyChannel {
   void UnlinkName() { segment_.Unlink(); }
 
   // Requests. Post never blocks for long: when all slots are in use it waits for the oldest.
-  Status Post(const AllreduceRequest& request, uint64_t* seq);
+  // request.num_lanes must equal num_lanes(); its seq is assigned here.
+  Status Post(const RequestDesc& request, uint64_t* seq);
   bool Poll(uint64_t seq);
   Status Wait(uint64_t seq, double timeout_seconds);
 
@@ -93,7 +84,7 @@ class ProxyChannel {
   void ReapLocked();                 // frees completed slots in order
   Status CheckProxiesAlive();
   bool ProcessExited(uint32_t lane) const;
-  Status FailLanesError(const char* what);
+  Status Fail(const Status& why);  // the channel is broken from now on: abort every lane
   Status WaitSlot(uint64_t seq, double timeout_seconds);
 
   ShmSegment segment_;

@@ -47,6 +47,7 @@ void OnTerminate(int) {
   if (g_channel != nullptr && g_channel->abort.load() == 0) {
     static const char kReason[] = "its worker process died or was terminated";
     for (size_t i = 0; i < sizeof(kReason); ++i) g_channel->abort_reason[i] = kReason[i];
+    g_channel->abort_code = static_cast<uint32_t>(Code::kAborted);
     g_channel->abort.store(1);
   }
 }
@@ -222,7 +223,7 @@ class Proxy {
   void Handle(RequestSlot& slot) {
     Status st = dead_;
     if (st.ok()) {
-      switch (static_cast<RequestKind>(slot.kind)) {
+      switch (static_cast<RequestKind>(slot.desc.kind)) {
         case RequestKind::kJoin:
           info_.zero_filled.store(0, std::memory_order_relaxed);  // counts this join's fills only
           joined_ = true;
@@ -232,13 +233,14 @@ class Proxy {
           ++epoch_;
           break;
         default:
-          st = joined_ ? Status::Error(Code::kInvalidArgument, "allreduce posted while joined") : Execute(slot);
+          st = joined_ ? Status::Error(Code::kInvalidArgument, "allreduce posted while joined") : Execute(slot.desc);
       }
     }
     if (!st.ok()) {
       if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
       uint32_t expected = 0;
       if (slot.failed.compare_exchange_strong(expected, 1)) {
+        slot.error_code = static_cast<uint32_t>(st.code());
         CopyString(slot.error, Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message()));
       }
       Fail(st);
@@ -248,43 +250,43 @@ class Proxy {
     FutexWakeAll(&slot.lanes_done);
   }
 
-  Status Execute(RequestSlot& slot) {
-    if (slot.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(slot.dtype) ||
-        slot.op > static_cast<uint32_t>(ReduceOp::kGather)) {
+  Status Execute(const RequestDesc& r) {
+    if (r.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(r.dtype) ||
+        r.op > static_cast<uint32_t>(ReduceOp::kGather)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
-    const DType dtype = static_cast<DType>(slot.dtype);
+    const DType dtype = static_cast<DType>(r.dtype);
     const size_t elem = DTypeSize(dtype);
     ShmSegment* buffer = nullptr;
-    FHVD_RETURN_IF_ERROR(MapBuffer(slot.buffer_id, &buffer));
-    if (slot.buffer_offset + slot.count * elem > buffer->size()) {
+    FHVD_RETURN_IF_ERROR(MapBuffer(r.buffer_id, &buffer));
+    if (r.buffer_offset + r.count * elem > buffer->size()) {
       return Status::Error(Code::kInvalidArgument, "request exceeds its data buffer");
     }
-    const uint64_t begin = slot.lane_begin[lane_];
-    const uint64_t end = slot.lane_begin[lane_ + 1];
-    if (begin > end || end > slot.count) return Status::Error(Code::kInvalidArgument, "bad lane boundaries");
+    const uint64_t begin = r.lane_begin[lane_];
+    const uint64_t end = r.lane_begin[lane_ + 1];
+    if (begin > end || end > r.count) return Status::Error(Code::kInvalidArgument, "bad lane boundaries");
 
     CollectiveDesc desc;
     desc.seq = collective_seq_++;
     desc.epoch = epoch_;
-    desc.postscale = slot.postscale;
-    desc.name_hash = slot.name_hash;
-    desc.shape_hash = slot.shape_hash;
-    desc.total_bytes = slot.count * elem;
+    desc.postscale = r.postscale;
+    desc.name_hash = r.name_hash;
+    desc.shape_hash = r.shape_hash;
+    desc.total_bytes = r.count * elem;
     desc.shard_bytes = (end - begin) * elem;
-    desc.dtype = slot.dtype;
-    desc.op = slot.op;
-    std::strncpy(desc.name, slot.name, kWireNameBytes - 1);
+    desc.dtype = r.dtype;
+    desc.op = r.op;
+    std::strncpy(desc.name, r.name, kWireNameBytes - 1);
 
     ShardWork work;
-    work.data = static_cast<char*>(buffer->data()) + slot.buffer_offset + begin * elem;
+    work.data = static_cast<char*>(buffer->data()) + r.buffer_offset + begin * elem;
     work.count = end - begin;
     work.dtype = dtype;
-    work.prescale = slot.prescale;
-    work.postscale = slot.postscale;
+    work.prescale = r.prescale;
+    work.postscale = r.postscale;
 
     RingStats stats;
-    options_.trace_request = slot.seq;
+    options_.trace_request = r.seq;
     options_.trace_flags = 0;
     Status st = RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
@@ -307,6 +309,7 @@ class Proxy {
 
   void Fail(const Status& st) {
     if (info_.state.load() != static_cast<uint32_t>(LaneState::kFailed)) {
+      info_.error_code = static_cast<uint32_t>(st.code());
       CopyString(info_.error, st.message());
       info_.state.store(static_cast<uint32_t>(LaneState::kFailed));
     }

@@ -17,10 +17,11 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-void RaiseAbort(ChannelHeader* header, const std::string& reason) {
+void RaiseAbort(ChannelHeader* header, const Status& why) {
   uint32_t expected = 0;
   if (header->abort.load() == 0) {
-    CopyString(header->abort_reason, reason);
+    header->abort_code = static_cast<uint32_t>(why.ok() ? Code::kAborted : why.code());
+    CopyString(header->abort_reason, why.message());
     header->abort.compare_exchange_strong(expected, 1, std::memory_order_release);
   }
 }

@@ -9,7 +9,7 @@
 // The worker fills a free slot and then bumps `head` (release) and wakes the proxies. Every proxy
 // takes every request in order and runs its own lane's shard; when done it bumps the slot's
 // `lanes_done` (the worker waits on it as a futex). A lane that fails sets `failed`, writes the
-// message (first failure wins) and still bumps `lanes_done`, so the worker never waits for a
+// error code and message (first failure wins) and still bumps `lanes_done`, so the worker never waits for a
 // lane that has given up. Tensor bytes never travel through this segment: a request names a data
 // buffer (another shared-memory segment, "<prefix>.<buffer id>") and an offset into it.
 #pragma once
@@ -25,7 +25,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 3;
+constexpr uint32_t kChannelVersion = 4;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kNumSlots = 256;
 constexpr size_t kErrorBytes = 2048;
@@ -44,6 +44,7 @@ struct LaneInfo {
   int32_t listen_port;
   int32_t next_port;                  // written by the worker before `go`
   char next_host[kHostBytes];         // written by the worker before `go`
+  uint32_t error_code;                // a Code: what kind of failure (state == kFailed)
   char error[kErrorBytes];            // why the lane failed (state == kFailed)
   std::atomic<int64_t> progress_ns;   // last time this lane moved a byte or finished a request
   std::atomic<uint64_t> bytes_sent;
@@ -54,22 +55,32 @@ struct LaneInfo {
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
 };
 
+// One request as the worker describes it: the shared-memory slot holds exactly this, and the
+// binding exposes it to Python as fasthorovod._C.Request (no argument lists to keep in step).
+struct RequestDesc {
+  uint32_t kind = static_cast<uint32_t>(RequestKind::kAllreduce);
+  uint32_t dtype = 0;
+  uint32_t op = 0;
+  uint32_t buffer_id = 0;
+  uint64_t seq = 0;            // set by ProxyChannel::Post
+  uint64_t name_hash = 0;
+  uint64_t shape_hash = 0;
+  uint64_t count = 0;          // elements of the whole tensor
+  uint64_t buffer_offset = 0;  // bytes into the data buffer
+  double prescale = 1.0;
+  double postscale = 1.0;      // including 1/size for Average
+  uint32_t num_lanes = 0;      // entries used in lane_begin: num_lanes + 1
+  uint32_t reserved = 0;
+  uint64_t lane_begin[kMaxLanes + 1] = {};  // element boundaries of the lanes' shards
+  char name[kNameBytes] = {};
+};
+
 struct RequestSlot {
   std::atomic<uint32_t> lanes_done;  // futex word
   std::atomic<uint32_t> failed;
-  uint32_t kind;
-  uint32_t dtype;
-  uint32_t op;
-  uint32_t buffer_id;
-  uint64_t seq;
-  uint64_t name_hash;
-  uint64_t shape_hash;
-  uint64_t count;          // elements of the whole tensor
-  uint64_t buffer_offset;  // bytes into the data buffer
-  double prescale;
-  double postscale;
-  uint64_t lane_begin[kMaxLanes + 1];  // element boundaries of the lanes' shards
-  char name[kNameBytes];
+  uint32_t error_code;               // a Code, written with `error` by the first lane that failed
+  uint32_t reserved;
+  RequestDesc desc;
   char error[kErrorBytes];
 };
 
@@ -93,6 +104,7 @@ struct ChannelHeader {
   std::atomic<uint32_t> head;
   std::atomic<uint32_t> stop;
   std::atomic<uint32_t> abort;
+  uint32_t abort_code;             // a Code, written with abort_reason
   char abort_reason[kErrorBytes];  // written before `abort` is set; the root cause for every lane
   // Tracing (docs/trace.md): the worker writes trace_dir ("" = off) and the clock offset, then
   // bumps trace_generation; each lane applies it before its next request and acks it.
@@ -111,8 +123,9 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "shared counters must b
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int timeout_ms);
 void FutexWakeAll(std::atomic<uint32_t>* word);
 
-// Records why the job's collectives must stop, then raises the abort flag every lane polls.
-void RaiseAbort(ChannelHeader* header, const std::string& reason);
+// Records why the job's collectives must stop (the first failure's kind and message), then raises
+// the abort flag every lane polls.
+void RaiseAbort(ChannelHeader* header, const Status& why);
 
 // Copies a string into a fixed char array, always NUL-terminated.
 template <size_t N>

@@ -34,22 +34,32 @@ from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
-DTYPE_CODES = {
-    torch.uint8: 0,
-    torch.int8: 1,
-    torch.int16: 2,
-    torch.int32: 3,
-    torch.int64: 4,
-    torch.float16: 5,
-    torch.bfloat16: 6,
-    torch.float32: 7,
-    torch.float64: 8,
-}
+# torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
+DTYPE_CODES = {getattr(torch, name): code for name, code in _C.DTYPES.items()}
 OP_SUM, OP_AVERAGE, OP_GATHER = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER
 
 
 def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str,
+                   buffer_prefix: str) -> "_C.ChannelConfig":
+    """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place)."""
+    c = _C.ChannelConfig()
+    c.num_lanes, c.rank, c.size = cfg.num_proxies, rank, size
+    c.sockets_per_lane, c.socket_buffer_bytes = cfg.sockets_per_proxy, cfg.socket_buffer_bytes
+    c.segment_bytes, c.timeout_seconds, c.config_hash = cfg.segment_bytes, cfg.timeout_seconds, cfg.wire_hash()
+    c.token, c.bind_host, c.buffer_prefix = token, bind_host, buffer_prefix
+    return c
+
+
+def request(**fields) -> "_C.Request":
+    """A ``_C.Request`` with `fields` set (the rest keep the core's defaults)."""
+    r = _C.Request()
+    for name, value in fields.items():
+        setattr(r, name, value)
+    return r
 
 
 def bind_address(config: Config) -> str:
@@ -183,11 +193,8 @@ class ProxyGroup:
         prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
         self.pool = BufferPool(prefix + ".buf")
-        self.channel = _C.ProxyChannel(
-            name=prefix + ".ctl", num_lanes=cfg.num_proxies, rank=self.rank, size=self.size,
-            sockets_per_lane=cfg.sockets_per_proxy, socket_buffer_bytes=cfg.socket_buffer_bytes,
-            segment_bytes=cfg.segment_bytes, timeout_seconds=cfg.timeout_seconds,
-            config_hash=cfg.wire_hash(), token=token, bind_host=host, buffer_prefix=prefix + ".buf")
+        self.channel = _C.ProxyChannel(prefix + ".ctl", channel_config(cfg, self.rank, self.size, token, host,
+                                                                       prefix + ".buf"))
         atexit.register(self.close)
         for lane in range(cfg.num_proxies):
             proc = subprocess.Popen(proxy_command(self.channel.name, lane), env=proxy_environment(),
@@ -261,11 +268,11 @@ class ProxyGroup:
                 offset += t.numel() * itemsize
         shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
         try:
-            seq = self.channel.post(
+            seq = self.channel.post(request(
                 buffer_id=buffer.id, buffer_offset=offsets[0], count=count,
                 dtype=DTYPE_CODES[dtype], op=OP_AVERAGE if average else OP_SUM, prescale=prescale,
                 postscale=postscale / self.size if average else postscale, name_hash=_hash64(name),
-                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count))
+                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count)))
         except BaseException:
             if staged:
                 self.pool.release(buffer)
@@ -290,10 +297,10 @@ class ProxyGroup:
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 m = end - begin
                 buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m).copy_(tensor[begin:end])
-            seq = self.channel.post(
+            seq = self.channel.post(request(
                 buffer_id=buffer.id, buffer_offset=0, count=n * width, dtype=DTYPE_CODES[tensor.dtype],
-                op=OP_GATHER, prescale=1.0, postscale=1.0, name_hash=_hash64(name), shape_hash=_hash64(str(width)),
-                name=name, lane_begin=[n * b for b in bounds])
+                op=OP_GATHER, name_hash=_hash64(name), shape_hash=_hash64(str(width)), name=name,
+                lane_begin=[n * b for b in bounds]))
         except BaseException:
             self.pool.release(buffer)
             raise
@@ -337,9 +344,7 @@ class ProxyGroup:
     def _control(self, kind: int) -> None:
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
-        seq = self.channel.post(buffer_id=0, buffer_offset=0, count=0, dtype=0, op=OP_SUM, prescale=1.0,
-                                postscale=1.0, name_hash=0, shape_hash=0, name="", kind=kind,
-                                lane_begin=[0] * (self.config.num_proxies + 1))
+        seq = self.channel.post(request(kind=kind, lane_begin=[0] * (self.config.num_proxies + 1)))
         self.channel.wait(seq, self.config.timeout_seconds)
 
     def start_trace(self, directory: str, clock_offset_ns: int) -> None:

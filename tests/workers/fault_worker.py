@@ -2,7 +2,7 @@
 
 Each trial keeps every rank issuing large allreduces while a victim rank injects one fault (SIGKILL
 or SIGSTOP of one of its proxies) at a random moment. Every rank must then raise FastHorovodError
-within the timeout; the ranks report (after the fact, over Horovod) what they raised and when, and
+within the timeout, with the exact class of its kind (expected_class); the ranks report (after the fact, over Horovod) what they raised and when, and
 rank 0 checks it. Between trials the job restarts the data plane with hvd.restart_proxies() (Horovod keeps running).
 """
 import argparse
@@ -89,6 +89,14 @@ def worker_killed(out_path: str) -> None:
                    "proxies_gone_after": None if gone_at is None else gone_at - killed_at}, f)
 
 
+def expected_class(kind: str, rank: int) -> str:
+    """The exact exception each rank must raise: a stopped proxy moves nothing, so every rank times
+    out; a killed proxy is its own worker's ProxyDiedError and a peer's failure everywhere else."""
+    if kind == "stop":
+        return "FastHorovodTimeoutError"
+    return "ProxyDiedError" if rank == VICTIM else "FastHorovodError"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=["kill", "stop", "worker"])
@@ -109,7 +117,7 @@ def main():
         injected = next(r["injected_at"] for r in result["reports"] if r["injected_at"] is not None)
         for r in result["reports"]:
             assert r["error"] is not None, f"trial {t}: rank {r['rank']} did not raise: {result}"
-            assert r["type"] in ("FastHorovodError", "FastHorovodTimeoutError"), r
+            assert r["type"] == expected_class(args.kind, r["rank"]), (expected_class(args.kind, r["rank"]), r)
             took = r["raised_at"] - injected
             assert took <= timeout + 5, f"trial {t}: rank {r['rank']} raised after {took:.1f} s: {r}"
             detections.append(took)

@@ -134,7 +134,7 @@ def scenario_mismatch(args):
             hvd.synchronize(h)
     except hvd.FastHorovodError as e:
         print(f"rank {rank}: raised {type(e).__name__}: {e}", flush=True)
-        assert isinstance(e, hvd.CollectiveMismatchError), type(e)
+        assert type(e) is hvd.CollectiveMismatchError, type(e)  # exactly the class of its kind
         assert "rank 0" in str(e) and "rank 1" in str(e) and "mismatch." in str(e), str(e)
         return
     raise AssertionError(f"a {args.variant} mismatch must raise")
