@@ -85,12 +85,21 @@ class Backend:
     count: int = None      # fasthorovod: proxies per worker; mpi4py: btl_tcp_links
     algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
     trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
+    source: str = None     # fasthorovod: another checkout to run (spec suffix '@DIR', built in place)
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
-    """Parse 'kind[:count][:algorithm][+trace]' (algorithm only for fasthorovod, only if
-    with_algorithm; +trace only for fasthorovod)."""
+    """Parse 'kind[:count][:algorithm][+trace][@DIR]' (algorithm only for fasthorovod, only if
+    with_algorithm; +trace and @DIR only for fasthorovod). @DIR runs the fasthorovod of another
+    checkout (its extension built in place: ``setup.py build_ext --inplace``), so that two versions
+    can be measured in one invocation, interleaved by --rounds."""
     body = spec.strip()
+    source = None
+    if "@" in body:
+        body, source = body.split("@", 1)
+        source = os.path.abspath(source)
+        if not os.path.isfile(os.path.join(source, "fasthorovod", "__init__.py")):
+            raise ValueError(f"backend {spec!r}: {source} is not a fasthorovod checkout")
     trace = body.endswith("+trace")
     if trace:
         body = body[:-len("+trace")]
@@ -109,7 +118,9 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     algorithm = parts[2] if len(parts) > 2 else None
     if trace and kind != "fasthorovod":
         raise ValueError(f"backend {spec!r}: only fasthorovod backends can be traced (+trace)")
-    return Backend(spec.strip(), kind, count, algorithm, trace)
+    if source and kind != "fasthorovod":
+        raise ValueError(f"backend {spec!r}: only fasthorovod backends take a checkout (@DIR)")
+    return Backend(spec.strip(), kind, count, algorithm, trace, source)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):
@@ -142,9 +153,13 @@ def unavailable_reason(backend, launcher_prefix=None):
     if launcher and not find_executable(launcher):
         return f"launcher {launcher!r} not found"
     # -P: like the workers (started as scripts), do not import from the current directory.
+    code = _PROBES[backend.kind]
+    if backend.source:
+        code += (f"; import fasthorovod; assert fasthorovod.__file__.startswith({backend.source!r}), "
+                 f"'imports ' + fasthorovod.__file__ + ', not the checkout {backend.source}'")
     try:
-        probe = subprocess.run([sys.executable, "-P", "-c", _PROBES[backend.kind]],
-                               capture_output=True, text=True, timeout=300)
+        probe = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, **backend_env(backend)))
     except subprocess.TimeoutExpired:
         return "import check did not finish in 300 s"
     if probe.returncode != 0:
@@ -174,6 +189,8 @@ def backend_env(backend, proxy_threshold=None, trace_root="traces"):
     if backend.trace:
         env["FASTHOROVOD_TRACE_DIR"] = trace_dir(backend, trace_root)
     if backend.kind == "fasthorovod":
+        if backend.source:  # workers and their proxies import the other checkout's package first
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (backend.source, os.environ.get("PYTHONPATH")) if p)
         if backend.count is not None:
             env["FASTHOROVOD_NUM_PROXIES"] = str(backend.count)
         if proxy_threshold is not None:

@@ -5,6 +5,7 @@ FastHorovod itself is not needed here: the benchmarks exercise its backends, the
 """
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,12 @@ def test_backend_specs():
     assert common.backend_env(traced, trace_root="/r") == {
         "FASTHOROVOD_TRACE_DIR": "/r/fasthorovod_4_odsgd_trace", "FASTHOROVOD_NUM_PROXIES": "4"}
     assert "FASTHOROVOD_TRACE_DIR" not in common.backend_env(common.parse_backend("fasthorovod:4"))
-    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace"):
+    repo = str(BENCHMARKS.parent)
+    other = common.parse_backend(f"fasthorovod:4@{repo}")
+    assert (other.count, other.source) == (4, repo)
+    assert common.backend_env(other)["PYTHONPATH"].split(os.pathsep)[0] == repo
+    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace",
+                "horovod@" + repo, "fasthorovod:4@/nonexistent"):
         with pytest.raises(ValueError):
             common.parse_backend(bad)
 
