@@ -52,6 +52,23 @@ def _float(env: Mapping[str, str], name: str, default: float, low: float) -> flo
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str, horovod_name: str, default: float) -> float:
+    """A duration >= 0 (0: off) from FASTHOROVOD_<name>, else Horovod's own variable, else default."""
+    variable = PREFIX + name
+    raw = env.get(variable)
+    if raw is None or raw.strip() == "":
+        variable, raw = horovod_name, env.get(horovod_name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r} is not a number") from None
+    if not value >= 0:
+        raise ConfigError(f"{variable}={value} must be >= 0 (0 turns it off)")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     num_proxies: int = 4
@@ -75,6 +92,12 @@ class Config:
     """FASTHOROVOD_SOCKET_BUFFER_BYTES: SO_SNDBUF/SO_RCVBUF; 0 keeps Linux's autotuning."""
     timeout_seconds: float = 120.0
     """FASTHOROVOD_TIMEOUT_SECONDS: bound on every wait (start-up, and no progress in a collective)."""
+    stall_check_seconds: float = 60.0
+    """FASTHOROVOD_STALL_CHECK_SECONDS: report a tensor some ranks submitted and others not after this
+    long (else HOROVOD_STALL_CHECK_TIME_SECONDS; HOROVOD_STALL_CHECK_DISABLE=1 or 0 turns it off)."""
+    stall_shutdown_seconds: float = 0.0
+    """FASTHOROVOD_STALL_SHUTDOWN_SECONDS: fail such a tensor on every rank after this long (else
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0, the default, waits for ever as Horovod does)."""
     iface: Optional[str] = None
     """FASTHOROVOD_IFACE: network interface the proxies bind to (else HOROVOD_GLOO_IFACE, else hostname)."""
 
@@ -92,6 +115,12 @@ class Config:
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
             socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),
             timeout_seconds=_float(env, "TIMEOUT_SECONDS", cls.timeout_seconds, 0.0),
+            stall_check_seconds=(0.0 if (env.get("HOROVOD_STALL_CHECK_DISABLE") or "").strip() in ("1", "true")
+                                 and not (env.get(PREFIX + "STALL_CHECK_SECONDS") or "").strip()
+                                 else _seconds(env, "STALL_CHECK_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                                               cls.stall_check_seconds)),
+            stall_shutdown_seconds=_seconds(env, "STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                                            cls.stall_shutdown_seconds),
             iface=iface,
         )
 

@@ -15,6 +15,8 @@
 
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
+#include "negotiation/coordinator.h"
+#include "negotiation/member.h"
 #include "proxy/client.h"
 #include "proxy/proxy.h"
 #include "shm/segment.h"
@@ -33,6 +35,15 @@ py::buffer_info WritableBuffer(py::buffer& b) {
   py::buffer_info info = b.request(true);
   return info;
 }
+
+struct PyCoordinator {
+  std::unique_ptr<Coordinator> impl;
+  int port = 0;
+};
+
+struct PyMember {
+  std::unique_ptr<Member> impl;
+};
 
 // A shared-memory segment created by the worker, exposed as a writable Python buffer.
 class PyShmBuffer {
@@ -178,6 +189,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("op", &RequestDesc::op)
       .def_readwrite("buffer_id", &RequestDesc::buffer_id)
       .def_readonly("seq", &RequestDesc::seq)
+      .def_readwrite("flags", &RequestDesc::flags)
+      .def_readwrite("trace_id", &RequestDesc::trace_id)
       .def_readwrite("name_hash", &RequestDesc::name_hash)
       .def_readwrite("shape_hash", &RequestDesc::shape_hash)
       .def_readwrite("count", &RequestDesc::count)
@@ -256,6 +269,76 @@ PYBIND11_MODULE(_C, m) {
         d["zero_filled"] = s.zero_filled;
         d["busy_ns"] = s.busy_ns;
         return d;
+      });
+
+  py::class_<PyCoordinator>(m, "Coordinator", R"pbdoc(Rank 0's negotiation coordinator (csrc/negotiation/coordinator.h).)pbdoc")
+      .def(py::init([](uint32_t size, const py::bytes& token, const std::string& bind_host, double timeout_seconds,
+                       double stall_check_seconds, double stall_shutdown_seconds) {
+             CoordinatorOptions o;
+             o.size = size;
+             o.token = token;
+             o.bind_host = bind_host;
+             o.timeout_seconds = timeout_seconds;
+             o.stall_check_seconds = stall_check_seconds;
+             o.stall_shutdown_seconds = stall_shutdown_seconds;
+             auto c = std::make_unique<PyCoordinator>();
+             Check(Coordinator::Start(o, &c->impl, &c->port));
+             return c;
+           }),
+           py::arg("size"), py::arg("token"), py::arg("bind_host"), py::arg("timeout_seconds"),
+           py::arg("stall_check_seconds"), py::arg("stall_shutdown_seconds"))
+      .def_readonly("port", &PyCoordinator::port)
+      .def("stop", [](PyCoordinator& c) {
+        py::gil_scoped_release release;
+        c.impl->Stop();
+      })
+      .def_property_readonly("error", [](const PyCoordinator& c) { return c.impl->error(); });
+
+  py::class_<PyMember>(m, "Member", R"pbdoc(This rank's member of the negotiation (csrc/negotiation/member.h).)pbdoc")
+      .def(py::init([](ProxyChannel& channel, uint32_t rank, uint32_t size, const py::bytes& token,
+                       const std::string& coordinator_host, int coordinator_port, double timeout_seconds,
+                       const std::string& buffer_prefix) {
+             MemberOptions o;
+             o.rank = rank;
+             o.size = size;
+             o.token = token;
+             o.coordinator_host = coordinator_host;
+             o.coordinator_port = coordinator_port;
+             o.timeout_seconds = timeout_seconds;
+             o.buffer_prefix = buffer_prefix;
+             auto p = std::make_unique<PyMember>();
+             CallReleased([&] { return Member::Start(&channel, o, &p->impl); });
+             return p;
+           }),
+           py::arg("channel"), py::arg("rank"), py::arg("size"), py::arg("token"), py::arg("coordinator_host"),
+           py::arg("coordinator_port"), py::arg("timeout_seconds"), py::arg("buffer_prefix"),
+           py::keep_alive<1, 2>())
+      .def("submit",
+           [](PyMember& m, const RequestDesc& request, const std::string& shape) {
+             uint64_t ticket = 0;
+             Check(m.impl->Submit(request, shape, &ticket));
+             return ticket;
+           },
+           py::arg("request"), py::arg("shape"),
+           R"pbdoc(Submits a Request under its name; returns a ticket for poll/wait.)pbdoc")
+      .def("join",
+           [](PyMember& m) {
+             uint64_t ticket = 0;
+             Check(m.impl->Join(&ticket));
+             return ticket;
+           })
+      .def("poll", [](PyMember& m, uint64_t ticket) { return m.impl->Poll(ticket); })
+      .def("wait",
+           [](PyMember& m, uint64_t ticket, double timeout) {
+             int64_t last = -1;
+             CallReleased([&] { return m.impl->Wait(ticket, timeout, &last); });
+             return last;
+           },
+           py::arg("ticket"), py::arg("timeout"),
+           R"pbdoc(Waits for the ticket (GIL released); returns the last joined rank for a join ticket, else -1.)pbdoc")
+      .def("close", [](PyMember& m) {
+        py::gil_scoped_release release;
+        m.impl->Close();
       });
 
   m.def("reduce_sum",

@@ -286,8 +286,10 @@ class Proxy {
     work.postscale = r.postscale;
 
     RingStats stats;
-    options_.trace_request = r.seq;
-    options_.trace_flags = 0;
+    const bool zero_fill = (r.flags & kRequestZeroFill) != 0;  // a joined rank's part (negotiation/member.h)
+    options_.trace_request = zero_fill ? kNoRequest : r.trace_id;
+    options_.trace_flags = zero_fill ? kTraceFlagZeroFill : 0;
+    if (zero_fill) info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
     Status st = RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);

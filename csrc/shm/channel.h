@@ -55,6 +55,9 @@ struct LaneInfo {
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
 };
 
+// A joined rank's contribution of zeros to a collective it did not submit (hvd.join).
+constexpr uint32_t kRequestZeroFill = 1;
+
 // One request as the worker describes it: the shared-memory slot holds exactly this, and the
 // binding exposes it to Python as fasthorovod._C.Request (no argument lists to keep in step).
 struct RequestDesc {
@@ -70,7 +73,8 @@ struct RequestDesc {
   double prescale = 1.0;
   double postscale = 1.0;      // including 1/size for Average
   uint32_t num_lanes = 0;      // entries used in lane_begin: num_lanes + 1
-  uint32_t reserved = 0;
+  uint32_t flags = 0;          // kRequestZeroFill
+  uint64_t trace_id = ~0ull;   // the worker's ticket, for traces (kNoRequest: none)
   uint64_t lane_begin[kMaxLanes + 1] = {};  // element boundaries of the lanes' shards
   char name[kNameBytes] = {};
 };

@@ -286,4 +286,32 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
   return Status::Ok();
 }
 
+Status ConnectWithRetry(const std::string& host, int port, Deadline deadline, Socket* out) {
+  sockaddr_in addr;
+  FHVD_RETURN_IF_ERROR(Resolve(host, port, &addr));
+  int backoff_ms = 10;
+  for (;;) {
+    Status st = ConnectOnce(addr, 0, deadline, out);
+    if (st.ok()) return ConfigureDataSocket(out->fd());
+    if (deadline.Expired()) return st.WithContext(Str("cannot connect to ", host, ":", port, ": "));
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+    backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
+  }
+}
+
+Status AcceptOne(const Socket& listener, Deadline deadline, Socket* out) {
+  for (;;) {
+    Socket conn(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (conn.valid()) {
+      *out = std::move(conn);
+      return ConfigureDataSocket(out->fd());
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+      return Status::Error(Code::kIoError, "accept(): " + ErrnoString(errno));
+    }
+    if (deadline.Expired()) return Status::Error(Code::kTimeout, "timed out waiting for a connection");
+    WaitFd(listener.fd(), POLLIN, deadline);
+  }
+}
+
 }  // namespace fasthorovod

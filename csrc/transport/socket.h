@@ -89,4 +89,12 @@ Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::str
 // TCP_NODELAY and O_NONBLOCK for a connected data socket.
 Status ConfigureDataSocket(int fd);
 
+// A plain connection (no handshake) to host:port, retried with backoff until the deadline while
+// the peer is not listening yet; returned non-blocking with TCP_NODELAY. For control connections.
+Status ConnectWithRetry(const std::string& host, int port, Deadline deadline, Socket* out);
+
+// Accepts one connection on a non-blocking listener, waiting at most until the deadline
+// (kTimeout); returned non-blocking with TCP_NODELAY.
+Status AcceptOne(const Socket& listener, Deadline deadline, Socket* out);
+
 }  // namespace fasthorovod

@@ -81,10 +81,10 @@ def bind_address(config: Config) -> str:
 class Request:
     """One posted allreduce (possibly several tensors fused into one staging buffer)."""
 
-    def __init__(self, group: "ProxyGroup", seq: int, buffer: Buffer, staged: bool,
+    def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, staged: bool,
                  tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
         self._group = group
-        self.seq = seq
+        self.ticket = ticket  # the negotiation's ticket (also the proxies' trace request number)
         self._buffer = buffer
         self._staged = staged
         self._tensors = tensors
@@ -93,14 +93,14 @@ class Request:
         self._done = False
 
     def poll(self) -> bool:
-        return self._done or self._group.channel.poll(self.seq)
+        return self._done or self._group.member.poll(self.ticket)
 
     def wait(self) -> None:
         """Blocks (GIL released) until done; copies results out; raises FastHorovodError on failure."""
         if self._done:
             return
         try:
-            self._group.channel.wait(self.seq, self._group.config.timeout_seconds)
+            self._group.member.wait(self.ticket, self._group.config.timeout_seconds)
         except BaseException:
             self._finish()
             raise
@@ -124,9 +124,9 @@ class GatherRequest(Request):
     """A posted allgather (ProxyGroup.allgather): on wait() the (size, n) output holds rank r's
     words in row r."""
 
-    def __init__(self, group: "ProxyGroup", seq: int, buffer: Buffer, output: torch.Tensor,
+    def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, output: torch.Tensor,
                  bounds: Sequence[int]) -> None:
-        super().__init__(group, seq, buffer, True, (), (output,), (0,))
+        super().__init__(group, ticket, buffer, True, (), (output,), (0,))
         self._bounds = bounds
         self.output = output  # (size, n); complete once wait() returned
 
@@ -163,6 +163,8 @@ class ProxyGroup:
         self.rank = rank
         self.size = size
         self.channel: Optional[_C.ProxyChannel] = None
+        self.coordinator: Optional[_C.Coordinator] = None  # rank 0 only
+        self.member: Optional[_C.Member] = None
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
@@ -170,7 +172,7 @@ class ProxyGroup:
         self._broadcast_object: Optional[Callable] = None
         self._posted = 0
         self._tracing = False
-        self._joined_ns = 0  # wall clock at begin_join
+        self._join_ticket: Optional[int] = None
         self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
@@ -202,12 +204,19 @@ class ProxyGroup:
             self.processes.append(proc)
             self.channel.watch_proxy(lane, proc.pid)
         ports = self.channel.wait_listening(cfg.timeout_seconds)
-        peers = allgather_object({"host": host, "ports": ports, "config": cfg.wire_hash()}, name="fasthorovod.peers")
+        if self.rank == 0:  # the negotiation's coordinator (csrc/negotiation/coordinator.h)
+            self.coordinator = _C.Coordinator(self.size, token, host, cfg.timeout_seconds, cfg.stall_check_seconds,
+                                              cfg.stall_shutdown_seconds)
+        me = {"host": host, "ports": ports, "config": cfg.wire_hash(),
+              "coordinator": self.coordinator.port if self.coordinator is not None else None}
+        peers = allgather_object(me, name="fasthorovod.peers")
         nxt = peers[(self.rank + 1) % self.size]
         if nxt["config"] != cfg.wire_hash():
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
         self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), cfg.timeout_seconds)
+        self.member = _C.Member(self.channel, self.rank, self.size, token, peers[0]["host"], peers[0]["coordinator"],
+                                cfg.timeout_seconds, prefix + ".buf")
         self.channel.unlink_name()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -268,16 +277,16 @@ class ProxyGroup:
                 offset += t.numel() * itemsize
         shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
         try:
-            seq = self.channel.post(request(
+            ticket = self.member.submit(request(
                 buffer_id=buffer.id, buffer_offset=offsets[0], count=count,
                 dtype=DTYPE_CODES[dtype], op=OP_AVERAGE if average else OP_SUM, prescale=prescale,
                 postscale=postscale / self.size if average else postscale, name_hash=_hash64(name),
-                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count)))
+                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count)), shapes)
         except BaseException:
             if staged:
                 self.pool.release(buffer)
             raise
-        return Request(self, seq, buffer, staged, tensors, outputs, offsets)
+        return Request(self, ticket, buffer, staged, tensors, outputs, offsets)
 
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
         """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
@@ -297,55 +306,27 @@ class ProxyGroup:
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 m = end - begin
                 buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m).copy_(tensor[begin:end])
-            seq = self.channel.post(request(
+            ticket = self.member.submit(request(
                 buffer_id=buffer.id, buffer_offset=0, count=n * width, dtype=DTYPE_CODES[tensor.dtype],
                 op=OP_GATHER, name_hash=_hash64(name), shape_hash=_hash64(str(width)), name=name,
-                lane_begin=[n * b for b in bounds]))
+                lane_begin=[n * b for b in bounds]), str(width))
         except BaseException:
             self.pool.release(buffer)
             raise
-        return GatherRequest(self, seq, buffer, output, bounds)
+        return GatherRequest(self, ticket, buffer, output, bounds)
 
     def begin_join(self) -> None:
-        """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
-        self._control(_C.REQUEST_JOIN)  # returns once the lanes finished this rank's earlier requests
-        self._joined_ns = time.time_ns()
-
-    def end_join(self, last_joined: int) -> int:
-        """Every rank has joined: the proxies serve this rank's requests again. Returns the rank that
-        joined last, correcting Horovod's answer (`last_joined`) with what the proxies saw.
-
-        Horovod orders the joins by when its coordinator saw them; a rank joined here when its
-        proxies began zero-filling, which can be a little before its JOIN reaches Horovod. A rank
-        whose proxies zero-filled a collective that rank R posted had joined before R, so it cannot
-        be the last; among the ranks that zero-filled nothing, Horovod's answer stands if it is one
-        of them, else the latest to join by the wall clock.
-
-        Ranks that joined early missed lane rebalances; everyone adopts rank 0's weights and
-        request count so shard boundaries and rebalance points agree again."""
-        self._control(_C.REQUEST_EXIT_JOIN)  # returns after the lanes' last zero-filled collective
-        # Each lane reset its count when it took the join request, so it holds this join's fills
-        # (a snapshot taken here at begin_join could already include some).
-        mine = (self._joined_ns, self._zero_filled(), self.lane_weights, self._posted)
-        everyone = self._allgather_object(mine, name="fasthorovod.join")
-        self.lane_weights, self._posted = everyone[0][2], everyone[0][3]
-        candidates = [r for r, entry in enumerate(everyone) if entry[1] == 0]
-        if last_joined in candidates or not candidates:
-            return last_joined
-        return max(candidates, key=lambda r: everyone[r][0])
-
-    def abandon_join(self) -> None:
-        """Horovod's join failed: take the proxies out of the joined state, nothing collective."""
-        self._control(_C.REQUEST_EXIT_JOIN)
-
-    def _zero_filled(self) -> int:
-        return max((self.channel.lane(j)["zero_filled"] for j in range(self.config.num_proxies)), default=0)
-
-    def _control(self, kind: int) -> None:
-        if self._closed or self.channel is None:
+        """This rank has joined: until every rank has, its proxies take part in the collectives the
+        others submit, with zeros (the member posts them in the negotiated order)."""
+        if self._closed or self.member is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
-        seq = self.channel.post(request(kind=kind, lane_begin=[0] * (self.config.num_proxies + 1)))
-        self.channel.wait(seq, self.config.timeout_seconds)
+        self._join_ticket = self.member.join()
+
+    def end_join(self) -> int:
+        """Waits until every rank has joined; returns the last rank to join, in the order the
+        coordinator received the joins (the same answer on every rank)."""
+        ticket, self._join_ticket = self._join_ticket, None
+        return self.member.wait(ticket, self.config.timeout_seconds)
 
     def start_trace(self, directory: str, clock_offset_ns: int) -> None:
         """Every lane records its frames into DIR/rank<R>.lane<J>.bin from its next request on."""
@@ -376,6 +357,8 @@ class ProxyGroup:
             self.channel.unlink_name()
         if self.pool is not None:
             self.pool.close()
+        if self.member is not None:
+            self.member.close()  # says goodbye to the coordinator; pending tickets fail
         if self.channel is not None:
             self.channel.stop()
         for proc in self.processes:
@@ -384,4 +367,6 @@ class ProxyGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        if self.coordinator is not None:
+            self.coordinator.stop()
         atexit.unregister(self.close)

@@ -170,7 +170,7 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
     tracer = _trace.tracer
     if tracer is not None:
         tracer.event("request", name, bytes=sum(t.numel() * t.element_size() for t in tensors),
-                     requests=[req.seq for req, _, _ in requests], proxied=True)
+                     requests=[req.ticket for req, _, _ in requests], proxied=True)
     return handle
 
 
@@ -342,16 +342,13 @@ def join(device=-1) -> int:
     """Horovod's ``join``: blocks until every rank has joined; returns the rank that joined last.
 
     Until then this rank contributes zeros to the other ranks' allreduces, on Horovod's path (by
-    Horovod) and on the proxies' path (by this rank's proxies, which follow the collectives the
-    other ranks start). Allreduces this rank posted before joining still complete normally.
+    Horovod) and on the proxies' path (by this rank's proxies, in the negotiated order). Allreduces
+    this rank posted before joining still complete normally. The last rank is the negotiation's:
+    the order in which rank 0's coordinator received the joins.
     """
     group = _group
     if group is None:
         return _hvd.join(device)
     group.begin_join()
-    try:
-        last = _hvd.join(device)
-    except BaseException:
-        group.abandon_join()
-        raise
-    return group.end_join(last)
+    _hvd.join(device)  # the Horovod path's join; the proxies' path joins through the negotiation
+    return group.end_join()

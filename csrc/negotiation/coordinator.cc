@@ -1,0 +1,368 @@
+#include "negotiation/coordinator.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "common/clock.h"
+
+namespace fasthorovod {
+namespace {
+
+std::string RankList(const std::vector<uint32_t>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += Str(i ? ", " : "", ranks[i]);
+  return out + "]";
+}
+
+// The first field in which the submitters' descriptions differ, with each rank's value.
+std::string Disagreement(const std::vector<uint32_t>& ranks, const std::vector<WireDesc>& desc) {
+  struct Field {
+    const char* what;
+    std::string (*show)(const WireDesc&);
+  };
+  static const Field kFields[] = {
+      {"shape", [](const WireDesc& d) { return Str("[", d.shape, "]"); }},
+      {"shape hash", [](const WireDesc& d) { return Str(d.shape_hash); }},
+      {"number of elements", [](const WireDesc& d) { return Str(d.count); }},
+      {"dtype", [](const WireDesc& d) { return Str("dtype code ", d.dtype); }},
+      {"op", [](const WireDesc& d) { return Str("op code ", d.op); }},
+      {"prescale factor", [](const WireDesc& d) { return Str(d.prescale); }},
+      {"postscale factor", [](const WireDesc& d) { return Str(d.postscale); }},
+  };
+  for (const Field& f : kFields) {
+    std::string first = f.show(desc[ranks[0]]);
+    bool differs = false;
+    for (uint32_t r : ranks) differs |= f.show(desc[r]) != first;
+    if (!differs) continue;
+    std::string values;
+    for (uint32_t r : ranks) values += Str(values.empty() ? "" : ", ", "rank ", r, ": ", f.show(desc[r]));
+    return Str(f.what, " (", values, ")");
+  }
+  return "its description";
+}
+
+}  // namespace
+
+Status Coordinator::Start(const CoordinatorOptions& options, std::unique_ptr<Coordinator>* out, int* port) {
+  if (options.size == 0) return Status::Error(Code::kInvalidArgument, "coordinator needs size >= 1");
+  if (options.token.size() != kTokenBytes) return Status::Error(Code::kInvalidArgument, "job token must be 16 bytes");
+  std::unique_ptr<Coordinator> c(new Coordinator(options));
+  FHVD_RETURN_IF_ERROR(Listen(options.bind_host, 0, &c->listener_, port));
+  c->members_.resize(options.size);
+  c->joined_.assign(options.size, false);
+  c->gone_.assign(options.size, false);
+  c->thread_ = std::thread([p = c.get()] { p->Run(); });
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Coordinator::~Coordinator() { Stop(); }
+
+void Coordinator::Stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  for (auto& m : members_) m.Close();
+  listener_.Close();
+}
+
+std::string Coordinator::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Coordinator::Run() {
+  Status st = Serve();
+  if (!st.ok() && !stop_.load()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = st.message();
+    }
+    WireWriter w;
+    w.U32(static_cast<uint32_t>(st.code()));
+    w.Text(Str("the coordinator (rank 0) stopped: ", st.message()));
+    Broadcast(MsgType::kFailed, w.body());
+  }
+}
+
+Status Coordinator::AcceptMembers() {
+  Deadline deadline = Deadline::After(opt_.timeout_seconds);
+  uint32_t connected = 0;
+  while (connected < opt_.size) {
+    if (stop_.load()) return Status::Ok();
+    Socket conn;
+    Status st = AcceptOne(listener_, Deadline::After(0.2), &conn);
+    if (!st.ok()) {
+      if (st.code() != Code::kTimeout) return st;
+      if (deadline.Expired()) {
+        return Status::Error(Code::kTimeout, Str("only ", connected, " of ", opt_.size,
+                                                 " ranks connected to the coordinator within ",
+                                                 opt_.timeout_seconds, " s"));
+      }
+      continue;
+    }
+    MsgType type;
+    std::string payload;
+    // A stranger gets two seconds to say who it is, and is dropped if it is not a member.
+    if (!RecvFrame(conn.fd(), Deadline::After(2.0), "a connecting rank", &type, &payload).ok() ||
+        type != MsgType::kHello) {
+      continue;
+    }
+    WireReader in(payload);
+    std::string token = in.Text();
+    uint32_t rank = in.U32(), size = in.U32();
+    if (!in.ok() || token != opt_.token || size != opt_.size || rank >= opt_.size || members_[rank].valid()) {
+      std::fprintf(stderr, "[fasthorovod] coordinator: rejected a connection (rank %u of %u, %s token)\n", rank,
+                   size, token == opt_.token ? "matching" : "another job's");
+      continue;
+    }
+    members_[rank] = std::move(conn);
+    ++connected;
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::Serve() {
+  FHVD_RETURN_IF_ERROR(AcceptMembers());
+  listener_.Close();
+  std::vector<pollfd> fds(opt_.size);
+  while (!stop_.load()) {
+    uint32_t live = 0;
+    for (uint32_t r = 0; r < opt_.size; ++r) {
+      fds[r] = {members_[r].valid() ? members_[r].fd() : -1, POLLIN, 0};
+      live += members_[r].valid();
+    }
+    if (live == 0) return Status::Ok();  // everyone said goodbye
+    int rc = poll(fds.data(), fds.size(), 200);
+    if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
+    for (uint32_t r = 0; r < opt_.size && rc > 0; ++r) {
+      if (fds[r].fd < 0 || fds[r].revents == 0) continue;
+      MsgType type;
+      std::string payload;
+      Status st = RecvFrame(members_[r].fd(), Deadline::After(opt_.timeout_seconds), Str("rank ", r), &type, &payload);
+      if (!st.ok()) {
+        return Status::Error(Code::kPeerError, Str("rank ", r, " disconnected from the coordinator without "
+                                                   "shutting down (its worker died or failed): ", st.message()));
+      }
+      FHVD_RETURN_IF_ERROR(Handle(r, type, payload));
+    }
+    Settle();
+    CheckStalls();
+    FHVD_RETURN_IF_ERROR(Flush());
+  }
+  return Status::Ok();
+}
+
+Status Coordinator::Handle(uint32_t rank, MsgType type, const std::string& payload) {
+  WireReader in(payload);
+  switch (type) {
+    case MsgType::kAnnounce:
+      return Announce(rank, in);
+    case MsgType::kJoin:
+      Join(rank);
+      return Status::Ok();
+    case MsgType::kBye:
+      Leave(rank);
+      return Status::Ok();
+    default:
+      return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " sent message type ",
+                                               static_cast<uint32_t>(type)));
+  }
+}
+
+Status Coordinator::Announce(uint32_t rank, WireReader& in) {
+  const uint32_t n = in.U32();
+  for (uint32_t i = 0; i < n && in.ok(); ++i) {
+    WireDesc desc;
+    if (in.U8() != 0) {
+      const uint32_t id = in.U32();
+      if (id >= by_id_.size()) return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " used unknown id ", id));
+      desc = by_id_[id];
+    } else {
+      desc = in.Desc();
+    }
+    std::vector<uint64_t> bounds = in.U64s();
+    if (in.ok()) Submit(rank, std::move(desc), std::move(bounds));
+  }
+  if (!in.ok()) return Status::Error(Code::kIoError, Str("protocol error: malformed announcement from rank ", rank));
+  return Status::Ok();
+}
+
+void Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds) {
+  auto it = pending_.find(desc.name);
+  if (it == pending_.end()) {
+    Pending p;
+    p.name = desc.name;
+    p.submitted.assign(opt_.size, false);
+    p.desc.resize(opt_.size);
+    p.bounds.resize(opt_.size);
+    p.first_ns = NowNs();
+    p.arrival = arrivals_++;
+    it = pending_.emplace(desc.name, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  if (p.submitted[rank]) {  // the facade refuses a second in-flight tensor of one name, so: a bug
+    Error(p.name, Code::kInvalidArgument, Str("rank ", rank, " submitted tensor '", p.name, "' twice"));
+    return;
+  }
+  p.submitted[rank] = true;
+  p.desc[rank] = std::move(desc);
+  p.bounds[rank] = std::move(bounds);
+  ++p.count;
+}
+
+void Coordinator::Join(uint32_t rank) {
+  if (joined_[rank]) return;
+  joined_[rank] = true;
+  ++joined_count_;
+  Settle();  // collectives that waited only for this rank run now, before the join completes
+  if (joined_count_ == opt_.size) {
+    batch_.U8(static_cast<uint8_t>(ResponseType::kJoinDone));
+    batch_.U32(rank);
+    ++batch_count_;
+    joined_.assign(opt_.size, false);
+    joined_count_ = 0;
+  }
+}
+
+void Coordinator::Leave(uint32_t rank) {
+  gone_[rank] = true;
+  members_[rank].Close();
+}
+
+bool Coordinator::Ready(const Pending& p) const {
+  for (uint32_t r = 0; r < opt_.size; ++r) {
+    if (!p.submitted[r] && !joined_[r]) return false;
+  }
+  return p.count > 0;
+}
+
+void Coordinator::Settle() {
+  std::vector<Pending*> done;
+  for (auto& [name, p] : pending_) {
+    bool doomed = false;
+    for (uint32_t r = 0; r < opt_.size; ++r) doomed |= gone_[r] && !p.submitted[r];
+    if (doomed || Ready(p)) done.push_back(&p);
+  }
+  std::sort(done.begin(), done.end(), [](const Pending* a, const Pending* b) { return a->arrival < b->arrival; });
+  std::vector<std::string> names;
+  for (Pending* p : done) {
+    Finish(*p);
+    names.push_back(p->name);
+  }
+  for (const auto& name : names) pending_.erase(name);
+}
+
+void Coordinator::Finish(Pending& p) {
+  std::vector<uint32_t> submitters, missing;
+  for (uint32_t r = 0; r < opt_.size; ++r) (p.submitted[r] ? submitters : missing).push_back(r);
+  for (uint32_t r : missing) {
+    if (gone_[r]) {
+      Error(p.name, Code::kAborted, Str("tensor '", p.name, "' was submitted by ranks ", RankList(submitters),
+                                        " but rank ", r, " shut down before submitting it"));
+      return;
+    }
+  }
+  const uint32_t lead = submitters[0];
+  bool same = true;
+  for (uint32_t r : submitters) same &= p.desc[r] == p.desc[lead];
+  if (!same) {
+    Error(p.name, Code::kMismatch,
+          Str("collective mismatch for tensor '", p.name, "': the ranks disagree on its ",
+              Disagreement(submitters, p.desc), ". A tensor name must describe the same collective on every rank."));
+    return;
+  }
+  const bool gather = p.desc[lead].op == 2;  // ReduceOp::kGather: the boundaries are part of the layout
+  for (uint32_t r : submitters) {
+    if (gather && p.bounds[r] != p.bounds[lead]) {
+      Error(p.name, Code::kMismatch, Str("collective mismatch for allgather '", p.name,
+                                         "': the ranks disagree on its lane boundaries"));
+      return;
+    }
+  }
+  uint32_t id;
+  bool describe = false;
+  auto known = id_of_.find(p.name);
+  if (known == id_of_.end()) {
+    id = static_cast<uint32_t>(by_id_.size());
+    id_of_[p.name] = id;
+    by_id_.push_back(p.desc[lead]);
+    describe = true;
+  } else {
+    id = known->second;
+    describe = !(by_id_[id] == p.desc[lead]);
+    by_id_[id] = p.desc[lead];
+  }
+  batch_.U8(static_cast<uint8_t>(ResponseType::kRun));
+  batch_.U32(id);
+  batch_.U8(describe ? 1 : 0);
+  if (describe) batch_.Desc(p.desc[lead]);
+  batch_.U64s(p.bounds[lead]);
+  ++batch_count_;
+}
+
+void Coordinator::Error(const std::string& name, Code code, const std::string& message) {
+  batch_.U8(static_cast<uint8_t>(ResponseType::kError));
+  batch_.Text(name);
+  batch_.U32(static_cast<uint32_t>(code));
+  batch_.Text(message);
+  ++batch_count_;
+}
+
+void Coordinator::CheckStalls() {
+  const int64_t now = NowNs();
+  if (now - last_stall_check_ns_ < 200'000'000) return;
+  last_stall_check_ns_ = now;
+  std::vector<std::string> doomed;
+  for (auto& [name, p] : pending_) {
+    const double age = (now - p.first_ns) / 1e9;
+    std::vector<uint32_t> submitters, missing;
+    for (uint32_t r = 0; r < opt_.size; ++r) (p.submitted[r] || joined_[r] ? submitters : missing).push_back(r);
+    if (opt_.stall_shutdown_seconds > 0 && age > opt_.stall_shutdown_seconds) {
+      Error(name, Code::kTimeout,
+            Str("tensor '", name, "' was submitted by ranks ", RankList(submitters), " but not by ranks ",
+                RankList(missing), " within ", opt_.stall_shutdown_seconds,
+                " s (FASTHOROVOD_STALL_SHUTDOWN_SECONDS); one or more ranks may have stopped or taken "
+                "another code path"));
+      doomed.push_back(name);
+    } else if (opt_.stall_check_seconds > 0 && age > opt_.stall_check_seconds && !p.warned) {
+      p.warned = true;
+      std::fprintf(stderr,
+                   "[fasthorovod] stall: tensor '%s' was submitted by ranks %s %.0f s ago and is still "
+                   "waiting for ranks %s. One or more ranks may have stopped, or submitted different "
+                   "tensors (FASTHOROVOD_STALL_CHECK_SECONDS)\n",
+                   name.c_str(), RankList(submitters).c_str(), age, RankList(missing).c_str());
+    }
+  }
+  for (const auto& name : doomed) pending_.erase(name);
+}
+
+Status Coordinator::Flush() {
+  if (batch_count_ == 0) return Status::Ok();
+  WireWriter w;
+  w.U32(batch_count_);
+  w.Bytes(batch_.body());
+  batch_.Clear();
+  batch_count_ = 0;
+  const std::string frame = w.Frame(MsgType::kResponses);
+  for (uint32_t r = 0; r < opt_.size; ++r) {
+    if (!members_[r].valid()) continue;
+    Status st = SendFrame(members_[r].fd(), frame, Deadline::After(opt_.timeout_seconds), Str("rank ", r));
+    if (!st.ok() && !gone_[r]) {
+      return Status::Error(Code::kPeerError, Str("cannot reach rank ", r, " from the coordinator: ", st.message()));
+    }
+  }
+  return Status::Ok();
+}
+
+void Coordinator::Broadcast(MsgType type, const std::string& payload) {
+  WireWriter w;
+  w.Bytes(payload);
+  const std::string frame = w.Frame(type);
+  for (uint32_t r = 0; r < opt_.size; ++r) {
+    if (members_[r].valid()) SendFrame(members_[r].fd(), frame, Deadline::After(2.0), Str("rank ", r));
+  }
+}
+
+}  // namespace fasthorovod

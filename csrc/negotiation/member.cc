@@ -1,0 +1,381 @@
+#include "negotiation/member.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/reduce.h"
+#include "common/clock.h"
+
+namespace fasthorovod {
+namespace {
+
+constexpr uint32_t kZeroBufferIds = 0x80000000u;  // the worker's Python buffer pool counts up from 0
+constexpr uint32_t kOpGather = 2;                 // ReduceOp::kGather
+
+}  // namespace
+
+Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::unique_ptr<Member>* out) {
+  if (options.token.size() != kTokenBytes) return Status::Error(Code::kInvalidArgument, "job token must be 16 bytes");
+  std::unique_ptr<Member> m(new Member(channel, options));
+  m->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (m->wake_fd_ < 0) return Status::Error(Code::kIoError, "eventfd(): " + ErrnoString(errno));
+  const std::string who = Str("the coordinator (rank 0 at ", options.coordinator_host, ":", options.coordinator_port, ")");
+  Deadline deadline = Deadline::After(options.timeout_seconds);
+  FHVD_RETURN_IF_ERROR(ConnectWithRetry(options.coordinator_host, options.coordinator_port, deadline, &m->sock_));
+  WireWriter hello;
+  hello.Text(options.token);
+  hello.U32(options.rank);
+  hello.U32(options.size);
+  FHVD_RETURN_IF_ERROR(SendFrame(m->sock_.fd(), hello.Frame(MsgType::kHello), deadline, who));
+  m->thread_ = std::thread([p = m.get()] { p->Run(); });
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+Member::~Member() {
+  Close();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void Member::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  Wake();
+  if (thread_.joinable()) thread_.join();
+  if (sock_.valid()) {
+    WireWriter bye;
+    SendFrame(sock_.fd(), bye.Frame(MsgType::kBye), Deadline::After(1.0), "the coordinator");
+    sock_.Close();
+  }
+  FailAll(Status::Error(Code::kAborted, Str("rank ", opt_.rank, " shut down its data plane")));
+  for (auto& z : zeros_) z->segment.Unlink();
+}
+
+void Member::Wake() {
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
+}
+
+Status Member::Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (stopping_) return Status::Error(Code::kAborted, "the data plane is shut down");
+  const std::string name(request.name, strnlen(request.name, kNameBytes));
+  if (by_name_.count(name)) {
+    return Status::Error(Code::kInvalidArgument, Str("tensor '", name, "' is already being reduced"));
+  }
+  Ticket t;
+  t.request = request;
+  t.desc.name = name;
+  t.desc.shape = shape;
+  t.desc.dtype = request.dtype;
+  t.desc.op = request.op;
+  t.desc.count = request.count;
+  t.desc.name_hash = request.name_hash;
+  t.desc.shape_hash = request.shape_hash;
+  t.desc.prescale = request.prescale;
+  t.desc.postscale = request.postscale;
+  *ticket = next_ticket_++;
+  t.request.trace_id = *ticket;
+  tickets_.emplace(*ticket, std::move(t));
+  by_name_[name] = *ticket;
+  outbox_.push_back(*ticket);
+  Wake();
+  return Status::Ok();
+}
+
+Status Member::Join(uint64_t* ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (joined_ || join_requested_) return Status::Error(Code::kInvalidArgument, "this rank has already joined");
+  Ticket t;
+  t.join = true;
+  *ticket = next_ticket_++;
+  tickets_.emplace(*ticket, std::move(t));
+  join_ticket_ = *ticket;
+  join_requested_ = true;
+  Wake();
+  return Status::Ok();
+}
+
+bool Member::Poll(uint64_t ticket) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return true;
+    if (it->second.finished) return true;
+    if (!it->second.posted) return false;
+    seq = it->second.request.seq;
+  }
+  return channel_->Poll(seq);
+}
+
+Status Member::Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joined) {
+  uint64_t seq;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return Status::Error(Code::kInvalidArgument, Str("unknown or finished ticket ", ticket));
+    // Waiting for the other ranks to submit has no time limit of its own (Horovod's semantics; the
+    // stall inspector reports it), but a dead rank or a lost coordinator ends it (FailAll).
+    cv_.wait(lock, [&] { return it->second.posted || it->second.finished; });
+    Ticket& t = it->second;
+    if (t.finished) {
+      Status st = t.status;
+      if (last_joined != nullptr) *last_joined = t.last_joined;
+      tickets_.erase(it);
+      return st;
+    }
+    seq = t.request.seq;
+    tickets_.erase(it);
+  }
+  return channel_->Wait(seq, timeout_seconds);
+}
+
+void Member::FailAll(const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_.ok()) broken_ = why;
+  for (auto& [id, t] : tickets_) {
+    if (!t.posted && !t.finished) {
+      t.finished = true;
+      t.status = broken_;
+    }
+  }
+  by_name_.clear();
+  outbox_.clear();
+  cv_.notify_all();
+}
+
+void Member::Run() {
+  Status st = Serve();
+  if (!st.ok()) FailAll(st);
+}
+
+Status Member::Serve() {
+  const std::string who = "the coordinator (rank 0)";
+  pollfd fds[2];
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return Status::Ok();
+    }
+    fds[0] = {sock_.fd(), POLLIN, 0};
+    fds[1] = {wake_fd_, POLLIN, 0};
+    int rc = poll(fds, 2, 100);
+    if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
+    if (fds[1].revents != 0) {
+      uint64_t n;
+      (void)!::read(wake_fd_, &n, sizeof(n));
+    }
+    FHVD_RETURN_IF_ERROR(Announce());
+    if (fds[0].revents != 0) {
+      MsgType type;
+      std::string payload;
+      Status st = RecvFrame(sock_.fd(), Deadline::After(opt_.timeout_seconds), who, &type, &payload);
+      if (!st.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return Status::Ok();
+        }
+        return Status::Error(Code::kPeerError, Str("lost the coordinator (rank 0): ", st.message()));
+      }
+      if (type == MsgType::kFailed) {
+        WireReader in(payload);
+        Code code = CodeFromPeer(CodeFromWire(in.U32()));
+        return Status::Error(code, in.Text());
+      }
+      if (type != MsgType::kResponses) {
+        return Status::Error(Code::kIoError, Str("protocol error: the coordinator sent message type ",
+                                                 static_cast<uint32_t>(type)));
+      }
+      FHVD_RETURN_IF_ERROR(Respond(payload));
+    }
+    ReapZeros();
+  }
+}
+
+Status Member::Announce() {
+  WireWriter w;
+  uint32_t n = 0;
+  bool join = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    WireWriter entries;
+    for (uint64_t id : outbox_) {
+      const Ticket& t = tickets_.at(id);
+      auto cached = id_of_.find(t.desc.name);
+      if (cached != id_of_.end() && by_id_[cached->second] == t.desc) {
+        entries.U8(1);
+        entries.U32(cached->second);
+      } else {
+        entries.U8(0);
+        entries.Desc(t.desc);
+      }
+      entries.U64s(std::vector<uint64_t>(t.request.lane_begin, t.request.lane_begin + t.request.num_lanes + 1));
+      ++n;
+    }
+    outbox_.clear();
+    if (n > 0) {
+      w.U32(n);
+      w.Bytes(entries.body());
+    }
+    if (join_requested_) {
+      join_requested_ = false;
+      joined_ = true;
+      join = true;
+    }
+  }
+  Deadline deadline = Deadline::After(opt_.timeout_seconds);
+  if (n > 0) FHVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), w.Frame(MsgType::kAnnounce), deadline, "the coordinator"));
+  if (join) FHVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), WireWriter().Frame(MsgType::kJoin), deadline, "the coordinator"));
+  return Status::Ok();
+}
+
+Status Member::Respond(const std::string& payload) {
+  WireReader in(payload);
+  const uint32_t n = in.U32();
+  for (uint32_t i = 0; i < n && in.ok(); ++i) {
+    switch (static_cast<ResponseType>(in.U8())) {
+      case ResponseType::kRun: {
+        const uint32_t id = in.U32();
+        if (in.U8() != 0) {
+          WireDesc desc = in.Desc();
+          if (id >= by_id_.size()) by_id_.resize(id + 1);
+          id_of_[desc.name] = id;
+          by_id_[id] = std::move(desc);
+        }
+        std::vector<uint64_t> bounds = in.U64s();
+        if (!in.ok()) break;
+        if (id >= by_id_.size()) return Status::Error(Code::kIoError, Str("protocol error: unknown id ", id));
+        FHVD_RETURN_IF_ERROR(RunOrder(id, bounds));
+        break;
+      }
+      case ResponseType::kError: {
+        std::string name = in.Text();
+        Code code = CodeFromWire(in.U32());
+        std::string message = in.Text();
+        if (!in.ok()) break;
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = by_name_.find(name);
+        if (it != by_name_.end()) {
+          Ticket& t = tickets_.at(it->second);
+          t.finished = true;
+          t.status = Status::Error(code, message);
+          by_name_.erase(it);
+          cv_.notify_all();
+        }
+        break;
+      }
+      case ResponseType::kJoinDone: {
+        const uint32_t last = in.U32();
+        std::lock_guard<std::mutex> lock(mu_);
+        joined_ = false;
+        auto it = tickets_.find(join_ticket_);
+        if (it != tickets_.end()) {
+          it->second.finished = true;
+          it->second.last_joined = last;
+          cv_.notify_all();
+        }
+        break;
+      }
+      default:
+        return Status::Error(Code::kIoError, "protocol error: unknown response type");
+    }
+  }
+  if (!in.ok()) return Status::Error(Code::kIoError, "protocol error: malformed response batch");
+  return Status::Ok();
+}
+
+Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
+  const WireDesc& desc = by_id_[id];
+  if (bounds.size() != channel_->num_lanes() + 1) {
+    return Status::Error(Code::kIoError, Str("protocol error: ", bounds.size(), " lane boundaries for ",
+                                             channel_->num_lanes(), " lanes"));
+  }
+  RequestDesc request;
+  uint64_t ticket = 0;
+  bool mine = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_name_.find(desc.name);
+    if (it != by_name_.end()) {
+      mine = true;
+      ticket = it->second;
+      by_name_.erase(it);
+      request = tickets_.at(ticket).request;
+    } else if (!joined_) {
+      return Status::Error(Code::kIoError, Str("protocol error: the coordinator ran tensor '", desc.name,
+                                               "', which rank ", opt_.rank, " neither submitted nor joined for"));
+    }
+  }
+  if (!mine) return PostZeros(desc, bounds);
+  if (desc.op != kOpGather) std::copy(bounds.begin(), bounds.end(), request.lane_begin);
+  uint64_t seq = 0;
+  Status st = channel_->Post(request, &seq);
+  std::lock_guard<std::mutex> lock(mu_);
+  Ticket& t = tickets_.at(ticket);
+  if (st.ok()) {
+    t.request.seq = seq;
+    t.posted = true;
+  } else {
+    t.finished = true;
+    t.status = st;
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+// This rank has joined: it takes part in `desc` with zeros (for an allgather, with a zero row).
+Status Member::PostZeros(const WireDesc& desc, const std::vector<uint64_t>& bounds) {
+  const size_t elem = DTypeValid(desc.dtype) ? DTypeSize(static_cast<DType>(desc.dtype)) : 0;
+  if (elem == 0) return Status::Error(Code::kIoError, "protocol error: bad dtype in a run order");
+  const size_t bytes = std::max<size_t>(1, desc.count * elem);
+  ZeroBuffer* zero = nullptr;
+  for (auto& z : zeros_) {
+    if (!z->busy && z->segment.size() >= bytes) zero = z.get();
+  }
+  if (zero == nullptr) {
+    auto z = std::make_unique<ZeroBuffer>();
+    z->id = kZeroBufferIds + static_cast<uint32_t>(zeros_.size());
+    FHVD_RETURN_IF_ERROR(ShmSegment::Create(Str(opt_.buffer_prefix, ".", z->id), bytes, &z->segment));
+    zeros_.push_back(std::move(z));
+    zero = zeros_.back().get();
+  }
+  std::memset(zero->segment.data(), 0, bytes);
+  RequestDesc request;
+  request.kind = static_cast<uint32_t>(RequestKind::kAllreduce);
+  request.dtype = desc.dtype;
+  request.op = desc.op;
+  request.buffer_id = zero->id;
+  request.count = desc.count;
+  request.name_hash = desc.name_hash;
+  request.shape_hash = desc.shape_hash;
+  request.prescale = desc.prescale;
+  request.postscale = desc.postscale;
+  request.num_lanes = static_cast<uint32_t>(bounds.size() - 1);
+  request.flags = kRequestZeroFill;
+  std::copy(bounds.begin(), bounds.end(), request.lane_begin);
+  CopyString(request.name, desc.name);
+  // A failure here breaks the channel; this rank's next wait reports it.
+  if (channel_->Post(request, &zero->seq).ok()) zero->busy = true;
+  return Status::Ok();
+}
+
+void Member::ReapZeros() {
+  for (auto& z : zeros_) {
+    if (z->busy && channel_->Poll(z->seq)) {
+      (void)channel_->Wait(z->seq, opt_.timeout_seconds);  // consumes the result (an error stays in the channel)
+      z->busy = false;
+    }
+  }
+}
+
+}  // namespace fasthorovod

@@ -1,0 +1,113 @@
+// A rank's member of the negotiation: submits collectives in any order, from any thread, and
+// posts them to its proxies in the order the coordinator decides (negotiation/coordinator.h).
+//
+// Submit() files a ticket and wakes the member's thread, which announces everything submitted
+// since its last announcement in one frame (the cached id when the coordinator has already run
+// the same description under the name). When the coordinator's run orders arrive, the thread posts
+// each collective to the proxy channel in that order, with the lane boundaries the order carries;
+// a ticket then waits for its request like any other. While this rank is joined (hvd.join), a run
+// order for a collective it did not submit is posted with a zero buffer of the right size, so the
+// proxies of a joined rank take part like any other.
+//
+// Errors: a run order that cannot run (a mismatch, a stall past the shutdown time) fails only its
+// ticket; a lost coordinator or a dead rank fails every ticket; nothing waits for ever on a rank
+// that is gone.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "negotiation/wire.h"
+#include "proxy/client.h"
+#include "shm/segment.h"
+#include "transport/socket.h"
+
+namespace fasthorovod {
+
+struct MemberOptions {
+  uint32_t rank = 0;
+  uint32_t size = 1;
+  std::string token;
+  std::string coordinator_host;
+  int coordinator_port = 0;
+  double timeout_seconds = 120.0;
+  std::string buffer_prefix;  // the channel's data buffer names; zero buffers are added under it
+};
+
+class Member {
+ public:
+  static Status Start(ProxyChannel* channel, const MemberOptions& options, std::unique_ptr<Member>* out);
+  ~Member();
+
+  // Files `request` (name, dtype, op, count, scale factors, hashes, buffer, boundaries) under its
+  // name; `shape` is for error messages. Returns a ticket.
+  Status Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket);
+  // This rank joins: the ticket completes when every rank has joined, with the last one.
+  Status Join(uint64_t* ticket);
+  bool Poll(uint64_t ticket);
+  // Waits for the ticket: for its turn (as long as the job lives), then for its collective
+  // (FASTHOROVOD_TIMEOUT_SECONDS of no progress). *last_joined is set for join tickets.
+  Status Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joined);
+  // Says goodbye to the coordinator and stops the thread (idempotent).
+  void Close();
+
+ private:
+  struct Ticket {
+    RequestDesc request;
+    WireDesc desc;
+    bool join = false;
+    bool posted = false;   // request.seq is valid
+    bool finished = false; // join done, or failed before posting
+    Status status;
+    int64_t last_joined = -1;
+  };
+  struct ZeroBuffer {
+    ShmSegment segment;
+    uint32_t id = 0;
+    bool busy = false;
+    uint64_t seq = 0;
+  };
+
+  Member(ProxyChannel* channel, const MemberOptions& options) : channel_(channel), opt_(options) {}
+  void Run();
+  Status Serve();
+  Status Announce();
+  Status Respond(const std::string& payload);
+  Status RunOrder(uint32_t id, const std::vector<uint64_t>& bounds);
+  Status PostZeros(const WireDesc& desc, const std::vector<uint64_t>& bounds);
+  void ReapZeros();
+  void FailAll(const Status& why);
+  void Wake();
+
+  ProxyChannel* channel_;
+  MemberOptions opt_;
+  Socket sock_;
+  int wake_fd_ = -1;  // eventfd: new submissions for the thread to announce
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ticket_ = 0;
+  std::unordered_map<uint64_t, Ticket> tickets_;
+  std::unordered_map<std::string, uint64_t> by_name_;  // submitted, not yet run
+  std::deque<uint64_t> outbox_;                        // tickets to announce
+  bool join_requested_ = false;                        // a kJoin to send
+  bool joined_ = false;
+  uint64_t join_ticket_ = 0;
+  bool stopping_ = false;
+  Status broken_;
+  // The response cache, as the coordinator last described each id.
+  std::vector<WireDesc> by_id_;
+  std::unordered_map<std::string, uint32_t> id_of_;
+  std::vector<std::unique_ptr<ZeroBuffer>> zeros_;  // thread only
+};
+
+}  // namespace fasthorovod
