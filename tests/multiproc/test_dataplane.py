@@ -38,7 +38,7 @@ def test_join_never_returns_the_first_joiner():
     assert result.stdout.count("join order ok") == 2, result.stdout[-2000:]
 
 
-@pytest.mark.parametrize("variant", ["size", "dtype", "op", "order"])
+@pytest.mark.parametrize("variant", ["size", "dtype", "op", "prescale"])
 def test_mismatched_collectives_raise_on_every_rank(variant):
     result = run_job(2, "mismatch", "--variant", variant,
                      env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})

@@ -115,29 +115,32 @@ def scenario_train(args):
 
 
 def scenario_mismatch(args):
-    """Ranks issue different large allreduces (size, dtype, op or order): every rank must raise a
-    CollectiveMismatchError naming both sides, never hang or return a wrong sum."""
-    rank = hvd.rank()
-    count, dtype, op = 300_000, torch.float32, hvd.Average
+    """Ranks describe one tensor name differently (size, dtype, op or prescale factor): every rank
+    must raise a CollectiveMismatchError naming the tensor, the field and both ranks, never hang or
+    return a wrong sum; and the next allreduce must work (the lanes stay up)."""
+    rank, size = hvd.rank(), hvd.size()
+    count, dtype, op, prescale = 300_000, torch.float32, hvd.Average, 1.0
     if args.variant == "size" and rank == 1:
         count += 1
     if args.variant == "dtype" and rank == 1:
         dtype = torch.float64
     if args.variant == "op" and rank == 1:
         op = hvd.Sum
-    names = [f"mismatch.a.rank{rank}", f"mismatch.b.rank{rank}"]
-    if args.variant == "order":
-        names = ["mismatch.first", "mismatch.second"][:: 1 if rank == 0 else -1]
+    if args.variant == "prescale" and rank == 1:
+        prescale = 2.0
+    field = {"size": "shape", "dtype": "dtype", "op": "op", "prescale": "prescale factor"}[args.variant]
     try:
-        handles = [hvd.allreduce_async(torch.ones(count, dtype=dtype), op=op, name=n) for n in names]
-        for h in handles:
-            hvd.synchronize(h)
+        hvd.allreduce(torch.ones(count, dtype=dtype), op=op, prescale_factor=prescale, name="mismatch.tensor")
     except hvd.FastHorovodError as e:
         print(f"rank {rank}: raised {type(e).__name__}: {e}", flush=True)
         assert type(e) is hvd.CollectiveMismatchError, type(e)  # exactly the class of its kind
-        assert "rank 0" in str(e) and "rank 1" in str(e) and "mismatch." in str(e), str(e)
-        return
-    raise AssertionError(f"a {args.variant} mismatch must raise")
+        message = str(e)
+        assert "rank 0" in message and "rank 1" in message and "'mismatch.tensor'" in message, message
+        assert f"disagree on its {field}" in message, message
+    else:
+        raise AssertionError(f"a {args.variant} mismatch must raise")
+    out = hvd.allreduce(torch.ones(400_000), op=hvd.Sum, name="after.mismatch")
+    assert torch.all(out == size), "the collective after a mismatch must work"
 
 
 def scenario_sockets(args):
@@ -184,7 +187,7 @@ def scenario_join(args):
         assert torch.all(out == expected), (rank, step, active, out[:4], expected)
     last = hvd.join()
     assert last == size - 1, last
-    # After the join everything works as before (the join epoch moved on everywhere).
+    # After the join everything works as before.
     out = hvd.allreduce(torch.full((count,), 1.0), op=hvd.Sum, name="after.join")
     assert torch.all(out == size)
     print(f"rank {rank}: join ok, last joined {last}", flush=True)
@@ -358,7 +361,7 @@ def main():
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "order"])
+    parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "prescale"])
     run_scenario(globals(), parser.parse_args())
 
 
