@@ -17,10 +17,8 @@
 #include "proxy/proxy.h"
 
 #include <dirent.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -32,7 +30,9 @@
 #include "collectives/ring.h"
 #include "shm/channel.h"
 #include "shm/segment.h"
+#include "trace/frame_trace.h"
 #include "trace/recorder.h"
+#include "transport/lane.h"
 #include "transport/socket.h"
 
 namespace fasthorovod {
@@ -84,29 +84,13 @@ class Proxy {
     Status st = Serve();
     trace_.Close();
     if (!st.ok()) Fail(st);
-    DrainIncoming();
+    DrainIncoming(links_, 1.0);  // keeps an abort frame just sent from being reset away (lane.h)
     info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
     FutexWakeAll(&ch_->head);
     return st;
   }
 
  private:
-  // Closing a socket that still holds unread bytes makes the kernel send a reset, and a reset can
-  // destroy data the peer has not read yet — such as the abort frame this lane just sent to explain
-  // a failure. So before exiting, read and discard what the previous rank is still sending, for as
-  // long as it keeps coming (at most one second).
-  void DrainIncoming() {
-    std::vector<char> scratch(1 << 16);
-    Deadline deadline = Deadline::After(1.0);
-    for (auto& sock : links_.from_prev) {
-      while (sock.valid() && !deadline.Expired()) {
-        pollfd p{sock.fd(), POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0) break;
-        if (recv(sock.fd(), scratch.data(), scratch.size(), MSG_DONTWAIT) <= 0) break;
-      }
-    }
-  }
-
   bool Stopping() const {
     return g_signalled.load() != 0 || ch_->stop.load() != 0 || getppid() != ch_->worker_pid;
   }
@@ -184,7 +168,7 @@ class Proxy {
       Status st = trace_.Open(o);
       if (!st.ok()) std::fprintf(stderr, "[fasthorovod proxy lane %u] trace off: %s\n", lane_, st.message().c_str());
     }
-    options_.trace = trace_.active() ? &trace_ : nullptr;
+    options_.observer = trace_.active() ? &trace_observer_ : nullptr;
     info_.trace_ack.store(gen, std::memory_order_release);
   }
 
@@ -206,8 +190,7 @@ class Proxy {
       zeros_.assign(desc.shard_bytes, 0);
       ShardWork work{zeros_.data(), desc.shard_bytes / DTypeSize(dtype), dtype, 1.0, desc.postscale};
       RingStats stats;
-      options_.trace_request = kNoRequest;
-      options_.trace_flags = kTraceFlagZeroFill;
+      trace_observer_.SetCollective(kNoRequest, kTraceFlagZeroFill);
       st = RingAllreduce(links_, desc, work, options_, &stats);
       ++collective_seq_;
       info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
@@ -284,8 +267,7 @@ class Proxy {
     work.postscale = slot.postscale;
 
     RingStats stats;
-    options_.trace_request = slot.seq;
-    options_.trace_flags = 0;
+    trace_observer_.SetCollective(slot.seq, 0);
     Status st = RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
@@ -324,6 +306,7 @@ class Proxy {
   bool joined_ = false;
   std::vector<char> zeros_;
   TraceRecorder trace_;
+  TraceFrameObserver trace_observer_{&trace_};
   uint32_t trace_generation_ = 0;
 };
 
