@@ -435,7 +435,7 @@ class Lane::Impl {
   }
 
   RingLinks& links_;
-  const LaneOptions& opt_;
+  const LaneOptions opt_;  // a copy: the lane may outlive the caller's options
   const CollectiveDesc* desc_ = nullptr;
   FrameSink* sink_ = nullptr;
   std::vector<std::deque<OutFrame>> out_;

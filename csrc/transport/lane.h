@@ -124,7 +124,8 @@ struct LaneStats {
 
 class Lane {
  public:
-  // `links` must have the same number (>= 1) of sockets each way and outlive the lane.
+  // `links` must have the same number (>= 1) of sockets each way and outlive the lane; the options
+  // are copied.
   Lane(RingLinks& links, const LaneOptions& options);
   ~Lane();
   Lane(const Lane&) = delete;
