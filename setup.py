@@ -1,4 +1,5 @@
-"""Builds fasthorovod and its one native module, fasthorovod._C, with CMake (pybind11 cmake_example style)."""
+"""Builds fasthorovod and its native modules with CMake (pybind11 cmake_example style): fasthorovod._C,
+the production module, and fasthorovod._C_testing, the test-only entry points."""
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ class CMakeBuild(build_ext):
         import pybind11
 
         extdir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / ext.name
+        build_dir = Path(self.build_temp).resolve() / "cmake"  # one tree: the core is built once
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = "Debug" if os.environ.get("DEBUG") else "Release"
         cmake = os.environ.get("CMAKE", "cmake")
@@ -32,7 +33,8 @@ class CMakeBuild(build_ext):
         ] + os.environ.get("CMAKE_ARGS", "").split()
         subprocess.run([cmake, str(ROOT), *args], cwd=build_dir, check=True)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
-        subprocess.run([cmake, "--build", ".", "-j", jobs], cwd=build_dir, check=True)
+        target = ext.name.split(".")[-1]
+        subprocess.run([cmake, "--build", ".", "--target", target, "-j", jobs], cwd=build_dir, check=True)
 
 
 setup(
@@ -41,7 +43,7 @@ setup(
     description="Horovod for PyTorch over k parallel TCP flows per worker (CPU proxy data plane)",
     packages=find_packages(include=["fasthorovod", "fasthorovod.*"]),
     package_data={"fasthorovod": ["_C.pyi", "py.typed"]},
-    ext_modules=[CMakeExtension("fasthorovod._C")],
+    ext_modules=[CMakeExtension("fasthorovod._C"), CMakeExtension("fasthorovod._C_testing")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["horovod==0.28.1", "torch", "psutil"],

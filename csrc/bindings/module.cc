@@ -6,13 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <cstring>
-#include <thread>
 
+#include "bindings/errors.h"
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
 #include "negotiation/coordinator.h"
@@ -21,7 +17,6 @@
 #include "proxy/proxy.h"
 #include "shm/segment.h"
 #include "transport/socket.h"
-#include "bindings/errors.h"
 
 namespace py = pybind11;
 using namespace fasthorovod;
@@ -30,11 +25,6 @@ void RegisterQuantize(pybind11::module_& m);  // bindings/quantize.cc
 void RegisterTrace(pybind11::module_& m);     // bindings/trace.cc
 
 namespace {
-
-py::buffer_info WritableBuffer(py::buffer& b) {
-  py::buffer_info info = b.request(true);
-  return info;
-}
 
 struct PyCoordinator {
   std::unique_ptr<Coordinator> impl;
@@ -62,84 +52,6 @@ class PyShmBuffer {
  private:
   ShmSegment seg_;
 };
-
-// Test-only: `buffers[r]` is rank r's data; runs the whole ring with one thread per rank over
-// loopback TCP, exactly as proxies do (same handshake, same framing), and reduces in place.
-// Test-only: opens a connection to `port` on loopback and sends `payload` (empty: nothing at all).
-Socket ConnectStranger(int port, const std::string& payload) {
-  Socket sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(sock.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    throw std::runtime_error("stranger could not connect: " + ErrnoString(errno));
-  }
-  if (!payload.empty()) (void)!::send(sock.fd(), payload.data(), payload.size(), MSG_NOSIGNAL);
-  return sock;
-}
-
-void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes, int sockets,
-                       double prescale, double postscale, double timeout_seconds,
-                       const std::vector<py::bytes>& strangers, uint32_t op) {
-  const uint32_t size = static_cast<uint32_t>(buffers.size());
-  if (size == 0 || !DTypeValid(dtype)) ThrowInvalidArgument("need >= 1 buffer and a valid dtype");
-  if (op > static_cast<uint32_t>(ReduceOp::kGather)) ThrowInvalidArgument("op must be OP_SUM, OP_AVERAGE or OP_GATHER");
-  std::vector<py::buffer_info> infos;
-  for (auto& b : buffers) infos.push_back(WritableBuffer(b));
-  const size_t elem = DTypeSize(static_cast<DType>(dtype));
-  for (auto& info : infos) {
-    if (static_cast<size_t>(info.size * info.itemsize) != static_cast<size_t>(infos[0].size * infos[0].itemsize)) {
-      ThrowInvalidArgument("all buffers must have the same byte length");
-    }
-  }
-  const size_t count = static_cast<size_t>(infos[0].size * infos[0].itemsize) / elem;
-  std::vector<Socket> listeners(size);
-  std::vector<int> ports(size);
-  for (uint32_t r = 0; r < size; ++r) Check(Listen("127.0.0.1", 0, &listeners[r], &ports[r]));
-  // Strangers knock on rank 0 before its real neighbour does; set-up must reject them and go on.
-  std::vector<Socket> stranger_sockets;
-  for (const auto& payload : strangers) stranger_sockets.push_back(ConnectStranger(ports[0], payload));
-  std::vector<Status> results(size);
-  {
-    py::gil_scoped_release release;
-    std::vector<std::thread> threads;
-    for (uint32_t r = 0; r < size; ++r) {
-      threads.emplace_back([&, r] {
-        LinkIdentity self;
-        std::memset(self.token, 7, kTokenBytes);
-        self.rank = r;
-        self.size = size;
-        RingLinks links;
-        Deadline deadline = Deadline::After(timeout_seconds);
-        if (size > 1) {
-          results[r] = EstablishRing(self, listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, sockets, 0, deadline, &links);
-          if (!results[r].ok()) return;
-        } else {
-          links.to_next.emplace_back(-1);
-          links.from_prev.emplace_back(-1);
-        }
-        CollectiveDesc desc;
-        desc.total_bytes = desc.shard_bytes = count * elem;
-        desc.dtype = dtype;
-        desc.op = op;
-        std::strncpy(desc.name, "loopback", kWireNameBytes - 1);
-        ShardWork work{infos[r].ptr, count, static_cast<DType>(dtype), prescale, postscale};
-        RingOptions options;
-        options.rank = r;
-        options.size = size;
-        options.segment_bytes = segment_bytes;
-        options.timeout_seconds = timeout_seconds;
-        options.prev_name = Str("rank ", (r + size - 1) % size);
-        options.next_name = Str("rank ", (r + 1) % size);
-        RingStats stats;
-        results[r] = RingAllreduce(links, desc, work, options, &stats);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  for (uint32_t r = 0; r < size; ++r) Check(results[r].WithContext(Str("rank ", r, ": ")));
-}
 
 }  // namespace
 
@@ -341,50 +253,6 @@ PYBIND11_MODULE(_C, m) {
         m.impl->Close();
       });
 
-  m.def("reduce_sum",
-        [](uint32_t dtype, py::buffer dst, py::buffer src) {
-          if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
-          auto d = WritableBuffer(dst);
-          auto s = src.request();
-          size_t bytes = static_cast<size_t>(d.size * d.itemsize);
-          if (bytes != static_cast<size_t>(s.size * s.itemsize)) ThrowInvalidArgument("buffers differ in size");
-          ReduceSum(static_cast<DType>(dtype), d.ptr, s.ptr, bytes / DTypeSize(static_cast<DType>(dtype)));
-        },
-        R"pbdoc(dst += src elementwise, with the proxies' rounding rules (tests).)pbdoc");
-  m.def("scale",
-        [](uint32_t dtype, py::buffer data, double factor) {
-          if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
-          auto d = WritableBuffer(data);
-          Scale(static_cast<DType>(dtype), d.ptr,
-                static_cast<size_t>(d.size * d.itemsize) / DTypeSize(static_cast<DType>(dtype)), factor);
-        });
-  m.def("dtype_size", [](uint32_t dtype) {
-    if (!DTypeValid(dtype)) ThrowInvalidArgument("invalid dtype code");
-    return DTypeSize(static_cast<DType>(dtype));
-  });
-  m.def("chunk_begin", &ChunkBegin, py::arg("count"), py::arg("size"), py::arg("chunk"));
-  m.def("segment_count", &SegmentCount, py::arg("chunk_elements"), py::arg("segment_elements"));
-  m.def("_loopback_allreduce", &LoopbackAllreduce, py::arg("buffers"), py::arg("dtype"), py::arg("segment_bytes"),
-        py::arg("sockets") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
-        py::arg("timeout_seconds") = 60.0, py::arg("strangers") = std::vector<py::bytes>(),
-        py::arg("op") = static_cast<uint32_t>(ReduceOp::kSum),
-        R"pbdoc(Test helper: ring allreduce (op OP_GATHER: allgather) among threads over loopback TCP,
-in place. Each of `strangers` first connects to rank 0's listener and sends its bytes (b"" sends
-nothing).)pbdoc");
-  m.def("_hello",
-        [](py::bytes token, uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
-          std::string t = token;
-          if (t.size() != kTokenBytes) ThrowInvalidArgument("token must be 16 bytes");
-          LinkIdentity id;
-          std::memcpy(id.token, t.data(), kTokenBytes);
-          id.rank = rank;
-          id.size = size;
-          id.lane = lane;
-          id.config_hash = config_hash;
-          return py::bytes(EncodeHello(id, socket_index));
-        },
-        py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"),
-        py::arg("config_hash"), R"pbdoc(Test helper: the handshake bytes a proxy would send.)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
@@ -393,8 +261,6 @@ nothing).)pbdoc");
   m.attr("OP_AVERAGE") = static_cast<uint32_t>(ReduceOp::kAverage);
   m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
   m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
-  m.attr("REQUEST_JOIN") = static_cast<uint32_t>(RequestKind::kJoin);
-  m.attr("REQUEST_EXIT_JOIN") = static_cast<uint32_t>(RequestKind::kExitJoin);
   py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
   for (uint32_t d = 0; d < kNumDTypes; ++d) dtypes[DTypeName(static_cast<DType>(d))] = d;
   m.attr("DTYPES") = dtypes;

@@ -64,38 +64,6 @@ void ScaleHalfLike(void* data, size_t count, double factor) {
 
 }  // namespace
 
-bool DTypeValid(uint32_t dtype) { return dtype < kNumDTypes; }
-
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kUInt8:
-    case DType::kInt8: return 1;
-    case DType::kInt16:
-    case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kInt32:
-    case DType::kFloat32: return 4;
-    case DType::kInt64:
-    case DType::kFloat64: return 8;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kUInt8: return "uint8";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-  }
-  return "invalid";
-}
-
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;

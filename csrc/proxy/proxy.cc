@@ -7,20 +7,14 @@
 // (PR_SET_PDEATHSIG) and the loops below notice within 100 ms; the sockets then close, so the
 // neighbouring proxies fail their collectives at once instead of waiting for a timeout.
 //
-// hvd.join(): a rank that has joined posts kJoin and then waits in Horovod's join. Its proxies
-// then have no requests of their own; instead each lane watches its previous rank, and when a
-// collective arrives it takes part with zeros, described by the first frame's header (size,
-// dtype, op, postscale). When every rank has joined, each worker posts kExitJoin and the lanes go
-// back to serving requests. Headers carry a join epoch (joins completed), so a lane still in the
-// joined state never mistakes a collective that a faster rank issues after the join for one it
-// should fill with zeros: it waits for its own kExitJoin first.
+// Requests arrive in the order the ranks negotiated (csrc/negotiation), the same on every rank,
+// so a proxy simply runs them one after the other. hvd.join() needs nothing here: a joined rank's
+// worker posts the collectives the others run, with a zero buffer (kRequestZeroFill).
 #include "proxy/proxy.h"
 
 #include <dirent.h>
-#include <poll.h>
 #include <sys/mman.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -32,7 +26,9 @@
 #include "collectives/ring.h"
 #include "shm/channel.h"
 #include "shm/segment.h"
+#include "trace/frame_trace.h"
 #include "trace/recorder.h"
+#include "transport/lane.h"
 #include "transport/socket.h"
 
 namespace fasthorovod {
@@ -85,29 +81,13 @@ class Proxy {
     Status st = Serve();
     trace_.Close();
     if (!st.ok()) Fail(st);
-    DrainIncoming();
+    DrainIncoming(links_, 1.0);  // keeps an abort frame just sent from being reset away (lane.h)
     info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
     FutexWakeAll(&ch_->head);
     return st;
   }
 
  private:
-  // Closing a socket that still holds unread bytes makes the kernel send a reset, and a reset can
-  // destroy data the peer has not read yet — such as the abort frame this lane just sent to explain
-  // a failure. So before exiting, read and discard what the previous rank is still sending, for as
-  // long as it keeps coming (at most one second).
-  void DrainIncoming() {
-    std::vector<char> scratch(1 << 16);
-    Deadline deadline = Deadline::After(1.0);
-    for (auto& sock : links_.from_prev) {
-      while (sock.valid() && !deadline.Expired()) {
-        pollfd p{sock.fd(), POLLIN, 0};
-        if (poll(&p, 1, 100) <= 0) break;
-        if (recv(sock.fd(), scratch.data(), scratch.size(), MSG_DONTWAIT) <= 0) break;
-      }
-    }
-  }
-
   bool Stopping() const {
     return g_signalled.load() != 0 || ch_->stop.load() != 0 || getppid() != ch_->worker_pid;
   }
@@ -149,6 +129,7 @@ class Proxy {
     options_.timeout_seconds = ch_->timeout_seconds;
     options_.abort = &ch_->abort;
     options_.abort_reason = ch_->abort_reason;
+    options_.abort_code = &ch_->abort_code;
     options_.progress_ns = &info_.progress_ns;
     options_.prev_name = Who((ch_->rank + ch_->size - 1) % ch_->size);
     options_.next_name = Str(Who((ch_->rank + 1) % ch_->size), " (", next.host, ":", next.port, ")");
@@ -160,8 +141,6 @@ class Proxy {
       if (ch_->head.load(std::memory_order_acquire) != next_request) {
         Handle(ch_->slots[next_request % kNumSlots]);
         ++next_request;
-      } else if (joined_ && dead_.ok()) {
-        ServeJoined(next_request);
       } else {
         FutexWait(&ch_->head, next_request, 100);
       }
@@ -185,57 +164,13 @@ class Proxy {
       Status st = trace_.Open(o);
       if (!st.ok()) std::fprintf(stderr, "[fasthorovod proxy lane %u] trace off: %s\n", lane_, st.message().c_str());
     }
-    options_.trace = trace_.active() ? &trace_ : nullptr;
+    options_.observer = trace_.active() ? &trace_observer_ : nullptr;
     info_.trace_ack.store(gen, std::memory_order_release);
-  }
-
-  // One look at the previous rank while joined; runs its collective with zeros if one started.
-  void ServeJoined(uint32_t next_request) {
-    bool started = false;
-    CollectiveDesc desc;
-    Status st = PeekCollective(links_, options_, 10, &started, &desc);
-    if (st.ok() && started && desc.epoch != epoch_) {
-      FutexWait(&ch_->head, next_request, 10);  // issued after the join: wait for our kExitJoin
-      return;
-    }
-    if (st.ok() && started && desc.seq != collective_seq_) {
-      st = Status::Error(Code::kMismatch, Str("collective mismatch on lane ", lane_, ": joined rank ", ch_->rank,
-                                              " expected collective #", collective_seq_, " but received #", desc.seq));
-    }
-    if (st.ok() && started && DTypeValid(desc.dtype)) {
-      const DType dtype = static_cast<DType>(desc.dtype);
-      zeros_.assign(desc.shard_bytes, 0);
-      ShardWork work{zeros_.data(), desc.shard_bytes / DTypeSize(dtype), dtype, 1.0, desc.postscale};
-      RingStats stats;
-      options_.trace_request = kNoRequest;
-      options_.trace_flags = kTraceFlagZeroFill;
-      st = RingAllreduce(links_, desc, work, options_, &stats);
-      ++collective_seq_;
-      info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
-      info_.progress_ns.store(NowNs());
-    }
-    if (!st.ok()) {
-      dead_ = st;
-      Fail(st);
-    }
   }
 
   void Handle(RequestSlot& slot) {
     Status st = dead_;
-    if (st.ok()) {
-      switch (static_cast<RequestKind>(slot.desc.kind)) {
-        case RequestKind::kJoin:
-          info_.zero_filled.store(0, std::memory_order_relaxed);  // counts this join's fills only
-          joined_ = true;
-          break;
-        case RequestKind::kExitJoin:
-          joined_ = false;
-          ++epoch_;
-          break;
-        default:
-          st = joined_ ? Status::Error(Code::kInvalidArgument, "allreduce posted while joined") : Execute(slot.desc);
-      }
-    }
+    if (st.ok()) st = Execute(slot.desc);
     if (!st.ok()) {
       if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
       uint32_t expected = 0;
@@ -268,7 +203,6 @@ class Proxy {
 
     CollectiveDesc desc;
     desc.seq = collective_seq_++;
-    desc.epoch = epoch_;
     desc.postscale = r.postscale;
     desc.name_hash = r.name_hash;
     desc.shape_hash = r.shape_hash;
@@ -287,8 +221,7 @@ class Proxy {
 
     RingStats stats;
     const bool zero_fill = (r.flags & kRequestZeroFill) != 0;  // a joined rank's part (negotiation/member.h)
-    options_.trace_request = zero_fill ? kNoRequest : r.trace_id;
-    options_.trace_flags = zero_fill ? kTraceFlagZeroFill : 0;
+    trace_observer_.SetCollective(zero_fill ? kNoRequest : r.trace_id, zero_fill ? kTraceFlagZeroFill : 0);
     if (zero_fill) info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
     Status st = RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
@@ -324,11 +257,9 @@ class Proxy {
   RingOptions options_;
   std::unordered_map<uint32_t, ShmSegment> buffers_;
   Status dead_;
-  uint64_t collective_seq_ = 0;  // collectives this lane has run (requests and zero-filled ones)
-  uint32_t epoch_ = 0;           // joins completed
-  bool joined_ = false;
-  std::vector<char> zeros_;
+  uint64_t collective_seq_ = 0;  // collectives this lane has run
   TraceRecorder trace_;
+  TraceFrameObserver trace_observer_{&trace_};
   uint32_t trace_generation_ = 0;
 };
 

@@ -34,9 +34,9 @@ constexpr size_t kNameBytes = 128;
 constexpr size_t kTraceDirBytes = 1024;
 
 enum class LaneState : uint32_t { kStarting = 0, kListening = 1, kConnected = 2, kFailed = 3, kExited = 4 };
-// kJoin/kExitJoin bracket hvd.join(): in between, the proxies take part in the other ranks'
-// allreduces with zeros (see proxy.cc).
-enum class RequestKind : uint32_t { kAllreduce = 1, kJoin = 2, kExitJoin = 3 };
+// The only kind of request (a collective: an allreduce, or an allgather by its op); kept as a field
+// so that a slot from a stale build is recognised as malformed.
+enum class RequestKind : uint32_t { kAllreduce = 1 };
 
 struct LaneInfo {
   std::atomic<uint32_t> state;

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from fasthorovod import _C
+from fasthorovod import _C_testing
 from fasthorovod.proxy.group import DTYPE_CODES
 
 JOB_TOKEN = bytes([7]) * 16  # the token the loopback test helper uses
@@ -18,7 +18,7 @@ JOB_TOKEN = bytes([7]) * 16  # the token the loopback test helper uses
 
 def _run(ranks, strangers, capfd=None):
     inputs = [np.full(10_000, r + 1, dtype=np.float32) for r in range(ranks)]
-    _C._loopback_allreduce(inputs, DTYPE_CODES[torch.float32], segment_bytes=4096, strangers=strangers,
+    _C_testing._loopback_allreduce(inputs, DTYPE_CODES[torch.float32], segment_bytes=4096, strangers=strangers,
                            timeout_seconds=30)
     for buf in inputs:
         np.testing.assert_array_equal(buf, np.full(10_000, ranks * (ranks + 1) / 2, dtype=np.float32))
@@ -29,11 +29,11 @@ def test_strangers_are_rejected_and_the_ring_still_works(capfd):
     prev = ranks - 1  # rank 0 accepts from rank 2
     strangers = [
         os.urandom(64),                                          # random bytes
-        _C._hello(JOB_TOKEN, prev, ranks, 0, 0, 0)[:20],         # truncated handshake
-        _C._hello(os.urandom(16), prev, ranks, 0, 0, 0),         # another job's valid-looking hello
-        _C._hello(JOB_TOKEN, 1, ranks, 0, 0, 0),                 # right job, wrong rank
-        _C._hello(JOB_TOKEN, prev, ranks, 5, 0, 0),              # wrong lane
-        _C._hello(JOB_TOKEN, prev, ranks, 0, 0, 1234),           # different configuration
+        _C_testing._hello(JOB_TOKEN, prev, ranks, 0, 0, 0)[:20],         # truncated handshake
+        _C_testing._hello(os.urandom(16), prev, ranks, 0, 0, 0),         # another job's valid-looking hello
+        _C_testing._hello(JOB_TOKEN, 1, ranks, 0, 0, 0),                 # right job, wrong rank
+        _C_testing._hello(JOB_TOKEN, prev, ranks, 5, 0, 0),              # wrong lane
+        _C_testing._hello(JOB_TOKEN, prev, ranks, 0, 0, 1234),           # different configuration
     ]
     _run(ranks, strangers)
     err = capfd.readouterr().err

@@ -1,0 +1,475 @@
+// The lane transport (see lane.h for what it does and why). This file is the mechanics: one
+// poll loop over the lane's 2·S sockets, non-blocking reads and writes, and the abort protocol.
+//
+// The loop. Each round polls every receive socket that has not seen its end marker and every send
+// socket that has work (its frame in progress, a frame in the shared queue, or its end marker),
+// then pumps the receive sockets first — if the next rank has gone, an abort frame explaining why
+// may already be waiting on the receive side, and it is a better error than the broken send — and
+// then the send sockets. A send socket keeps writing until the kernel refuses (MSG_DONTWAIT), each
+// frame as one sendmsg of the header and payload iovecs; when its frame is out it takes the oldest
+// frame of the shared queue, so frames go to the first socket free. A receive socket keeps reading
+// until the kernel has nothing: a header, then the payload straight into where the sink said.
+//
+// Aborting. SendAbort first finishes any half-written frame on a socket (so the stream stays
+// framed), then writes an abort frame whose header carries the origin rank and code and whose
+// payload is the message; best effort, bounded by two seconds. A rank does not send an abort back
+// to the rank it came from (the next rank, when the abort has gone all the way round).
+#include "transport/lane.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/clock.h"
+
+namespace fasthorovod {
+namespace {
+
+constexpr uint32_t kFrameMagic = 0x46485652u;  // "FHVR"
+enum FrameKind : uint16_t { kData = 1, kAbort = 2, kEnd = 3 };
+
+// The wire header. Internal to one build: every rank runs the same one.
+struct FrameHeader {
+  uint32_t magic;
+  uint16_t kind;         // FrameKind
+  uint16_t origin_code;  // abort: the Code of the failure where it started
+  uint32_t origin_rank;  // the sender, or for an abort the rank where the failure started
+  uint32_t step;
+  uint32_t segment;
+  uint32_t reserved;
+  uint64_t offset;  // bytes into the shard
+  uint64_t length;  // payload bytes (abort: message bytes)
+  CollectiveDesc desc;
+};
+static_assert(sizeof(FrameHeader) == kFrameHeaderBytes, "frame header is part of the wire format");
+
+bool Retry(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
+
+// Reads the message of an abort frame whose header `h` was just received on fd and turns it into
+// the origin's failure.
+Status ReceiveAbort(int fd, const FrameHeader& h, const std::string& prev_name) {
+  std::string message(std::min<uint64_t>(h.length, kMaxAbortMessage), '\0');
+  if (!RecvAll(fd, message.data(), message.size(), Deadline::After(2.0), prev_name).ok()) {
+    message = "(message lost)";
+  }
+  // A mismatch or a timeout is the same problem here; anything else is the origin's own failure.
+  return Status::Error(CodeFromPeer(CodeFromWire(h.origin_code)),
+                       Str(message, " [reported by rank ", h.origin_rank, "]"));
+}
+
+}  // namespace
+
+class Lane::Impl {
+ public:
+  Impl(RingLinks& links, const LaneOptions& opt) : links_(links), opt_(opt) {
+    out_.resize(links.to_next.size());
+    end_sent_.resize(links.to_next.size());
+    in_.resize(links.from_prev.size());
+  }
+
+  void Begin(const CollectiveDesc& desc, uint64_t frames_out, uint64_t frames_in) {
+    desc_ = &desc;
+    for (auto& q : out_) q.clear();
+    for (auto& in : in_) in = InState{};
+    pending_.clear();
+    end_sent_.assign(out_.size(), false);
+    frames_queued_ = 0;
+    frames_out_ = frames_out;
+    recv_remaining_ = frames_in;
+    abort_origin_ = -1;
+    dep_ = FrameDep::kOnRequest;
+    dep_id_ = -1;
+  }
+
+  void Send(const Frame& frame, const char* payload) {
+    OutFrame f;
+    f.header = FrameHeader{};
+    FillHeader(&f.header, kData);
+    f.header.step = frame.step;
+    f.header.segment = frame.segment;
+    f.header.offset = frame.offset;
+    f.header.length = frame.length;
+    f.payload = payload;
+    if (opt_.observer != nullptr) {
+      f.ready_ns = NowNs();
+      f.dep_id = dep_id_;
+      f.dep = dep_;
+    }
+    pending_.push_back(f);
+    ++frames_queued_;
+  }
+
+  Status Run(FrameSink* sink, LaneStats* stats) {
+    sink_ = sink;
+    Status st = Loop(stats);
+    if (!st.ok()) {
+      if (abort_origin_ < 0) abort_origin_ = static_cast<int64_t>(opt_.rank);
+      if (static_cast<uint32_t>(abort_origin_) != (opt_.rank + 1) % opt_.size) SendAbort(st);
+    }
+    return st;
+  }
+
+ private:
+  struct OutFrame {
+    FrameHeader header;
+    const char* payload;
+    size_t sent = 0;        // bytes of header + payload already written
+    int64_t ready_ns = 0;   // observer: queued
+    int64_t start_ns = 0;   // observer: first byte written
+    int64_t dep_id = -1;
+    FrameDep dep = FrameDep::kOnRequest;
+    size_t total() const { return sizeof(FrameHeader) + header.length; }
+  };
+
+  struct InState {
+    FrameHeader header;
+    size_t header_got = 0;
+    size_t payload_got = 0;
+    char* payload_dst = nullptr;
+    bool ended = false;     // this socket's end marker of the collective arrived
+    int64_t start_ns = 0;   // observer: first byte of the current frame
+  };
+
+  void FillHeader(FrameHeader* h, uint16_t kind) const {
+    h->magic = kFrameMagic;
+    h->kind = kind;
+    h->origin_rank = opt_.rank;
+    h->desc = *desc_;
+  }
+
+  Status Loop(LaneStats* stats) {
+    std::vector<pollfd> fds(out_.size() + in_.size());
+    int64_t last_progress = NowNs();
+    const int64_t timeout_ns = static_cast<int64_t>(opt_.timeout_seconds * 1e9);
+    while (ReceivesPending() || SendsPending()) {
+      if (opt_.abort != nullptr && opt_.abort->load(std::memory_order_acquire) != 0) {
+        const bool known = opt_.abort_reason != nullptr && opt_.abort_reason[0] != '\0';
+        const Code code = opt_.abort_code != nullptr ? CodeFromWire(*opt_.abort_code) : Code::kAborted;
+        return Status::Error(code, Str("rank ", opt_.rank, " aborted its collectives: ",
+                                       known ? opt_.abort_reason : "the job is shutting down"));
+      }
+      for (size_t s = 0; s < out_.size(); ++s) {
+        fds[s] = {links_.to_next[s].fd(), static_cast<short>(SocketHasWork(s) ? POLLOUT : 0), 0};
+      }
+      for (size_t s = 0; s < in_.size(); ++s) {
+        fds[out_.size() + s] = {links_.from_prev[s].fd(), static_cast<short>(in_[s].ended ? 0 : POLLIN), 0};
+      }
+      int rc = poll(fds.data(), fds.size(), 100);
+      if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
+      bool progressed = false;
+      // Receive first (see the top of this file).
+      for (size_t s = 0; s < in_.size(); ++s) {
+        if (fds[out_.size() + s].revents & (POLLIN | POLLHUP | POLLERR)) {
+          FHVD_RETURN_IF_ERROR(PumpRecv(s, stats, &progressed));
+        }
+      }
+      for (size_t s = 0; s < out_.size(); ++s) {
+        if (fds[s].revents & (POLLERR | POLLHUP)) {
+          FHVD_RETURN_IF_ERROR(ReadPendingAbort());
+          return Status::Error(Code::kIoError, Str("connection to ", opt_.next_name, " broke (peer died or closed)"));
+        }
+        if (fds[s].revents & POLLOUT) FHVD_RETURN_IF_ERROR(PumpSend(s, stats, &progressed));
+      }
+      if (progressed) {
+        last_progress = NowNs();
+        if (opt_.progress_ns != nullptr) opt_.progress_ns->store(last_progress, std::memory_order_relaxed);
+      } else if (NowNs() - last_progress > timeout_ns) {
+        return Status::Error(
+            Code::kTimeout,
+            recv_remaining_ > 0
+                ? Str("timed out after ", opt_.timeout_seconds, " s waiting for data from ", opt_.prev_name,
+                      " (it may be stopped, dead, or running a different collective)")
+                : Str("timed out after ", opt_.timeout_seconds, " s sending to ", opt_.next_name,
+                      " (it is not reading: stopped or stuck)"));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Socket s has something to write: its frame in progress, a frame from the shared queue, or
+  // (all frames out) its end marker.
+  bool SocketHasWork(size_t s) const {
+    return !out_[s].empty() || !pending_.empty() || (frames_queued_ == frames_out_ && !end_sent_[s]);
+  }
+
+  bool SendsPending() const {
+    for (size_t s = 0; s < out_.size(); ++s) {
+      if (SocketHasWork(s)) return true;
+    }
+    return false;
+  }
+
+  bool ReceivesPending() const {
+    if (recv_remaining_ > 0) return true;
+    for (const auto& in : in_) {
+      if (!in.ended) return true;
+    }
+    return false;
+  }
+
+  bool AllEnded() const {
+    for (const auto& in : in_) {
+      if (!in.ended) return false;
+    }
+    return true;
+  }
+
+  // Takes the socket's next frame: the oldest queued one (frames are queued in pipeline order), or
+  // its end marker once every frame of the collective has been handed to some socket.
+  bool TakeNext(size_t s) {
+    if (!pending_.empty()) {
+      out_[s].push_back(pending_.front());
+      pending_.pop_front();
+      return true;
+    }
+    if (frames_queued_ == frames_out_ && !end_sent_[s]) {
+      OutFrame f;
+      f.header = FrameHeader{};
+      FillHeader(&f.header, kEnd);
+      f.payload = nullptr;
+      out_[s].push_back(f);
+      end_sent_[s] = true;
+      return true;
+    }
+    return false;
+  }
+
+  Status PumpSend(size_t s, LaneStats* stats, bool* progressed) {
+    auto& queue = out_[s];
+    while (!queue.empty() || TakeNext(s)) {
+      OutFrame& f = queue.front();
+      if (opt_.observer != nullptr && f.sent == 0) f.start_ns = NowNs();
+      iovec iov[2];
+      int n = 0;
+      if (f.sent < sizeof(FrameHeader)) {
+        iov[n++] = {reinterpret_cast<char*>(&f.header) + f.sent, sizeof(FrameHeader) - f.sent};
+        if (f.header.length > 0) iov[n++] = {const_cast<char*>(f.payload), f.header.length};
+      } else {
+        size_t done = f.sent - sizeof(FrameHeader);
+        iov[n++] = {const_cast<char*>(f.payload) + done, f.header.length - done};
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = n;
+      ssize_t w = sendmsg(links_.to_next[s].fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0) {
+        if (Retry(errno)) return Status::Ok();
+        return Status::Error(Code::kIoError, Str("send to ", opt_.next_name, " failed: ", ErrnoString(errno),
+                                                 " (peer died or closed the connection)"));
+      }
+      *progressed = true;
+      f.sent += static_cast<size_t>(w);
+      const bool marker = f.header.kind == kEnd;  // counted in no statistic, observed as no frame
+      if (!marker) stats->bytes_sent += static_cast<uint64_t>(w);
+      if (f.sent < f.total()) return Status::Ok();
+      if (marker) {
+        queue.pop_front();
+        continue;
+      }
+      stats->frames_sent++;
+      if (opt_.observer != nullptr) Observe(true, f.header, s, f.ready_ns, f.start_ns, f.dep, f.dep_id);
+      queue.pop_front();
+    }
+    return Status::Ok();
+  }
+
+  Status PumpRecv(size_t s, LaneStats* stats, bool* progressed) {
+    InState& in = in_[s];
+    const int fd = links_.from_prev[s].fd();
+    while (!in.ended) {
+      ssize_t r;
+      if (in.header_got < sizeof(FrameHeader)) {
+        r = recv(fd, reinterpret_cast<char*>(&in.header) + in.header_got, sizeof(FrameHeader) - in.header_got,
+                 MSG_DONTWAIT);
+      } else {
+        r = recv(fd, in.payload_dst + in.payload_got, in.header.length - in.payload_got, MSG_DONTWAIT);
+      }
+      if (r == 0) {
+        return Status::Error(Code::kIoError, Str(opt_.prev_name, " closed the connection in the middle of collective #",
+                                                 desc_->seq, " (its proxy or worker died or failed)"));
+      }
+      if (r < 0) {
+        if (Retry(errno)) return Status::Ok();
+        return Status::Error(Code::kIoError, Str("receive from ", opt_.prev_name, " failed: ", ErrnoString(errno)));
+      }
+      if (opt_.observer != nullptr && in.header_got == 0) in.start_ns = NowNs();
+      *progressed = true;
+      if (in.header_got < sizeof(FrameHeader)) {
+        in.header_got += static_cast<size_t>(r);
+        if (in.header_got < sizeof(FrameHeader)) continue;
+        FHVD_RETURN_IF_ERROR(AcceptHeader(s));
+        if (in.header.kind == kAbort) {
+          abort_origin_ = in.header.origin_rank;
+          return ReceiveAbort(fd, in.header, opt_.prev_name);
+        }
+        if (in.header.kind == kEnd) {
+          in.header_got = 0;
+          in.ended = true;
+          if (recv_remaining_ > 0 && AllEnded()) {
+            return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": collective #",
+                                                     desc_->seq, " ended ", recv_remaining_, " frames early"));
+          }
+          break;
+        }
+        stats->bytes_received += sizeof(FrameHeader);
+        if (in.header.length > 0) continue;
+      } else {
+        in.payload_got += static_cast<size_t>(r);
+        stats->bytes_received += static_cast<uint64_t>(r);
+        if (in.payload_got < in.header.length) continue;
+      }
+      FinishFrame(s);
+      stats->frames_received++;
+    }
+    return Status::Ok();
+  }
+
+  // Validates a complete header; for a data frame the sink says where its payload goes.
+  Status AcceptHeader(size_t s) {
+    InState& in = in_[s];
+    const FrameHeader& h = in.header;
+    if (h.magic != kFrameMagic) {
+      return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (bad magic)"));
+    }
+    if (h.kind == kAbort) return Status::Ok();
+    if (h.kind != kData && h.kind != kEnd) {
+      return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (unknown kind ", h.kind, ")"));
+    }
+    if (!SameCollective(h.desc, *desc_)) {
+      abort_origin_ = opt_.rank;
+      return Status::Error(Code::kMismatch, MismatchMessage(opt_.lane, opt_.rank, *desc_,
+                                                            (opt_.rank + opt_.size - 1) % opt_.size, h.desc));
+    }
+    if (h.kind == kEnd) return Status::Ok();
+    if (recv_remaining_ == 0) {
+      return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": more frames than collective #",
+                                               desc_->seq, " has"));
+    }
+    in.payload_got = 0;
+    Status st = sink_->Accept(FrameOf(h), s, &in.payload_dst);
+    return st.ok() ? st : Status::Error(st.code(), Str("protocol error from ", opt_.prev_name, ": ", st.message()));
+  }
+
+  void FinishFrame(size_t s) {
+    InState& in = in_[s];
+    const Frame frame = FrameOf(in.header);
+    if (opt_.observer != nullptr) {
+      dep_id_ = Observe(false, in.header, s, in.start_ns, in.start_ns, FrameDep::kOnPeerSend, -1);
+      dep_ = FrameDep::kOnReceive;
+    }
+    in.header_got = 0;
+    recv_remaining_--;
+    sink_->Received(frame, s);  // may queue sends, which depend on this receive
+  }
+
+  static Frame FrameOf(const FrameHeader& h) {
+    Frame f;
+    f.step = h.step;
+    f.segment = h.segment;
+    f.offset = h.offset;
+    f.length = h.length;
+    return f;
+  }
+
+  int64_t Observe(bool send, const FrameHeader& h, size_t socket, int64_t ready_ns, int64_t start_ns, FrameDep dep,
+                  int64_t dep_id) {
+    FrameEvent e;
+    e.send = send;
+    e.src = send ? opt_.rank : (opt_.rank + opt_.size - 1) % opt_.size;
+    e.dst = send ? (opt_.rank + 1) % opt_.size : opt_.rank;
+    e.lane = opt_.lane;
+    e.socket = socket;
+    e.frame = FrameOf(h);
+    e.ready_ns = ready_ns;
+    e.start_ns = start_ns;
+    e.end_ns = NowNs();
+    e.dep = dep;
+    e.dep_id = dep_id;
+    return opt_.observer->OnFrame(*desc_, e);
+  }
+
+  // The send side broke: give the receive side a short chance to deliver an abort frame (the
+  // reason the next rank went away, when it is also the previous rank or the abort went round).
+  Status ReadPendingAbort() {
+    std::vector<pollfd> fds;
+    for (auto& sock : links_.from_prev) fds.push_back({sock.fd(), POLLIN, 0});
+    LaneStats ignored;
+    bool progressed = false;
+    Deadline deadline = Deadline::After(0.2);
+    while (!deadline.Expired() && poll(fds.data(), fds.size(), deadline.RemainingMs(50)) > 0) {
+      for (size_t s = 0; s < in_.size(); ++s) {
+        if (fds[s].revents != 0) FHVD_RETURN_IF_ERROR(PumpRecv(s, &ignored, &progressed));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Tells the next rank why this lane failed (see the top of this file). Best effort, bounded.
+  void SendAbort(const Status& failure) {
+    std::string text = failure.message().substr(0, kMaxAbortMessage);
+    Deadline deadline = Deadline::After(2.0);
+    for (size_t s = 0; s < out_.size(); ++s) {
+      const int fd = links_.to_next[s].fd();
+      if (!out_[s].empty() && out_[s].front().sent > 0) {
+        OutFrame& f = out_[s].front();
+        bool ok = true;
+        if (f.sent < sizeof(FrameHeader)) {
+          ok = SendAll(fd, reinterpret_cast<char*>(&f.header) + f.sent, sizeof(FrameHeader) - f.sent, deadline,
+                       opt_.next_name).ok();
+          f.sent = sizeof(FrameHeader);
+        }
+        size_t done = f.sent - sizeof(FrameHeader);
+        if (!ok || !SendAll(fd, f.payload + done, f.header.length - done, deadline, opt_.next_name).ok()) continue;
+      }
+      FrameHeader h{};
+      FillHeader(&h, kAbort);
+      h.origin_rank = static_cast<uint32_t>(abort_origin_);
+      h.origin_code = static_cast<uint16_t>(failure.code());
+      h.length = text.size();
+      if (SendAll(fd, &h, sizeof(h), deadline, opt_.next_name).ok()) {
+        SendAll(fd, text.data(), text.size(), deadline, opt_.next_name);
+      }
+    }
+  }
+
+  RingLinks& links_;
+  const LaneOptions opt_;  // a copy: the lane may outlive the caller's options
+  const CollectiveDesc* desc_ = nullptr;
+  FrameSink* sink_ = nullptr;
+  std::vector<std::deque<OutFrame>> out_;
+  std::vector<InState> in_;
+  std::deque<OutFrame> pending_;  // frames ready to send, in the order queued, not yet on a socket
+  std::vector<bool> end_sent_;    // per socket: its end marker has been queued
+  uint64_t frames_queued_ = 0;    // frames queued so far in this collective
+  uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective
+  uint64_t recv_remaining_ = 0;
+  int64_t abort_origin_ = -1;
+  FrameDep dep_ = FrameDep::kOnRequest;  // what a frame queued now depends on (observer only)
+  int64_t dep_id_ = -1;
+};
+
+Lane::Lane(RingLinks& links, const LaneOptions& options) : impl_(new Impl(links, options)) {}
+Lane::~Lane() { delete impl_; }
+void Lane::Begin(const CollectiveDesc& desc, uint64_t frames_out, uint64_t frames_in) {
+  impl_->Begin(desc, frames_out, frames_in);
+}
+void Lane::Send(const Frame& frame, const char* payload) { impl_->Send(frame, payload); }
+Status Lane::Run(FrameSink* sink, LaneStats* stats) { return impl_->Run(sink, stats); }
+
+
+void DrainIncoming(RingLinks& links, double seconds) {
+  std::vector<char> scratch(1 << 16);
+  Deadline deadline = Deadline::After(seconds);
+  for (auto& sock : links.from_prev) {
+    while (sock.valid() && !deadline.Expired()) {
+      pollfd p{sock.fd(), POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) break;
+      if (recv(sock.fd(), scratch.data(), scratch.size(), MSG_DONTWAIT) <= 0) break;
+    }
+  }
+}
+
+}  // namespace fasthorovod

@@ -1,0 +1,208 @@
+// The lane transport on its own: striping, end markers, aborts, deadlines, mismatches, peeking.
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+
+#include "collectives/ring.h"
+#include "common/clock.h"
+#include "loopback.h"
+
+using namespace fasthorovod;
+using fhtest::ConnectRing;
+using fhtest::Options;
+using fhtest::RunRanks;
+
+namespace {
+
+// Every rank sends `frames` frames of `frame_bytes` (its own bytes) to the next rank and receives
+// as many from the previous rank into `received`; nothing is forwarded.
+class Exchange : public FrameSink {
+ public:
+  Exchange(size_t frames, size_t frame_bytes) : frames_(frames), frame_bytes_(frame_bytes),
+                                                 received(frames * frame_bytes, 0), seen(frames, 0) {}
+  Status Accept(const Frame& f, size_t, char** payload) override {
+    if (f.segment >= frames_ || f.offset != f.segment * frame_bytes_ || f.length != frame_bytes_) {
+      return Status::Error(Code::kIoError, "unexpected frame");
+    }
+    *payload = received.data() + f.offset;
+    return Status::Ok();
+  }
+  void Received(const Frame& f, size_t) override { seen[f.segment]++; }
+  void SendAll(Lane& lane, const std::vector<char>& mine) {
+    for (size_t i = 0; i < frames_; ++i) {
+      Frame f;
+      f.segment = static_cast<uint32_t>(i);
+      f.offset = i * frame_bytes_;
+      f.length = frame_bytes_;
+      lane.Send(f, mine.data() + f.offset);
+    }
+  }
+  size_t frames_, frame_bytes_;
+  std::vector<char> received;
+  std::vector<int> seen;
+};
+
+class SocketCounter : public FrameObserver {
+ public:
+  int64_t OnFrame(const CollectiveDesc&, const FrameEvent& e) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    (e.send ? sent_on : received_on).insert(e.socket);
+    return next_id++;
+  }
+  std::mutex mutex;
+  std::set<size_t> sent_on, received_on;
+  int64_t next_id = 0;
+};
+
+std::vector<char> Pattern(uint32_t rank, size_t bytes, uint32_t salt = 0) {
+  std::vector<char> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<char>((i * 31 + rank * 7 + salt * 13) & 0xff);
+  return v;
+}
+
+// One float32 ring allreduce of `count` ones on this rank's links.
+Status RingSum(RingLinks& links, const CollectiveDesc& desc, const RingOptions& o, size_t count) {
+  std::vector<float> data(count, 1.0f);
+  ShardWork work{data.data(), count, DType::kFloat32, 1.0, 1.0};
+  RingStats stats;
+  return RingAllreduce(links, desc, work, o, &stats);
+}
+
+CollectiveDesc Desc(uint64_t seq) {
+  CollectiveDesc d;
+  d.seq = seq;
+  d.name_hash = 0xabc;
+  d.total_bytes = d.shard_bytes = 1000;
+  d.dtype = static_cast<uint16_t>(DType::kFloat32);
+  std::strncpy(d.name, "grad", kWireNameBytes - 1);
+  return d;
+}
+
+}  // namespace
+
+TEST(LaneStripesFramesOverEverySocket) {
+  for (int sockets = 1; sockets <= 3; ++sockets) {
+    const uint32_t size = 3;
+    const size_t frames = 48, frame_bytes = 256 << 10;  // 12 MiB per rank through 64 KiB buffers
+    auto links = ConnectRing(size, sockets, 64 << 10);
+    std::vector<SocketCounter> counters(size);
+    RunRanks(size, [&](uint32_t r) {
+      LaneOptions o = Options(r, size);
+      o.observer = &counters[r];
+      CollectiveDesc desc = Desc(0);
+      Lane lane(links[r], o);
+      Exchange x(frames, frame_bytes);
+      std::vector<char> mine = Pattern(r, frames * frame_bytes);
+      lane.Begin(desc, frames, frames);
+      x.SendAll(lane, mine);
+      LaneStats stats;
+      Status st = lane.Run(&x, &stats);
+      CHECK(st.ok());
+      CHECK(x.received == Pattern((r + size - 1) % size, frames * frame_bytes));
+      for (int n : x.seen) CHECK_EQ(n, 1);
+      CHECK_EQ(stats.frames_sent, frames);
+      CHECK_EQ(stats.frames_received, frames);
+      CHECK_EQ(stats.bytes_sent, frames * (frame_bytes + kFrameHeaderBytes));
+    });
+    for (auto& c : counters) {
+      CHECK_EQ(c.sent_on.size(), static_cast<size_t>(sockets));  // every socket carried frames
+      CHECK_EQ(c.received_on.size(), static_cast<size_t>(sockets));
+    }
+  }
+}
+
+TEST(LaneEndMarkersKeepBackToBackCollectivesApart) {
+  // Collective A has fewer frames than sockets (some sockets carry only an end marker); B follows
+  // at once. If a receiver read into the next collective, the header check would fail (seq) or
+  // the payload would be wrong.
+  const uint32_t size = 2;
+  const int sockets = 3;
+  auto links = ConnectRing(size, sockets);
+  RunRanks(size, [&](uint32_t r) {
+    Lane lane(links[r], Options(r, size));
+    for (uint64_t seq = 0; seq < 6; ++seq) {
+      const size_t frames = seq % 2 == 0 ? 1 : 7;
+      const size_t frame_bytes = 4096 + seq;
+      CollectiveDesc desc = Desc(seq);
+      Exchange x(frames, frame_bytes);
+      std::vector<char> mine = Pattern(r, frames * frame_bytes, static_cast<uint32_t>(seq));
+      lane.Begin(desc, frames, frames);
+      x.SendAll(lane, mine);
+      LaneStats stats;
+      Status st = lane.Run(&x, &stats);
+      CHECK(st.ok());
+      if (!st.ok()) std::fprintf(stderr, "    %s\n", st.message().c_str());
+      CHECK(x.received == Pattern(1 - r, frames * frame_bytes, static_cast<uint32_t>(seq)));
+    }
+  });
+}
+
+TEST(LaneAbortReachesEveryRankWithCodeAndMessage) {
+  // A ring (every rank waits on every other), so the abort must travel round to reach everyone.
+  // A timeout stays a timeout on every rank; a failure of rank 2's own (its proxy died) is a
+  // peer's failure for the others (CodeFromPeer).
+  const uint32_t size = 4;
+  const char reason[] = "the test pulled the plug";
+  const Code cases[][2] = {{Code::kTimeout, Code::kTimeout}, {Code::kProxyDied, Code::kPeerError}};
+  for (const auto& c : cases) {
+    auto links = ConnectRing(size, 2);
+    std::atomic<uint32_t> abort_flag{1};
+    const uint32_t abort_code = static_cast<uint32_t>(c[0]);
+    std::vector<Status> results(size);
+    RunRanks(size, [&](uint32_t r) {
+      RingOptions o;
+      static_cast<LaneOptions&>(o) = Options(r, size);
+      if (r == 2) {
+        o.abort = &abort_flag;
+        o.abort_reason = reason;
+        o.abort_code = &abort_code;
+      }
+      results[r] = RingSum(links[r], Desc(0), o, 10000);
+    });
+    for (uint32_t r = 0; r < size; ++r) {
+      CHECK_EQ(static_cast<int>(results[r].code()), static_cast<int>(r == 2 ? c[0] : c[1]));
+      CHECK(results[r].message().find(reason) != std::string::npos);
+      if (r != 2) CHECK(results[r].message().find("[reported by rank 2]") != std::string::npos);
+    }
+  }
+}
+
+TEST(LaneSilentNeighbourTimesOut) {
+  const uint32_t size = 2;
+  auto links = ConnectRing(size, 2);
+  // Rank 1 is connected but never runs the collective.
+  CollectiveDesc desc = Desc(0);
+  Lane lane(links[0], Options(0, size, 0.5));
+  Exchange x(2, 1024);
+  std::vector<char> mine = Pattern(0, 2 * 1024);
+  lane.Begin(desc, 2, 2);
+  x.SendAll(lane, mine);
+  LaneStats stats;
+  const int64_t start = NowNs();
+  Status st = lane.Run(&x, &stats);
+  const double seconds = (NowNs() - start) / 1e9;
+  CHECK_EQ(static_cast<int>(st.code()), static_cast<int>(Code::kTimeout));
+  CHECK(st.message().find("waiting for data from rank 1") != std::string::npos);
+  CHECK(seconds >= 0.5 && seconds < 1.5);
+}
+
+TEST(LaneMismatchIsAMismatchOnEveryRank) {
+  for (uint32_t size : {2u, 3u}) {  // with 3 ranks, rank 0 learns of it only from an abort frame
+    auto links = ConnectRing(size, 2);
+    std::vector<Status> results(size);
+    RunRanks(size, [&](uint32_t r) {
+      CollectiveDesc desc = Desc(0);
+      if (r == 1) desc.shape_hash = 99;  // same name and size, another shape
+      RingOptions o;
+      static_cast<LaneOptions&>(o) = Options(r, size);
+      results[r] = RingSum(links[r], desc, o, 10000);
+    });
+    for (uint32_t r = 0; r < size; ++r) {
+      CHECK_EQ(static_cast<int>(results[r].code()), static_cast<int>(Code::kMismatch));
+      CHECK(results[r].message().find("collective mismatch") != std::string::npos);
+      CHECK(results[r].message().find("the shapes differ") != std::string::npos);
+      CHECK(results[r].message().find("tensor 'grad'") != std::string::npos);
+    }
+  }
+}
