@@ -36,7 +36,6 @@ from fasthorovod.trace import capture as _trace
 
 _state_lock = threading.Lock()
 _group: Optional[ProxyGroup] = None
-_config: Optional[Config] = None
 _handles: Dict[int, "_ProxyHandle"] = {}
 _handle_ids = itertools.count(1 << 48)
 _names = itertools.count()
@@ -49,10 +48,9 @@ def init(comm=None, process_sets=None):
     """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them."""
     _stop_proxies()
     _hvd.init(comm, process_sets)
-    _start_proxies()
-    directory = _trace.trace_dir_from_env()
-    if directory:
-        start_trace(directory)
+    config = _start_proxies()
+    if config.trace_dir:
+        start_trace(config.trace_dir)
 
 
 def start_trace(directory: str) -> None:
@@ -80,12 +78,13 @@ def shutdown(*args, **kwargs):
     return _hvd.shutdown(*args, **kwargs)
 
 
-def _start_proxies() -> None:
-    global _group, _config
-    _config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
-    if _config.num_proxies > 0 and _hvd.size() > 1:
-        _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
+def _start_proxies() -> Config:
+    global _group
+    config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
+    if config.num_proxies > 0 and _hvd.size() > 1:
+        _group = ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                   _hvd_functions.broadcast_object, _hvd_functions.allgather_object)
+    return config
 
 
 def restart_proxies() -> None:
