@@ -14,6 +14,14 @@ Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES 
 ``close()`` (``hvd.shutdown()`` or interpreter exit) stops the proxies, waits for them with a
 timeout, kills any that do not exit, and unlinks every shared-memory name. If the worker dies, the
 kernel signals its proxies (PR_SET_PDEATHSIG) and they exit on their own.
+
+What callers above use (the data plane's public API): :meth:`ProxyGroup.supports` (dtypes the
+proxies carry), :meth:`ProxyGroup.alloc` (a zero-copy shared-memory tensor), :meth:`ProxyGroup.allreduce`
+and :meth:`ProxyGroup.allgather` (asynchronous requests), and the mechanisms that policies above
+steer: :meth:`ProxyGroup.lane_stats`, :meth:`ProxyGroup.set_lane_weights` (lane rebalancing,
+fasthorovod/proxy/balance.py) and :meth:`ProxyGroup.begin_join`/:meth:`ProxyGroup.end_join`
+(``hvd.join()``). Nothing here blocks on another rank except a wait on a request and the join
+control requests; nothing here talks to Horovod after start-up.
 """
 from __future__ import annotations
 
@@ -24,7 +32,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -34,6 +41,8 @@ from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
+# The proxies' dtype numbering (csrc/collectives/reduce.h). Private to the data plane: callers ask
+# ProxyGroup.supports(dtype).
 DTYPE_CODES = {
     torch.uint8: 0,
     torch.int8: 1,
@@ -156,12 +165,7 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
-        self._allgather_object: Optional[Callable] = None
-        self._broadcast_object: Optional[Callable] = None
-        self._posted = 0
         self._tracing = False
-        self._joined_ns = 0  # wall clock at begin_join
-        self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
 
@@ -178,7 +182,6 @@ class ProxyGroup:
 
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
         cfg = self.config
-        self._allgather_object, self._broadcast_object = allgather_object, broadcast_object
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
         prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
@@ -205,27 +208,34 @@ class ProxyGroup:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _rebalance(self) -> None:
-        """Re-weighs the lanes from their measured rates (bytes moved per busy second).
+    @staticmethod
+    def supports(dtype: torch.dtype) -> bool:
+        """Whether the proxies reduce and gather `dtype` (the integer types up to 64 bits, float16,
+        bfloat16, float32, float64)."""
+        return dtype in DTYPE_CODES
 
-        A striped transfer runs at the pace of its slowest lane, and real flows are uneven (per-flow
-        caps, hash collisions, CPU contention). Every rank contributes its lanes' rates since the
-        last rebalance; a lane's rate is the minimum over ranks (its ring is as fast as its slowest
-        hop); the new weights move halfway towards those rates. Every rank computes the same
-        weights from the same gathered numbers, so shard boundaries stay identical everywhere.
-        """
-        rates = []
-        for lane, (sent, busy) in enumerate(self._last_lane_totals):
-            stats = self.channel.lane(lane)
-            d_bytes, d_busy = stats["bytes_sent"] - sent, stats["busy_ns"] - busy
-            self._last_lane_totals[lane] = (stats["bytes_sent"], stats["busy_ns"])
-            rates.append(d_bytes / d_busy if d_busy > 0 and d_bytes > 0 else 0.0)
-        gathered = self._allgather_object(rates, name="fasthorovod.lane_rates")
-        ring_rates = [min(r[lane] for r in gathered) for lane in range(len(rates))]
-        if min(ring_rates) <= 0.0:
-            return  # a lane moved nothing measurable: keep the weights
-        total_w, total_r = sum(self.lane_weights), sum(ring_rates)
-        self.lane_weights = [0.5 * w / total_w + 0.5 * r / total_r for w, r in zip(self.lane_weights, ring_rates)]
+    def alloc(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed flat tensor of `count` elements in shared memory that the proxies read and
+        write in place: an in-place allreduce of it, or of a contiguous slice of it, copies
+        nothing. It stays registered until :meth:`close`; the memory lives as long as any view."""
+        if not self.supports(dtype):
+            raise ValueError(f"the proxies do not carry {dtype}")
+        if self._closed or self.pool is None:
+            raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        if count == 0:
+            return torch.zeros(0, dtype=dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        flat = self.pool.register(count * itemsize).view(dtype, 0, count)
+        flat.zero_()
+        return flat
+
+    def set_lane_weights(self, weights: Sequence[float]) -> None:
+        """Shard boundaries of later requests follow `weights` (one positive number per lane).
+        Every rank must switch at the same request, or the ranks' shards disagree."""
+        weights = [float(w) for w in weights]
+        if len(weights) != self.config.num_proxies or not all(w > 0.0 for w in weights):
+            raise ValueError(f"lane weights must be {self.config.num_proxies} positive numbers, got {weights}")
+        self.lane_weights = weights
 
     def lane_boundaries(self, count: int) -> List[int]:
         """Element boundaries of each lane's shard, proportional to the lane weights."""
@@ -242,9 +252,6 @@ class ProxyGroup:
         """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
-        self._posted += 1
-        if self.config.rebalance_every and self._posted % self.config.rebalance_every == 0:
-            self._rebalance()  # the same request index on every rank: collectives stay in step
         dtype = tensors[0].dtype
         count = sum(t.numel() for t in tensors)
         itemsize = tensors[0].element_size()
@@ -300,38 +307,18 @@ class ProxyGroup:
         return GatherRequest(self, seq, buffer, output, bounds)
 
     def begin_join(self) -> None:
-        """This rank has joined: its proxies now fill the other ranks' allreduces with zeros."""
-        self._control(_C.REQUEST_JOIN)  # returns once the lanes finished this rank's earlier requests
-        self._joined_ns = time.time_ns()
+        """This rank has joined: its proxies now fill the other ranks' allreduces with zeros.
+        Returns once the lanes have finished this rank's earlier requests."""
+        self._control(_C.REQUEST_JOIN)
 
-    def end_join(self, last_joined: int) -> int:
-        """Every rank has joined: the proxies serve this rank's requests again. Returns the rank that
-        joined last, correcting Horovod's answer (`last_joined`) with what the proxies saw.
-
-        Horovod orders the joins by when its coordinator saw them; a rank joined here when its
-        proxies began zero-filling, which can be a little before its JOIN reaches Horovod. A rank
-        whose proxies zero-filled a collective that rank R posted had joined before R, so it cannot
-        be the last; among the ranks that zero-filled nothing, Horovod's answer stands if it is one
-        of them, else the latest to join by the wall clock.
-
-        Ranks that joined early missed lane rebalances; everyone adopts rank 0's weights and
-        request count so shard boundaries and rebalance points agree again."""
-        self._control(_C.REQUEST_EXIT_JOIN)  # returns after the lanes' last zero-filled collective
-        # Each lane reset its count when it took the join request, so it holds this join's fills
-        # (a snapshot taken here at begin_join could already include some).
-        mine = (self._joined_ns, self._zero_filled(), self.lane_weights, self._posted)
-        everyone = self._allgather_object(mine, name="fasthorovod.join")
-        self.lane_weights, self._posted = everyone[0][2], everyone[0][3]
-        candidates = [r for r, entry in enumerate(everyone) if entry[1] == 0]
-        if last_joined in candidates or not candidates:
-            return last_joined
-        return max(candidates, key=lambda r: everyone[r][0])
-
-    def abandon_join(self) -> None:
-        """Horovod's join failed: take the proxies out of the joined state, nothing collective."""
+    def end_join(self) -> None:
+        """The proxies serve this rank's requests again (after every rank joined, or when the
+        join failed). Returns after the lanes' last zero-filled collective; nothing collective."""
         self._control(_C.REQUEST_EXIT_JOIN)
 
-    def _zero_filled(self) -> int:
+    def zero_filled(self) -> int:
+        """Collectives of other ranks this rank's lanes filled with zeros during the last join
+        (each lane resets its count when it takes the join request)."""
         return max((self.channel.lane(j)["zero_filled"] for j in range(self.config.num_proxies)), default=0)
 
     def _control(self, kind: int) -> None:
@@ -355,6 +342,8 @@ class ProxyGroup:
             self.channel.set_trace("", 0, self.config.timeout_seconds)
 
     def lane_stats(self) -> List[dict]:
+        """Per lane: its counters (``bytes_sent``, ``busy_ns``, ``collectives``, ``zero_filled``,
+        ``state``, ``port``, ...), as the proxies report them."""
         return [self.channel.lane(j) for j in range(self.config.num_proxies)] if self.channel else []
 
     # -- shutdown ---------------------------------------------------------------------------------
