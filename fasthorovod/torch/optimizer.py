@@ -33,8 +33,10 @@ from horovod.torch.compression import Compression
 from horovod.torch.functions import broadcast_object
 from horovod.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
 
+from fasthorovod import scheduler as _scheduler
 from fasthorovod.buckets import reversed_buckets
 from fasthorovod.torch import mpi_ops
+from fasthorovod.torch.communicator import HorovodCommunicator
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
@@ -66,7 +68,8 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         self._bucket_of: Dict[torch.Tensor, _Bucket] = {}
         group = mpi_ops.proxy_group()
         for index, plist in enumerate(self._plan_buckets(params, group.config.bucket_bytes)):
-            zero_copy = self._compression is Compression.none and all(p.device.type == "cpu" for p in plist)
+            zero_copy = (self._compression is Compression.none and group.supports(plist[0].dtype)
+                         and all(p.device.type == "cpu" for p in plist))
             name = f"fasthorovod.bucket.{index}.{self._parameter_names.get(plist[0])}"
             bucket = _Bucket(index, plist, name, zero_copy)
             if zero_copy:
@@ -94,11 +97,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
 
     @staticmethod
     def _place_in_shared_memory(bucket: _Bucket, group) -> None:
-        dtype = bucket.params[0].dtype
-        itemsize = bucket.params[0].element_size()
-        count = sum(p.numel() for p in bucket.params)
-        buf = group.pool.register(count * itemsize)
-        bucket.flat = buf.view(dtype, 0, count)
+        bucket.flat = group.alloc(sum(p.numel() for p in bucket.params), bucket.params[0].dtype)
         offset = 0
         for p in bucket.params:
             view = bucket.flat[offset:offset + p.numel()].view_as(p)
@@ -271,10 +270,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         An unknown algorithm or option, or any option with ``algorithm="ssgd"``, raises ValueError.
     """
     if algorithm != "ssgd" or algorithm_options or getattr(compression, "scheduled", False):
-        from fasthorovod.scheduler import DistributedOptimizer as _scheduled_optimizer
-        return _scheduled_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
-                                    algorithm=algorithm, **algorithm_options)
+        # The scheduler speaks its own terms: None for Horovod's Average, global process set and
+        # Compression.none; anything else is passed on for it to refuse (naming the algorithm).
+        return _scheduler.DistributedOptimizer(
+            optimizer, named_parameters, None if compression is Compression.none else compression,
+            backward_passes_per_step, None if op is None or op == Average else op, gradient_predivide_factor,
+            num_groups, groups, sparse_as_dense,
+            None if process_set.process_set_id == global_process_set.process_set_id else process_set,
+            algorithm=algorithm, communicator=HorovodCommunicator(), **algorithm_options)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
