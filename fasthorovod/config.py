@@ -39,6 +39,11 @@ def _int(env: Mapping[str, str], name: str, default: int, low: int, high: Option
     return value
 
 
+def _text(env: Mapping[str, str], name: str) -> Optional[str]:
+    """A free-form value with surrounding blanks removed; None when unset or blank."""
+    return (env.get(PREFIX + name) or "").strip() or None
+
+
 def _float(env: Mapping[str, str], name: str, default: float, low: float) -> float:
     raw = env.get(PREFIX + name)
     if raw is None or raw.strip() == "":
@@ -100,11 +105,13 @@ class Config:
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0, the default, waits for ever as Horovod does)."""
     iface: Optional[str] = None
     """FASTHOROVOD_IFACE: network interface the proxies bind to (else HOROVOD_GLOO_IFACE, else hostname)."""
+    trace_dir: Optional[str] = None
+    """FASTHOROVOD_TRACE_DIR: record the DLC trace into this directory from ``hvd.init()`` on
+    (docs/trace.md); None when unset or blank."""
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env
-        iface = env.get(PREFIX + "IFACE") or None
         return cls(
             num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
             sockets_per_proxy=_int(env, "SOCKETS_PER_PROXY", cls.sockets_per_proxy, 1, 64),
@@ -121,7 +128,8 @@ class Config:
                                                cls.stall_check_seconds)),
             stall_shutdown_seconds=_seconds(env, "STALL_SHUTDOWN_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
                                             cls.stall_shutdown_seconds),
-            iface=iface,
+            iface=env.get(PREFIX + "IFACE") or None,
+            trace_dir=_text(env, "TRACE_DIR"),
         )
 
     def for_topology(self, single_host: bool) -> "Config":

@@ -6,14 +6,25 @@ Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES 
    control plane, no home-made rendezvous);
 2. the worker creates its shared-memory channel and spawns ``python -m fasthorovod.proxy CHANNEL j``
    for j < k; each proxy binds on the job's interface and reports its port in the channel;
-3. ``allgather_object`` exchanges (address, ports) between workers; lane j of rank r is told the
-   address of lane j of rank r+1, connects, and accepts lane j of rank r−1 (handshake with the
-   token, ranks, lane and configuration hash);
-4. once every lane is connected the channel's name is unlinked (the mappings stay).
+3. rank 0 starts the negotiation's coordinator (csrc/negotiation/coordinator.h);
+   ``allgather_object`` exchanges (address, ports, coordinator port) between workers; lane j of
+   rank r is told the address of lane j of rank r+1, connects, and accepts lane j of rank r−1
+   (handshake with the token, ranks, lane and configuration hash);
+4. each worker's member connects to the coordinator; from then on every request is submitted to
+   the member, which posts it to the proxies in the order the ranks negotiated;
+5. once every lane is connected the channel's name is unlinked (the mappings stay).
 
 ``close()`` (``hvd.shutdown()`` or interpreter exit) stops the proxies, waits for them with a
 timeout, kills any that do not exit, and unlinks every shared-memory name. If the worker dies, the
 kernel signals its proxies (PR_SET_PDEATHSIG) and they exit on their own.
+
+What callers above use (the data plane's public API): :meth:`ProxyGroup.supports` (dtypes the
+proxies carry), :meth:`ProxyGroup.alloc` (a zero-copy shared-memory tensor), :meth:`ProxyGroup.allreduce`
+and :meth:`ProxyGroup.allgather` (asynchronous requests), and the mechanisms that policies above
+steer: :meth:`ProxyGroup.lane_stats`, :meth:`ProxyGroup.set_lane_weights` (lane rebalancing,
+fasthorovod/proxy/balance.py) and :meth:`ProxyGroup.begin_join`/:meth:`ProxyGroup.end_join`
+(``hvd.join()``, through the negotiation). Nothing here blocks on another rank except a wait on
+a request or on the join; nothing here talks to Horovod after start-up.
 """
 from __future__ import annotations
 
@@ -24,7 +35,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -35,6 +45,7 @@ from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
+# Private to the data plane: callers ask ProxyGroup.supports(dtype).
 DTYPE_CODES = {getattr(torch, name): code for name, code in _C.DTYPES.items()}
 OP_SUM, OP_AVERAGE, OP_GATHER = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER
 
@@ -168,12 +179,8 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
-        self._allgather_object: Optional[Callable] = None
-        self._broadcast_object: Optional[Callable] = None
-        self._posted = 0
         self._tracing = False
         self._join_ticket: Optional[int] = None
-        self._last_lane_totals = [(0, 0)] * config.num_proxies
         self._lock = threading.Lock()
         self._closed = False
 
@@ -190,7 +197,6 @@ class ProxyGroup:
 
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
         cfg = self.config
-        self._allgather_object, self._broadcast_object = allgather_object, broadcast_object
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
         prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
@@ -221,27 +227,34 @@ class ProxyGroup:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _rebalance(self) -> None:
-        """Re-weighs the lanes from their measured rates (bytes moved per busy second).
+    @staticmethod
+    def supports(dtype: torch.dtype) -> bool:
+        """Whether the proxies reduce and gather `dtype` (the integer types up to 64 bits, float16,
+        bfloat16, float32, float64)."""
+        return dtype in DTYPE_CODES
 
-        A striped transfer runs at the pace of its slowest lane, and real flows are uneven (per-flow
-        caps, hash collisions, CPU contention). Every rank contributes its lanes' rates since the
-        last rebalance; a lane's rate is the minimum over ranks (its ring is as fast as its slowest
-        hop); the new weights move halfway towards those rates. Every rank computes the same
-        weights from the same gathered numbers, so shard boundaries stay identical everywhere.
-        """
-        rates = []
-        for lane, (sent, busy) in enumerate(self._last_lane_totals):
-            stats = self.channel.lane(lane)
-            d_bytes, d_busy = stats["bytes_sent"] - sent, stats["busy_ns"] - busy
-            self._last_lane_totals[lane] = (stats["bytes_sent"], stats["busy_ns"])
-            rates.append(d_bytes / d_busy if d_busy > 0 and d_bytes > 0 else 0.0)
-        gathered = self._allgather_object(rates, name="fasthorovod.lane_rates")
-        ring_rates = [min(r[lane] for r in gathered) for lane in range(len(rates))]
-        if min(ring_rates) <= 0.0:
-            return  # a lane moved nothing measurable: keep the weights
-        total_w, total_r = sum(self.lane_weights), sum(ring_rates)
-        self.lane_weights = [0.5 * w / total_w + 0.5 * r / total_r for w, r in zip(self.lane_weights, ring_rates)]
+    def alloc(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed flat tensor of `count` elements in shared memory that the proxies read and
+        write in place: an in-place allreduce of it, or of a contiguous slice of it, copies
+        nothing. It stays registered until :meth:`close`; the memory lives as long as any view."""
+        if not self.supports(dtype):
+            raise ValueError(f"the proxies do not carry {dtype}")
+        if self._closed or self.pool is None:
+            raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+        if count == 0:
+            return torch.zeros(0, dtype=dtype)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        flat = self.pool.register(count * itemsize).view(dtype, 0, count)
+        flat.zero_()
+        return flat
+
+    def set_lane_weights(self, weights: Sequence[float]) -> None:
+        """Shard boundaries of later requests follow `weights` (one positive number per lane).
+        Every rank must switch at the same request, or the ranks' shards disagree."""
+        weights = [float(w) for w in weights]
+        if len(weights) != self.config.num_proxies or not all(w > 0.0 for w in weights):
+            raise ValueError(f"lane weights must be {self.config.num_proxies} positive numbers, got {weights}")
+        self.lane_weights = weights
 
     def lane_boundaries(self, count: int) -> List[int]:
         """Element boundaries of each lane's shard, proportional to the lane weights."""
@@ -258,9 +271,6 @@ class ProxyGroup:
         """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
-        self._posted += 1
-        if self.config.rebalance_every and self._posted % self.config.rebalance_every == 0:
-            self._rebalance()  # the same request index on every rank: collectives stay in step
         dtype = tensors[0].dtype
         count = sum(t.numel() for t in tensors)
         itemsize = tensors[0].element_size()
@@ -341,6 +351,8 @@ class ProxyGroup:
             self.channel.set_trace("", 0, self.config.timeout_seconds)
 
     def lane_stats(self) -> List[dict]:
+        """Per lane: its counters (``bytes_sent``, ``busy_ns``, ``collectives``, ``zero_filled``,
+        ``state``, ``port``, ...), as the proxies report them."""
         return [self.channel.lane(j) for j in range(self.config.num_proxies)] if self.channel else []
 
     # -- shutdown ---------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
         "--proxy-threshold", type=parse_bytes, metavar="BYTES",
         help="Sum/Average allreduces of at least this many bytes go through the proxies, smaller "
              "ones through Horovod (FASTHOROVOD_PROXY_THRESHOLD_BYTES). A number of bytes or e.g. "
-             "64KiB, 1MiB; default 1MiB.")
+             "64KiB, 1MiB; default 1MiB, or 8MiB when every rank runs on one host (a value "
+             "given here applies everywhere).")
     group.add_argument(
         "--emulate-cloud", type=_cloud_spec, metavar="HOSTS:LINK:PER_FLOW",
         help="Run the job on an emulated public-cloud network on this machine, e.g. "

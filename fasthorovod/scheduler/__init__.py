@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Dict, Type
 
 from fasthorovod.scheduler.base import ScheduledOptimizer
-from fasthorovod.scheduler.comm import Communicator, Handle, HorovodCommunicator
+from fasthorovod.scheduler.comm import Communicator, Handle
 from fasthorovod.scheduler.delayed import CDSGD, ODSGD, SSDSGD
 from fasthorovod.scheduler.quantize import TwoBitCompression, dequantize_sum_2bit, quantize_2bit
 from fasthorovod.scheduler.sync import SSGD2Bit, LocalSGD
@@ -32,7 +32,7 @@ ALGORITHMS: Dict[str, Type[ScheduledOptimizer]] = {
 }
 
 __all__ = [
-    "ALGORITHMS", "CDSGD", "Communicator", "DistributedOptimizer", "Handle", "HorovodCommunicator", "LocalSGD",
+    "ALGORITHMS", "CDSGD", "Communicator", "DistributedOptimizer", "Handle", "LocalSGD",
     "ODSGD", "SSDSGD", "SSGD2Bit", "ScheduledOptimizer", "TwoBitCompression", "dequantize_sum_2bit",
     "quantize_2bit",
 ]
@@ -43,20 +43,21 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
                          process_set=None, algorithm="ssgd", communicator: Communicator = None, **options):
     """Wraps `optimizer` in the scheduling policy `algorithm` (see the module docstring).
 
-    Takes ``fasthorovod.torch.DistributedOptimizer``'s arguments. The policies average
-    gradients (``op=Average``) over the global process set; ``compression`` may be
-    ``Compression.none``, ``Compression.fp16`` (od-sgd, ssd-sgd: their full-precision
-    allreduces) or a :class:`TwoBitCompression` (ssgd, cd-sgd). ``backward_passes_per_step`` is
-    accepted as is: gradients are read when ``step()`` runs, so several backward passes simply
-    accumulate (od-sgd then turns ``overlap_backward`` off). ``communicator`` replaces the
-    collectives (tests).
+    Takes ``fasthorovod.torch.DistributedOptimizer``'s arguments in this package's own terms
+    (``fasthorovod.torch`` translates Horovod's values): the policies average gradients over
+    every rank of `communicator`, so ``op`` and ``process_set`` must be None (Horovod's Average
+    and global process set); ``compression`` is None (no compression), a compressor with
+    ``compress``/``decompress`` such as Horovod's ``Compression.fp16`` (od-sgd, ssd-sgd: their
+    full-precision allreduces), or a :class:`TwoBitCompression` (ssgd, cd-sgd).
+    ``backward_passes_per_step`` is accepted as is: gradients are read when ``step()`` runs, so
+    several backward passes simply accumulate (od-sgd then turns ``overlap_backward`` off).
+    ``communicator`` (required) carries the collectives: FastHorovod's from
+    ``fasthorovod.torch``, a fake world of ranks in tests.
 
     Raises:
         ValueError: an unknown algorithm or option, a bad option value, or an argument the
             algorithm does not support (named in the message).
     """
-    from fasthorovod.torch import Average, Compression, global_process_set
-
     if algorithm == "ssgd":
         if options:
             raise ValueError(f"algorithm options {', '.join(sorted(options))} given with algorithm='ssgd', which "
@@ -72,7 +73,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         raise ValueError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for "
                          f"algorithm {algorithm!r}; its options are {', '.join(sorted(cls.OPTIONS)) or 'none'}")
 
-    if op is not None and op != Average:
+    if op is not None:
         raise ValueError(f"algorithm {algorithm!r} averages gradients: op must be Average")
     if gradient_predivide_factor != 1.0:
         raise ValueError(f"gradient_predivide_factor is not supported with algorithm {algorithm!r}")
@@ -86,7 +87,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
             raise ValueError(f"overlap_backward=True sends gradients during backward, so it cannot "
                              f"accumulate backward_passes_per_step={backward_passes_per_step} passes")
         options["overlap_backward"] = False
-    if process_set is not None and process_set.process_set_id != global_process_set.process_set_id:
+    if process_set is not None:
         raise ValueError(f"algorithm {algorithm!r} runs on the global process set only")
     del sparse_as_dense  # sparse gradients are always densified
 
@@ -97,7 +98,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
         if "threshold" in options and options["threshold"] != compression.threshold:
             raise ValueError(f"threshold={options['threshold']} contradicts {compression!r}")
         options["threshold"] = compression.threshold
-    elif compression is not None and compression is not Compression.none:
+    elif compression is not None:
         if algorithm not in ("od-sgd", "ssd-sgd"):
             raise ValueError(f"compression {getattr(compression, '__name__', compression)!r} is not supported "
                              f"with algorithm {algorithm!r}")
@@ -106,7 +107,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None, bac
     for name, value in options.items():  # bad values fail before any collective is set up
         cls.OPTIONS[name].check(name, value)
     if communicator is None:
-        communicator = HorovodCommunicator()
+        raise TypeError("DistributedOptimizer(algorithm=...) needs a communicator; use "
+                        "fasthorovod.torch.DistributedOptimizer, which passes FastHorovod's")
     return cls(optimizer, communicator, named_parameters=_checked_names(optimizer, named_parameters),
                compression=compressor, **options)
 

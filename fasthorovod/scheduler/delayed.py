@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from fasthorovod.buckets import reversed_buckets
+from fasthorovod.buckets import GradientBucket, GradientBuckets, reversed_buckets
 from fasthorovod.scheduler.base import (
     Option,
     ScheduledOptimizer,
@@ -40,17 +40,15 @@ def _wait_all(handles: List[Handle], flat: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-class _Bucket:
+class _Bucket(GradientBucket):
     """Parameters (consecutive in `layout`'s flat buffer) averaged together as soon as backward has
     produced all their gradients."""
 
     def __init__(self, index: int, layout: _Layout, positions: List[int]) -> None:
-        self.index = index
+        super().__init__(index, positions)
         self.layout = layout
         self.positions = positions
         self.span = layout.span(positions)
-        self.ready = 0
-        self.handle: Optional[Handle] = None
 
 
 class ODSGD(ScheduledOptimizer):
@@ -90,8 +88,7 @@ class ODSGD(ScheduledOptimizer):
         super().__init__(*args, **kwargs)
         self._previous_global: Optional[List[torch.Tensor]] = None  # W_{t-1}, for DC-ASGD
         self._buckets: List[_Bucket] = []
-        self._bucket_of: Dict[int, _Bucket] = {}
-        self._copied: set = set()  # parameters whose gradient is in this step's buffer already
+        self._gradient_buckets: Optional[GradientBuckets[_Bucket]] = None
         if self.options.get("overlap_backward"):  # CD-SGD has no such option
             self._plan_buckets()
 
@@ -109,18 +106,18 @@ class ODSGD(ScheduledOptimizer):
     def _post(self, grads: Sequence[torch.Tensor], slot: int) -> _InFlight:
         if not self._buckets:
             return self._post_grads(grads, slot)
-        for bucket in self._buckets:  # what backward did not finish (unused parameters, no hooks yet)
-            if bucket.handle is None:
-                for i in bucket.positions:
-                    if i not in self._copied:
-                        bucket.layout.view(self._buffer(slot, bucket.layout), i).copy_(grads[i])
-                self._post_bucket(bucket, slot)
+
+        def fill(bucket: _Bucket, missing: List[int]) -> None:
+            for i in missing:
+                bucket.layout.view(self._buffer(slot, bucket.layout), i).copy_(grads[i])
+        # what backward did not finish (unused parameters, no hooks yet)
+        self._gradient_buckets.post_remaining(fill)
         handles = []
         for layout in self._layouts:
             mine = [b.handle for b in self._buckets if b.layout is layout]
             flat = self._buffer(slot, layout)
             handles.append(Handle(functools.partial(_wait_all, mine, flat)))
-        self._next_step_buckets()
+        self._gradient_buckets.reset()
         return _InFlight(handles, 1)
 
     # -- buckets launched by backward (overlap_backward) ----------------------------------------
@@ -133,49 +130,38 @@ class ODSGD(ScheduledOptimizer):
             for positions in reversed_buckets(layout.positions, lambda i: self._params[i].numel() * itemsize,
                                               self.bucket_bytes):
                 self._buckets.append(_Bucket(len(self._buckets), layout, positions))
-        for bucket in self._buckets:
-            for i in bucket.positions:
-                self._bucket_of[i] = bucket
-                self._params[i].register_post_accumulate_grad_hook(self._make_hook(i))
+        self._gradient_buckets = GradientBuckets(
+            self._buckets, lambda bucket: self._post_bucket(bucket, self._step % 2), self._repeated_gradient,
+            accept=self._copy_gradient)
+        # Before the first step() the counters may still change (broadcast from rank 0), and
+        # warm-up steps are synchronous: step() sends everything then.
+        self._gradient_buckets.register_hooks(lambda i: self._params[i],
+                                              active=lambda: self._started and self._step >= self.warmup_steps)
 
-    def _make_hook(self, i: int):
-        def hook(p: torch.Tensor) -> None:
-            # Before the first step() the counters may still change (broadcast from rank 0), and
-            # warm-up steps are synchronous: step() sends everything then.
-            if not self._started or self._step < self.warmup_steps:
-                return
-            if i in self._copied:
-                raise RuntimeError(
-                    f"the gradient of {self._names[i]!r} was computed twice before step() (algorithm "
-                    f"{self.algorithm!r} sends it as soon as backward produces it); accumulate over "
-                    "several backward passes with overlap_backward=False")
-            bucket = self._bucket_of[i]
-            slot = self._step % 2
-            with torch.no_grad():
-                g = p.grad.to_dense() if p.grad.is_sparse else p.grad
-                bucket.layout.view(self._buffer(slot, bucket.layout), i).copy_(g)
-            self._copied.add(i)
-            bucket.ready += 1
-            if bucket.ready == len(bucket.positions):
-                self._post_bucket(bucket, slot)
-        return hook
+    def _repeated_gradient(self, i: int, bucket: _Bucket) -> RuntimeError:
+        return RuntimeError(
+            f"the gradient of {self._names[i]!r} was computed twice before step() (algorithm "
+            f"{self.algorithm!r} sends it as soon as backward produces it); accumulate over "
+            "several backward passes with overlap_backward=False")
 
-    def _post_bucket(self, bucket: "_Bucket", slot: int) -> None:
+    def _copy_gradient(self, i: int, bucket: _Bucket) -> None:
+        """Backward produced parameter i's gradient: into this step's buffer it goes."""
+        p = self._params[i]
+        with torch.no_grad():
+            g = p.grad.to_dense() if p.grad.is_sparse else p.grad
+            bucket.layout.view(self._buffer(self._step % 2, bucket.layout), i).copy_(g)
+
+    def _post_bucket(self, bucket: "_Bucket", slot: int) -> Handle:
         flat = self._buffer(slot, bucket.layout)[bucket.span]
-        bucket.handle = self._post_average(flat, self._name(f"bucket{bucket.index}", slot, bucket.layout))
-
-    def _next_step_buckets(self) -> None:
-        self._copied.clear()
-        for bucket in self._buckets:
-            bucket.ready = 0
-            bucket.handle = None
+        return self._post_average(flat, self._name(f"bucket{bucket.index}", slot, bucket.layout))
 
     def _discard_unstepped(self) -> None:
         """Finishes (and drops) buckets that a backward without step() started."""
         for bucket in self._buckets:
             if bucket.handle is not None:
                 bucket.handle.wait()
-        self._next_step_buckets()
+        if self._gradient_buckets is not None:
+            self._gradient_buckets.reset()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._discard_unstepped()

@@ -30,17 +30,45 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compatibility
 
 from fasthorovod.config import Config
-from fasthorovod.proxy.group import DTYPE_CODES, ProxyGroup, Request
+from fasthorovod.proxy.balance import LaneBalancer
+from fasthorovod.proxy.group import ProxyGroup, Request
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
-_state_lock = threading.Lock()
-_group: Optional[ProxyGroup] = None
-_config: Optional[Config] = None
-_handles: Dict[int, "_ProxyHandle"] = {}
-_handle_ids = itertools.count(1 << 48)
-_names = itertools.count()
-_in_flight_names: set = set()
+class _Runtime:
+    """Everything the facade keeps between calls; one instance, :data:`_runtime`.
+
+    ``group`` and ``balancer`` are the running data plane and its lane-rebalancing policy (None
+    without proxies). ``handles`` maps the int handles of proxy allreduces in flight to what
+    ``synchronize`` needs, ``in_flight_names`` keeps two proxy allreduces of one name from being in
+    flight together (Horovod's rule), ``horovod_names`` names traced Horovod-path handles. Handle
+    ids and unnamed-tensor numbers only ever grow, so a stale handle never aliases a new one.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.group: Optional[ProxyGroup] = None
+        self.balancer: Optional[LaneBalancer] = None
+        self.handles: Dict[int, "_ProxyHandle"] = {}
+        self.handle_ids = itertools.count(1 << 48)
+        self.names = itertools.count()
+        self.in_flight_names: set = set()
+        self.horovod_names: Dict[int, str] = {}
+
+    def attach(self, group: ProxyGroup) -> None:
+        self.group = group
+        self.balancer = LaneBalancer(group, group.config.rebalance_every)
+
+    def detach(self) -> Optional[ProxyGroup]:
+        """Forgets the data plane and every proxy handle; returns the group for the caller to close."""
+        with self.lock:
+            group, self.group, self.balancer = self.group, None, None
+            self.handles.clear()
+            self.in_flight_names.clear()
+        return group
+
+
+_runtime = _Runtime()
 
 
 # -- lifecycle ----------------------------------------------------------------------------------------
@@ -49,10 +77,9 @@ def init(comm=None, process_sets=None):
     """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them."""
     _stop_proxies()
     _hvd.init(comm, process_sets)
-    _start_proxies()
-    directory = _trace.trace_dir_from_env()
-    if directory:
-        start_trace(directory)
+    config = _start_proxies()
+    if config.trace_dir:
+        start_trace(config.trace_dir)
 
 
 def start_trace(directory: str) -> None:
@@ -60,16 +87,18 @@ def start_trace(directory: str) -> None:
     Collective: every rank calls it (clock offsets are estimated against rank 0)."""
     tracer = _trace.start_trace(directory, rank=_hvd.rank(), size=_hvd.size(), barrier=_hvd.barrier,
                                 allgather_object=_hvd_functions.allgather_object)
-    if _group is not None:
-        _group.start_trace(directory, tracer.clock_offset_ns)
+    group = _runtime.group
+    if group is not None:
+        group.start_trace(directory, tracer.clock_offset_ns)
     compute_spans.install()
 
 
 def stop_trace() -> None:
     """Stops the trace: the proxies close their files, then the worker's is flushed and closed."""
     compute_spans.remove()
-    if _group is not None:
-        _group.stop_trace()
+    group = _runtime.group
+    if group is not None:
+        group.stop_trace()
     _trace.stop_trace()
 
 
@@ -77,15 +106,16 @@ def shutdown(*args, **kwargs):
     """Stops and reaps the proxies, unlinks shared memory, then shuts Horovod down."""
     stop_trace()
     _stop_proxies()
+    _runtime.horovod_names.clear()
     return _hvd.shutdown(*args, **kwargs)
 
 
-def _start_proxies() -> None:
-    global _group, _config
-    _config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
-    if _config.num_proxies > 0 and _hvd.size() > 1:
-        _group = ProxyGroup.start(_config, _hvd.rank(), _hvd.size(),
-                                  _hvd_functions.broadcast_object, _hvd_functions.allgather_object)
+def _start_proxies() -> Config:
+    config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
+    if config.num_proxies > 0 and _hvd.size() > 1:
+        _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
+                                         _hvd_functions.broadcast_object, _hvd_functions.allgather_object))
+    return config
 
 
 def restart_proxies() -> None:
@@ -95,33 +125,30 @@ def restart_proxies() -> None:
     _stop_proxies()
     _start_proxies()
     tracer = _trace.tracer
-    if tracer is not None and _group is not None:
-        _group.start_trace(os.path.dirname(tracer.path), tracer.clock_offset_ns)
+    group = _runtime.group
+    if tracer is not None and group is not None:
+        group.start_trace(os.path.dirname(tracer.path), tracer.clock_offset_ns)
 
 
 def _stop_proxies() -> None:
-    global _group
-    with _state_lock:
-        group, _group = _group, None
-        _handles.clear()
-        _in_flight_names.clear()
+    group = _runtime.detach()
     if group is not None:
         group.close()
 
 
 def proxy_group() -> Optional[ProxyGroup]:
     """The running ProxyGroup, or None (size 1, proxies disabled, or not initialized)."""
-    return _group
+    return _runtime.group
 
 
 # -- routing ------------------------------------------------------------------------------------------
 
 def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[ProxyGroup]:
-    group = _group
+    group = _runtime.group
     if group is None or op not in (Sum, Average) or process_set.process_set_id != global_process_set.process_set_id:
         return None
     dtype = tensors[0].dtype
-    if dtype not in DTYPE_CODES or any(t.dtype != dtype for t in tensors):
+    if not group.supports(dtype) or any(t.dtype != dtype for t in tensors):
         return None
     if any(t.device.type not in ("cpu", "cuda") for t in tensors):
         return None
@@ -145,12 +172,13 @@ class _ProxyHandle:
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
           name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
     if name is None:
-        name = f"allreduce.noname.{next(_names)}"
-    with _state_lock:
-        if name in _in_flight_names:
+        name = f"allreduce.noname.{next(_runtime.names)}"
+    with _runtime.lock:
+        if name in _runtime.in_flight_names:
             raise ValueError(f"Requested to allreduce a tensor with the same name as another tensor that is "
                              f"currently being processed: {name!r}")
-        _in_flight_names.add(name)
+        _runtime.in_flight_names.add(name)
+    balancer = _runtime.balancer
     requests = []
     try:
         for dtype in dict.fromkeys(t.dtype for t in tensors):
@@ -159,14 +187,16 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
             outs = [outputs[i] for i in idx]
             host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype)
                          for o in outs]
+            if balancer is not None:
+                balancer.before_request()  # may switch the lane weights for this request
             req = group.allreduce(ins, host_outs, name, op == Average, prescale_factor, postscale_factor)
             requests.append((req, outs, host_outs))
     except BaseException:
-        with _state_lock:
-            _in_flight_names.discard(name)
+        with _runtime.lock:
+            _runtime.in_flight_names.discard(name)
         raise
-    handle = next(_handle_ids)
-    _handles[handle] = _ProxyHandle(requests, result, name)
+    handle = next(_runtime.handle_ids)
+    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
     tracer = _trace.tracer
     if tracer is not None:
         tracer.event("request", name, bytes=sum(t.numel() * t.element_size() for t in tensors),
@@ -179,7 +209,7 @@ def _host(t: torch.Tensor) -> torch.Tensor:
 
 
 def _finish(handle: int):
-    entry = _handles.pop(handle)
+    entry = _runtime.handles.pop(handle)
     try:
         for req, outs, host_outs in entry.requests:
             req.wait()
@@ -187,30 +217,27 @@ def _finish(handle: int):
                 if out is not host:
                     out.copy_(host)
     finally:
-        with _state_lock:
-            _in_flight_names.discard(entry.name)
+        with _runtime.lock:
+            _runtime.in_flight_names.discard(entry.name)
     return entry.result
 
 
 def poll(handle):
     """True when the operation behind `handle` has completed (Horovod's ``poll``)."""
-    entry = _handles.get(handle)
+    entry = _runtime.handles.get(handle)
     if entry is None:
         return _hvd.poll(handle)
     return all(req.poll() for req, _, _ in entry.requests)
-
-
-_horovod_names: Dict[int, str] = {}  # traced Horovod-path handles -> tensor name
 
 
 def synchronize(handle):
     """Waits for `handle` and returns its output (Horovod's ``synchronize``)."""
     tracer = _trace.tracer
     if tracer is not None:
-        entry = _handles.get(handle)
-        with tracer.span("wait", entry.name if entry is not None else _horovod_names.pop(handle, "")):
+        entry = _runtime.handles.get(handle)
+        with tracer.span("wait", entry.name if entry is not None else _runtime.horovod_names.pop(handle, "")):
             return _finish(handle) if entry is not None else _hvd.synchronize(handle)
-    if handle in _handles:
+    if handle in _runtime.handles:
         return _finish(handle)
     return _hvd.synchronize(handle)
 
@@ -225,7 +252,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
         handle = _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
         tracer = _trace.tracer
         if tracer is not None and name:
-            _horovod_names[handle] = name
+            _runtime.horovod_names[handle] = name
             tracer.event("request", name, bytes=tensor.numel() * tensor.element_size(), proxied=False)
         return handle
     return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output)
@@ -346,7 +373,7 @@ def join(device=-1) -> int:
     this rank posted before joining still complete normally. The last rank is the negotiation's:
     the order in which rank 0's coordinator received the joins.
     """
-    group = _group
+    group = _runtime.group
     if group is None:
         return _hvd.join(device)
     group.begin_join()

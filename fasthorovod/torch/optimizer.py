@@ -12,7 +12,7 @@ checks and their errors, ``step``, ``skip_synchronize``, ``load_state_dict``,
   the proxies reduce in place — no copy in, no copy out.
 * A hook after each gradient's accumulation counts down ``backward_passes_per_step``; when every
   gradient of a bucket is ready, the bucket's allreduce starts, so communication overlaps the rest
-  of backward.
+  of backward (``fasthorovod.buckets.GradientBuckets``, the engine OD-SGD's overlap uses too).
 * With a compressor (e.g. ``Compression.fp16``), or for gradients on a GPU, the bucket's gradients
   are compressed and sent as one grouped allreduce (staged through shared memory), then
   decompressed into ``p.grad``.
@@ -33,27 +33,41 @@ from horovod.torch.compression import Compression
 from horovod.torch.functions import broadcast_object
 from horovod.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
 
-from fasthorovod.buckets import reversed_buckets
+from fasthorovod import scheduler as _scheduler
+from fasthorovod.buckets import GradientBucket, GradientBuckets, reversed_buckets
 from fasthorovod.torch import mpi_ops
+from fasthorovod.torch.communicator import HorovodCommunicator
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
 
-class _Bucket:
+class _Bucket(GradientBucket):
     """Parameters whose gradients are allreduced together."""
 
     def __init__(self, index: int, params: List[torch.Tensor], name: str, zero_copy: bool) -> None:
-        self.index = index
+        super().__init__(index, params)
         self.params = params
         self.name = name
         self.zero_copy = zero_copy
         self.flat: Optional[torch.Tensor] = None
         self.views: Dict[torch.Tensor, torch.Tensor] = {}
-        self.ready = 0
-        self.handle = None
         self.ctxs = None
         self.sparse: Dict[torch.Tensor, object] = {}  # params whose gradient came sparse this step
         self.densified: List[torch.Tensor] = []  # sparse gradients sent dense (sparse_as_dense) this step
+
+    def reset(self) -> None:
+        super().reset()
+        self.ctxs = None
+        self.sparse.clear()
+        self.densified.clear()
+
+
+def _repeated_gradient(p: torch.Tensor, bucket: _Bucket) -> AssertionError:
+    if bucket.handle is not None:
+        return AssertionError(
+            "Gradients were computed more than backward_passes_per_step times before call to step(). "
+            "Increase backward_passes_per_step to accumulate gradients locally.")
+    return AssertionError()  # Horovod's bare `assert self._allreduce_delay[p] > 0`
 
 
 class _BucketedOptimizerMethods(torch.optim.Optimizer):
@@ -62,19 +76,24 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
     def _register_hooks(self):
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._requires_update = set(params)
-        self._buckets: List[_Bucket] = []
-        self._bucket_of: Dict[torch.Tensor, _Bucket] = {}
+        buckets: List[_Bucket] = []
         group = mpi_ops.proxy_group()
         for index, plist in enumerate(self._plan_buckets(params, group.config.bucket_bytes)):
-            zero_copy = self._compression is Compression.none and all(p.device.type == "cpu" for p in plist)
+            zero_copy = (self._compression is Compression.none and group.supports(plist[0].dtype)
+                         and all(p.device.type == "cpu" for p in plist))
             name = f"fasthorovod.bucket.{index}.{self._parameter_names.get(plist[0])}"
             bucket = _Bucket(index, plist, name, zero_copy)
             if zero_copy:
                 self._place_in_shared_memory(bucket, group)
-            self._buckets.append(bucket)
-            for p in plist:
-                self._bucket_of[p] = bucket
-                p.register_post_accumulate_grad_hook(self._make_hook(p))
+            buckets.append(bucket)
+        # Readiness counts Horovod's own _allreduce_delay down (set_backward_passes_per_step and
+        # load_state_dict reset it).
+        self._gradient_buckets = GradientBuckets(
+            buckets, self._launch, _repeated_gradient, accept=self._accept_gradient,
+            passes=lambda: self.backward_passes_per_step, countdown=self._allreduce_delay)
+        self._buckets = self._gradient_buckets.buckets
+        self._bucket_of = self._gradient_buckets.bucket_of
+        self._gradient_buckets.register_hooks(lambda p: p)
 
     def _plan_buckets(self, params: List[torch.Tensor], bucket_bytes: int) -> List[List[torch.Tensor]]:
         if self._groups is not None:
@@ -94,11 +113,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
 
     @staticmethod
     def _place_in_shared_memory(bucket: _Bucket, group) -> None:
-        dtype = bucket.params[0].dtype
-        itemsize = bucket.params[0].element_size()
-        count = sum(p.numel() for p in bucket.params)
-        buf = group.pool.register(count * itemsize)
-        bucket.flat = buf.view(dtype, 0, count)
+        bucket.flat = group.alloc(sum(p.numel() for p in bucket.params), bucket.params[0].dtype)
         offset = 0
         for p in bucket.params:
             view = bucket.flat[offset:offset + p.numel()].view_as(p)
@@ -113,30 +128,19 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
             bucket.views[p] = view
             offset += p.numel()
 
-    def _make_hook(self, p):
-        def hook(_param):
-            bucket = self._bucket_of[p]
-            if bucket.handle is not None and self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                    "Increase backward_passes_per_step to accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            if _trace.tracer is not None:
-                compute_spans.gradient_ready()
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                bucket.ready += 1
-                if bucket.ready == len(bucket.params):
-                    self._launch(bucket)
-        return hook
+    @staticmethod
+    def _accept_gradient(p: torch.Tensor, bucket: _Bucket) -> None:
+        assert not p.grad.requires_grad
+        if _trace.tracer is not None:
+            compute_spans.gradient_ready()
 
     def _scale_factors(self):
         if self.op == Average:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: _Bucket):
+        """Starts the bucket's allreduce; returns its handle."""
         tracer = _trace.tracer
         if tracer is not None:
             tracer.event("grad_ready", bucket.name, bucket=bucket.index)
@@ -171,14 +175,13 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                                                              prescale_factor=prescale, postscale_factor=postscale,
                                                              process_set=self.process_set)
         self._handles[bucket.index] = bucket.handle
+        return bucket.handle
 
     def synchronize(self):
         if not self.process_set.included():
             self._synchronized = True
             return
-        for bucket in self._buckets:
-            if bucket.handle is None:
-                self._launch(bucket)
+        self._gradient_buckets.post_remaining()
         tracer = _trace.tracer
         if tracer is not None:
             compute_spans.gradients_done()
@@ -193,11 +196,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                 p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())
             for p in bucket.densified:  # as Horovod: back to sparse before the update (e.g. SparseAdam)
                 p.grad = p.grad.to_sparse()
-            for p in bucket.params:
-                self._allreduce_delay[p] = self.backward_passes_per_step
-            bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
-            bucket.sparse.clear()
-            bucket.densified.clear()
+            self._gradient_buckets.reset_bucket(bucket)
         self._handles.clear()
         self._synchronized = True
         if tracer is not None:
@@ -232,10 +231,8 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                         p.grad.detach_().requires_grad_(False).zero_()
 
     def load_state_dict(self, *args, **kwargs):
-        for bucket in getattr(self, "_buckets", []):
-            bucket.ready, bucket.handle, bucket.ctxs = 0, None, None
-            bucket.sparse.clear()
-            bucket.densified.clear()
+        if hasattr(self, "_gradient_buckets"):
+            self._gradient_buckets.reset()
         return _hvd_optimizer._DistributedOptimizer.load_state_dict(self, *args, **kwargs)
 
 
@@ -271,10 +268,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         An unknown algorithm or option, or any option with ``algorithm="ssgd"``, raises ValueError.
     """
     if algorithm != "ssgd" or algorithm_options or getattr(compression, "scheduled", False):
-        from fasthorovod.scheduler import DistributedOptimizer as _scheduled_optimizer
-        return _scheduled_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                    gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
-                                    algorithm=algorithm, **algorithm_options)
+        # The scheduler speaks its own terms: None for Horovod's Average, global process set and
+        # Compression.none; anything else is passed on for it to refuse (naming the algorithm).
+        return _scheduler.DistributedOptimizer(
+            optimizer, named_parameters, None if compression is Compression.none else compression,
+            backward_passes_per_step, None if op is None or op == Average else op, gradient_predivide_factor,
+            num_groups, groups, sparse_as_dense,
+            None if process_set.process_set_id == global_process_set.process_set_id else process_set,
+            algorithm=algorithm, communicator=HorovodCommunicator(), **algorithm_options)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:

@@ -43,6 +43,7 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from fasthorovod.config import _text as _config_text
 from fasthorovod.trace.format import END, worker_file_name
 
 ENV_TRACE_DIR = "FASTHOROVOD_TRACE_DIR"
@@ -54,9 +55,8 @@ _lock = threading.Lock()
 
 
 def trace_dir_from_env(env=None) -> Optional[str]:
-    """FASTHOROVOD_TRACE_DIR, or None when unset or empty."""
-    value = (os.environ if env is None else env).get(ENV_TRACE_DIR, "").strip()
-    return value or None
+    """FASTHOROVOD_TRACE_DIR (declared as ``Config.trace_dir``), or None when unset or blank."""
+    return _config_text(os.environ if env is None else env, "TRACE_DIR")
 
 
 def clock_domain() -> str:

@@ -38,6 +38,13 @@ def test_join_never_returns_the_first_joiner():
     assert result.stdout.count("join order ok") == 2, result.stdout[-2000:]
 
 
+def test_lanes_rebalance_without_breaking_results():
+    result = run_job(2, "rebalance", "--count", "30",
+                     env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
+                          "FASTHOROVOD_REBALANCE_EVERY": "4", "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+    assert result.stdout.count("rebalance ok") == 2, result.stdout[-2000:]
+
+
 @pytest.mark.parametrize("variant", ["size", "dtype", "op", "prescale"])
 def test_mismatched_collectives_raise_on_every_rank(variant):
     result = run_job(2, "mismatch", "--variant", variant,

@@ -87,6 +87,32 @@ def scenario_large(args):
     print(f"rank {rank}: large ok ({args.mbytes} MB)", flush=True)
 
 
+def scenario_rebalance(args):
+    """FASTHOROVOD_REBALANCE_EVERY set: allreduces of odd sizes, several in flight, stay exact while
+    each rank's lane weights move (ranks need not agree on them: the run order carries the lowest
+    submitter's boundaries), and then a join with rebalancing on still works."""
+    from fasthorovod.torch import mpi_ops
+
+    rank, size = hvd.rank(), hvd.size()
+    for i in range(args.count):
+        counts = [100_003 + 7 * i, 3_001 + i]
+        handles = [hvd.allreduce_async(rank_input(c, torch.float32, rank), op=hvd.Sum, name=f"rb.{i}.{j}")
+                   for j, c in enumerate(counts)]
+        for h, c in zip(handles, counts):
+            assert torch.equal(hvd.synchronize(h), expected_sum(c, torch.float32, size)), (i, c)
+    group, balancer = hvd.proxy_group(), mpi_ops._runtime.balancer
+    state = (group.lane_weights, balancer.requests)
+    assert balancer.requests == 2 * args.count and group.lane_weights != [1.0] * len(group.lane_weights), state
+    if rank == 0:
+        hvd.join()  # joins early; the others' allreduces keep rebalancing while it zero-fills
+    else:
+        for i in range(8):
+            out = hvd.allreduce(rank_input(200_001, torch.float32, rank), op=hvd.Sum, name=f"rb.joined.{i}")
+            assert torch.equal(out, expected_sum(200_001, torch.float32, size) - rank_input(200_001, torch.float32, 0))
+        hvd.join()
+    print(f"rank {rank}: rebalance ok, weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
+
+
 def scenario_train(args):
     """20 steps of a small MLP with DistributedOptimizer; writes the final parameters (rank 0)."""
     rank = hvd.rank()
