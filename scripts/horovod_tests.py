@@ -58,6 +58,10 @@ def prepare(src: Path, out: Path, module: str) -> Path:
     original = src / "test" / "parallel" / "test_torch.py"
     if not original.is_file():
         sys.exit(f"error: {original} not found: pass a Horovod source checkout (git clone -b v0.28.1 ...)")
+    try:
+        import mock  # noqa: F401  (Horovod's test/utils/common.py imports it)
+    except ImportError:
+        sys.exit(f"error: Horovod's tests need the 'mock' package: {sys.executable} -m pip install mock")
     shutil.rmtree(out / "test", ignore_errors=True)
     (out / "test" / "parallel").mkdir(parents=True)
     shutil.copytree(src / "test" / "utils", out / "test" / "utils")

@@ -103,3 +103,18 @@ def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_p
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(Path(pg.__file__).resolve().parents[1] / "__init__.py")
+
+
+def test_stall_settings_follow_horovods_variables_unless_ours_are_set():
+    assert (Config.from_env({}).stall_check_seconds, Config.from_env({}).stall_shutdown_seconds) == (60.0, 0.0)
+    horovod = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    assert (Config.from_env(horovod).stall_check_seconds, Config.from_env(horovod).stall_shutdown_seconds) == (5, 30)
+    ours = dict(horovod, FASTHOROVOD_STALL_CHECK_SECONDS="2", FASTHOROVOD_STALL_SHUTDOWN_SECONDS="0")
+    assert (Config.from_env(ours).stall_check_seconds, Config.from_env(ours).stall_shutdown_seconds) == (2, 0)
+    assert Config.from_env({"HOROVOD_STALL_CHECK_DISABLE": "1"}).stall_check_seconds == 0
+    assert Config.from_env({"HOROVOD_STALL_CHECK_DISABLE": "1", "FASTHOROVOD_STALL_CHECK_SECONDS": "9"}
+                           ).stall_check_seconds == 9
+    with pytest.raises(ConfigError, match="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=-1.0 must be >= 0"):
+        Config.from_env({"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "-1"})
+    with pytest.raises(ConfigError, match="FASTHOROVOD_STALL_CHECK_SECONDS='soon' is not a number"):
+        Config.from_env({"FASTHOROVOD_STALL_CHECK_SECONDS": "soon"})
