@@ -19,12 +19,17 @@ timed region, as Horovod does). Rank 0 also records how many established TCP con
 rank's processes hold after the sweep (control connections included), which shows how many flows a
 backend really opened.
 
+With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
+random order on every rank, and waits for all of them (the Horovod-API backends only: the others
+cannot match collectives issued in different orders); the bus bandwidth counts the whole batch.
+
     python benchmarks/allreduce.py --np 4 --backends horovod-gloo,fasthorovod:4,mpi4py:4 \\
         --out results/allreduce.json --plot results/allreduce.png
 """
 import argparse
 import importlib
 import os
+import random
 import sys
 import time
 
@@ -66,6 +71,10 @@ def parse_args(argv=None):
                         help="timed iterations per size (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3,
                         help="untimed iterations before them (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="per timed iteration, post this many async allreduces of each size in a "
+                             "different random order on every rank and then wait for all (Horovod-API "
+                             "backends only; bus bandwidth counts the whole batch) (default: %(default)s)")
     parser.add_argument("--op", choices=("sum", "average"), default="sum",
                         help="reduction (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
@@ -79,8 +88,8 @@ def parse_args(argv=None):
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
-    if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1:
-        parser.error("need --iters >= 1, --warmup >= 0, --np >= 1 and --rounds >= 1")
+    if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1 or args.batch < 1:
+        parser.error("need --iters >= 1, --warmup >= 0, --np >= 1, --rounds >= 1 and --batch >= 1")
     if args.threads is None:
         args.threads = common.default_threads(args.np)
     return args
@@ -103,6 +112,12 @@ class HorovodComm:
 
     def allreduce_(self, buf, op, name):
         self.hvd.allreduce_(buf, op=self.hvd.Sum if op == "sum" else self.hvd.Average, name=name)
+
+    def allreduce_async_(self, buf, op, name):
+        return self.hvd.allreduce_async_(buf, op=self.hvd.Sum if op == "sum" else self.hvd.Average, name=name)
+
+    def synchronize(self, handle):
+        self.hvd.synchronize(handle)
 
     def allgather_object(self, obj):
         return self.hvd.allgather_object(obj)
@@ -233,6 +248,36 @@ def measure(comm, nbytes, args):
             "verified": True}
 
 
+def measure_batch(comm, nbytes, args):
+    """Time ``args.iters`` verified batches of ``args.batch`` async allreduces of ``nbytes`` each,
+    posted in a different random order on every rank (and every iteration), then all waited for:
+    what a training step's gradient buckets look like when hooks fire in rank-dependent orders.
+    Bus bandwidth counts the whole batch."""
+    x, expected = make_inputs(nbytes // 4, comm.rank, comm.size, args.op)
+    bufs = [torch.empty_like(x) for _ in range(args.batch)]
+    times = []
+    for iteration in range(args.warmup + args.iters):
+        for buf in bufs:
+            buf.copy_(x)
+        order = list(range(args.batch))
+        random.Random(f"{comm.rank}.{iteration}").shuffle(order)
+        comm.barrier()
+        start = time.perf_counter()
+        handles = [comm.allreduce_async_(bufs[i], args.op, f"batch.{nbytes}.{i}") for i in order]
+        for handle in handles:
+            comm.synchronize(handle)
+        elapsed = time.perf_counter() - start
+        for buf in bufs:
+            check(buf, expected, args.op, comm.rank, nbytes, iteration)
+        if iteration >= args.warmup:
+            times.append(elapsed)
+    slowest = np.max(comm.allgather_object(times), axis=0)
+    median = float(np.median(slowest))
+    return {"bytes": nbytes, "batch": args.batch, "order": "random per rank", "iters": args.iters,
+            "median_s": median, "p90_s": float(np.percentile(slowest, 90)),
+            "busbw_gbps": bus_bandwidth_gbps(nbytes * args.batch, median, comm.size), "verified": True}
+
+
 def tcp_connections():
     """Established TCP connections of this process and its children (e.g. proxy processes)."""
     me = psutil.Process()
@@ -251,8 +296,14 @@ def worker(args):
     torch.set_num_threads(args.threads)
     comm = open_comm(backend, args.rendezvous)
     results = []
+    if args.batch > 1 and not hasattr(comm, "allreduce_async_"):
+        if comm.rank == 0:
+            common.write_json(args.result_file, {"skipped": f"--batch posts in a different order on every "
+                                                            f"rank, which {backend.kind} cannot negotiate"})
+        comm.close()
+        return
     for nbytes in args.sizes:
-        results.append(measure(comm, nbytes, args))
+        results.append(measure_batch(comm, nbytes, args) if args.batch > 1 else measure(comm, nbytes, args))
         if comm.rank == 0:
             r = results[-1]
             print(f"{backend.spec}: {common.format_size(nbytes)} {r['busbw_gbps']:.2f} Gbit/s "
@@ -272,7 +323,8 @@ def worker(args):
 def worker_argv(backend, args):
     return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", backend.spec,
             "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
-            "--warmup", str(args.warmup), "--op", args.op, "--threads", str(args.threads)]
+            "--warmup", str(args.warmup), "--op", args.op, "--threads", str(args.threads),
+            "--batch", str(args.batch)]
 
 
 def merge_rounds(rounds):

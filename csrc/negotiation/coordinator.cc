@@ -331,7 +331,8 @@ void Coordinator::CheckStalls() {
       std::fprintf(stderr,
                    "[fasthorovod] stall: tensor '%s' was submitted by ranks %s %.0f s ago and is still "
                    "waiting for ranks %s. One or more ranks may have stopped, or submitted different "
-                   "tensors (FASTHOROVOD_STALL_CHECK_SECONDS)\n",
+                   "tensors; if the missing ranks sent it through Horovod instead, its size or dtype "
+                   "differs between ranks (FASTHOROVOD_STALL_CHECK_SECONDS)\n",
                    name.c_str(), RankList(submitters).c_str(), age, RankList(missing).c_str());
     }
   }

@@ -1,7 +1,10 @@
 """The scheduler's policies against hand-written references, in an in-process world of ranks.
 
 Each rank runs in a thread with its own model and optimizer; a fake communicator averages (in
-rank order, then times 1/size, as Horovod does) once every rank has posted. The problem is tiny
+rank order, then times 1/size, as Horovod does) once every rank has posted. It is as strict as the
+real, negotiated data plane: collectives are matched by name in any order, a name may not be in
+flight twice on one rank, and ranks that describe one name differently (shape, dtype) fail with
+CollectiveMismatchError on every rank. The problem is tiny
 and exact: one float64 (float32 for 2-bit) parameter vector, gradients ``a * (w - c_{rank,t})``
 set directly into ``p.grad``, and an SGD(lr=1/4, momentum=1/2) with dyadic data, so every
 sequence of global and local weights can be compared bit for bit with a reference written out
@@ -42,12 +45,16 @@ class FakeComm(Communicator):
     def __init__(self, world, rank):
         self.world, self.rank, self.size = world, rank, world.size
         self.seq = collections.Counter()
+        self.in_flight = set()
 
     def new_scope(self):  # the ranks are threads of one process: count per rank
         self.world.scopes[self.rank] += 1
         return self.world.scopes[self.rank]
 
     def _post(self, kind, name, value):
+        if (kind, name) in self.in_flight:
+            raise ValueError(f"rank {self.rank}: {kind} {name!r} is already in flight")
+        self.in_flight.add((kind, name))
         key = (kind, name, self.seq[(kind, name)])
         self.seq[(kind, name)] += 1
         self.world.log[self.rank].append((kind, name, getattr(value, "numel", lambda: 0)()))
@@ -59,7 +66,15 @@ class FakeComm(Communicator):
             with self.world.cv:
                 if not self.world.cv.wait_for(lambda: len(self.world.posts[key]) == self.size, timeout=30):
                     raise TimeoutError(f"rank {self.rank}: {key} never completed")
-                return [self.world.posts[key][r] for r in range(self.size)]
+                values = [self.world.posts[key][r] for r in range(self.size)]
+            self.in_flight.discard((kind, name))
+            if isinstance(value, torch.Tensor):
+                described = [(tuple(v.shape), v.dtype) for v in values]
+                if len(set(described)) > 1:
+                    raise hvd.CollectiveMismatchError(
+                        f"collective mismatch for tensor {name!r}: the ranks disagree on its shape or dtype ("
+                        + ", ".join(f"rank {r}: {d}" for r, d in enumerate(described)) + ")")
+            return values
         return collect
 
     def allreduce_average_async(self, tensor, name):
@@ -103,6 +118,24 @@ def run_world(size, body):
         raise errors[0]
     assert all(not t.is_alive() for t in threads), "a rank hung"
     return results
+
+
+def test_the_fake_world_is_as_strict_as_the_negotiation():
+    def body(rank, comm):
+        # any order works, as with the real data plane
+        names = ["a", "b"] if rank == 0 else ["b", "a"]
+        handles = {n: comm.allreduce_average_async(torch.full((3,), float(rank)), n) for n in names}
+        assert all(torch.equal(handles[n].wait(), torch.full((3,), 0.5)) for n in names)
+        first = comm.allreduce_average_async(torch.zeros(2), "c")
+        with pytest.raises(ValueError, match="already in flight"):
+            comm.allreduce_average_async(torch.zeros(2), "c")
+        first.wait()
+        bad = comm.allreduce_average_async(torch.zeros(4 + rank), "d")
+        with pytest.raises(hvd.CollectiveMismatchError, match="'d'.*rank 0: \\(\\(4,\\).*rank 1: \\(\\(5,\\)"):
+            bad.wait()
+        return True
+
+    assert run_world(2, body) == [True, True]
 
 
 # -- the problem ------------------------------------------------------------------------------------

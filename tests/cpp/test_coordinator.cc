@@ -1,0 +1,208 @@
+// The negotiation's coordinator, driven by hand-written members speaking its wire protocol:
+// ready order, the response cache, mismatches, join, the stall shutdown and a dead rank.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "negotiation/coordinator.h"
+#include "negotiation/wire.h"
+
+using namespace fasthorovod;
+
+namespace {
+
+const std::string kToken(kTokenBytes, '\x07');
+
+struct Run {
+  uint32_t id = 0;
+  bool described = false;
+  WireDesc desc;
+  std::vector<uint64_t> bounds;
+};
+
+struct Reply {
+  std::vector<Run> runs;
+  std::vector<std::pair<std::string, Code>> errors;
+  int64_t join_done = -1;
+  bool failed = false;
+  std::string failure;
+};
+
+class FakeMember {
+ public:
+  FakeMember(int port, uint32_t rank, uint32_t size) {
+    CHECK(ConnectWithRetry("127.0.0.1", port, Deadline::After(5), &sock_).ok());
+    WireWriter hello;
+    hello.Text(kToken);
+    hello.U32(rank);
+    hello.U32(size);
+    CHECK(SendFrame(sock_.fd(), hello.Frame(MsgType::kHello), Deadline::After(5), "coordinator").ok());
+  }
+  // Announces (full description, or the cached id when id >= 0) with two-lane boundaries.
+  void Announce(const std::vector<std::pair<WireDesc, int64_t>>& entries) {
+    WireWriter w;
+    w.U32(static_cast<uint32_t>(entries.size()));
+    for (const auto& [desc, id] : entries) {
+      w.U8(id >= 0 ? 1 : 0);
+      if (id >= 0) {
+        w.U32(static_cast<uint32_t>(id));
+      } else {
+        w.Desc(desc);
+      }
+      w.U64s({0, desc.count / 2, desc.count});
+    }
+    CHECK(SendFrame(sock_.fd(), w.Frame(MsgType::kAnnounce), Deadline::After(5), "coordinator").ok());
+  }
+  void Send(MsgType type) {
+    CHECK(SendFrame(sock_.fd(), WireWriter().Frame(type), Deadline::After(5), "coordinator").ok());
+  }
+  Reply Receive(double seconds = 5) {
+    Reply reply;
+    MsgType type;
+    std::string payload;
+    Status st = RecvFrame(sock_.fd(), Deadline::After(seconds), "coordinator", &type, &payload);
+    CHECK(st.ok());
+    if (!st.ok()) return reply;
+    WireReader in(payload);
+    if (type == MsgType::kFailed) {
+      in.U32();
+      reply.failed = true;
+      reply.failure = in.Text();
+      return reply;
+    }
+    CHECK(type == MsgType::kResponses);
+    const uint32_t n = in.U32();
+    for (uint32_t i = 0; i < n; ++i) {
+      switch (static_cast<ResponseType>(in.U8())) {
+        case ResponseType::kRun: {
+          Run run;
+          run.id = in.U32();
+          run.described = in.U8() != 0;
+          if (run.described) run.desc = in.Desc();
+          run.bounds = in.U64s();
+          reply.runs.push_back(run);
+          break;
+        }
+        case ResponseType::kError: {
+          std::string name = in.Text();
+          Code code = static_cast<Code>(in.U32());
+          in.Text();
+          reply.errors.emplace_back(name, code);
+          break;
+        }
+        case ResponseType::kJoinDone:
+          reply.join_done = in.U32();
+          break;
+      }
+    }
+    CHECK(in.ok() && in.done());
+    return reply;
+  }
+  void Close() { sock_.Close(); }
+
+ private:
+  Socket sock_;
+};
+
+WireDesc Desc(const std::string& name, uint64_t count, uint64_t shape_hash = 1) {
+  WireDesc d;
+  d.name = name;
+  d.shape = std::to_string(count);
+  d.dtype = 7;
+  d.op = 0;
+  d.count = count;
+  d.name_hash = std::hash<std::string>()(name);
+  d.shape_hash = shape_hash;
+  return d;
+}
+
+std::unique_ptr<Coordinator> Start(uint32_t size, int* port, double stall_shutdown = 0) {
+  CoordinatorOptions o;
+  o.size = size;
+  o.token = kToken;
+  o.bind_host = "127.0.0.1";
+  o.timeout_seconds = 5;
+  o.stall_check_seconds = 0;
+  o.stall_shutdown_seconds = stall_shutdown;
+  std::unique_ptr<Coordinator> c;
+  CHECK(Coordinator::Start(o, &c, port).ok());
+  return c;
+}
+
+}  // namespace
+
+TEST(CoordinatorRunsWhatEveryRankSubmittedInTheOrderItBecameReady) {
+  int port = 0;
+  auto coordinator = Start(2, &port);
+  FakeMember a(port, 0, 2), b(port, 1, 2);
+  a.Announce({{Desc("x", 8), -1}, {Desc("y", 6), -1}});
+  b.Announce({{Desc("y", 6), -1}});  // y is ready first, although rank 0 submitted x first
+  Reply first = a.Receive();
+  CHECK_EQ(b.Receive().runs.size(), 1u);
+  CHECK_EQ(first.runs.size(), 1u);
+  CHECK(first.runs[0].described && first.runs[0].desc.name == "y");
+  CHECK(first.runs[0].bounds == std::vector<uint64_t>({0, 3, 6}));
+  b.Announce({{Desc("x", 8), -1}});
+  Reply second = a.Receive();
+  b.Receive();
+  CHECK(second.runs.size() == 1 && second.runs[0].desc.name == "x");
+  // The response cache: x again, announced by its id on rank 0; the run order carries the id only.
+  const uint32_t x = second.runs[0].id;
+  a.Announce({{Desc("x", 8), x}});
+  b.Announce({{Desc("x", 8), -1}});
+  Reply third = a.Receive();
+  b.Receive();
+  CHECK(third.runs.size() == 1 && third.runs[0].id == x && !third.runs[0].described);
+}
+
+TEST(CoordinatorFailsAMismatchOnEveryRankAndGoesOn) {
+  int port = 0;
+  auto coordinator = Start(2, &port);
+  FakeMember a(port, 0, 2), b(port, 1, 2);
+  a.Announce({{Desc("w", 8, 1), -1}});
+  b.Announce({{Desc("w", 8, 2), -1}});  // same name, another shape
+  for (FakeMember* m : {&a, &b}) {
+    Reply r = m->Receive();
+    CHECK(r.runs.empty() && r.errors.size() == 1);
+    CHECK(r.errors[0].first == "w" && r.errors[0].second == Code::kMismatch);
+  }
+  a.Announce({{Desc("v", 4), -1}});
+  b.Announce({{Desc("v", 4), -1}});
+  CHECK_EQ(a.Receive().runs.size(), 1u);
+  CHECK_EQ(b.Receive().runs.size(), 1u);
+}
+
+TEST(CoordinatorCountsJoinedRanksAsReadyAndNamesTheLastJoiner) {
+  int port = 0;
+  auto coordinator = Start(3, &port);
+  FakeMember a(port, 0, 3), b(port, 1, 3), c(port, 2, 3);
+  b.Send(MsgType::kJoin);
+  a.Announce({{Desc("z", 8), -1}});
+  c.Announce({{Desc("z", 8), -1}});
+  for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().runs.size(), 1u);  // rank 1 fills zeros
+  c.Send(MsgType::kJoin);
+  a.Send(MsgType::kJoin);
+  for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().join_done, 0);
+}
+
+TEST(CoordinatorStallShutdownFailsTheTensor) {
+  int port = 0;
+  auto coordinator = Start(2, &port, 0.3);
+  FakeMember a(port, 0, 2), b(port, 1, 2);
+  a.Announce({{Desc("late", 8), -1}});
+  Reply r = a.Receive(5);
+  CHECK(r.errors.size() == 1 && r.errors[0].second == Code::kTimeout);
+  b.Receive(5);
+}
+
+TEST(CoordinatorTellsEveryoneWhenARankDies) {
+  int port = 0;
+  auto coordinator = Start(2, &port);
+  FakeMember a(port, 0, 2), b(port, 1, 2);
+  a.Announce({{Desc("u", 8), -1}});
+  b.Close();  // no goodbye: the rank died
+  Reply r = a.Receive(5);
+  CHECK(r.failed && r.failure.find("rank 1 disconnected") != std::string::npos);
+}
