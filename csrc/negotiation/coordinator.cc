@@ -81,7 +81,7 @@ void Coordinator::Run() {
     }
     WireWriter w;
     w.U32(static_cast<uint32_t>(st.code()));
-    w.Text(Str("the coordinator (rank 0) stopped: ", st.message()));
+    w.Text(st.message());
     Broadcast(MsgType::kFailed, w.body());
   }
 }
@@ -142,8 +142,9 @@ Status Coordinator::Serve() {
       std::string payload;
       Status st = RecvFrame(members_[r].fd(), Deadline::After(opt_.timeout_seconds), Str("rank ", r), &type, &payload);
       if (!st.ok()) {
-        return Status::Error(Code::kPeerError, Str("rank ", r, " disconnected from the coordinator without "
-                                                   "shutting down (its worker died or failed): ", st.message()));
+        return Status::Error(Code::kPeerError, Str("rank ", r, " disconnected from the negotiation's coordinator "
+                                                   "without shutting down (its worker died or failed): ",
+                                                   st.message()));
       }
       FHVD_RETURN_IF_ERROR(Handle(r, type, payload));
     }
@@ -165,6 +166,10 @@ Status Coordinator::Handle(uint32_t rank, MsgType type, const std::string& paylo
     case MsgType::kBye:
       Leave(rank);
       return Status::Ok();
+    case MsgType::kBroken: {
+      const Code code = CodeFromPeer(CodeFromWire(in.U32()));
+      return Status::Error(code, Str("rank ", rank, " failed: ", in.Text()));
+    }
     default:
       return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " sent message type ",
                                                static_cast<uint32_t>(type)));

@@ -125,8 +125,11 @@ Status Member::Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joine
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return Status::Error(Code::kInvalidArgument, Str("unknown or finished ticket ", ticket));
     // Waiting for the other ranks to submit has no time limit of its own (Horovod's semantics; the
-    // stall inspector reports it), but a dead rank or a lost coordinator ends it (FailAll).
-    cv_.wait(lock, [&] { return it->second.posted || it->second.finished; });
+    // stall inspector reports it), but any failure ends it: of this rank's data plane (the member's
+    // thread checks it every 100 ms), of another rank or of the coordinator (FailAll).
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(100),
+                         [&] { return it->second.posted || it->second.finished; })) {
+    }
     Ticket& t = it->second;
     if (t.finished) {
       Status st = t.status;
@@ -174,6 +177,16 @@ Status Member::Serve() {
     if (fds[1].revents != 0) {
       uint64_t n;
       (void)!::read(wake_fd_, &n, sizeof(n));
+    }
+    // A failure of this rank's data plane ends the job for every rank: the others may be waiting for
+    // collectives this rank will never submit, so the coordinator tells them all.
+    Status health = channel_->Health();
+    if (!health.ok()) {
+      WireWriter w;
+      w.U32(static_cast<uint32_t>(health.code()));
+      w.Text(health.message());
+      SendFrame(sock_.fd(), w.Frame(MsgType::kBroken), Deadline::After(2.0), who);
+      return health;
     }
     FHVD_RETURN_IF_ERROR(Announce());
     if (fds[0].revents != 0) {

@@ -10,8 +10,9 @@
 // proxies of a joined rank take part like any other.
 //
 // Errors: a run order that cannot run (a mismatch, a stall past the shutdown time) fails only its
-// ticket; a lost coordinator or a dead rank fails every ticket; nothing waits for ever on a rank
-// that is gone.
+// ticket. A failure of this rank's data plane (seen within 100 ms), a lost coordinator or a dead
+// or failed rank fails every ticket on every rank: nothing waits for ever on a rank that is gone
+// or that has stopped submitting because its collectives failed.
 #pragma once
 
 #include <condition_variable>

@@ -11,6 +11,8 @@
 //                                     the same name, that description's id (the response cache)
 //                          kJoin      this rank has joined (hvd.join)
 //                          kBye       this rank shuts down
+//                          kBroken    this rank's data plane failed (code, message): the job
+//                                     cannot go on, every rank must be told
 //   coordinator → member   kResponses a batch, in the order every rank follows: kRun (id, the
 //                                     description when it is new to the members, the lane
 //                                     boundaries), kError (a tensor that cannot run: mismatch,
@@ -32,7 +34,9 @@ constexpr uint32_t kNegotiationMagic = 0x464e4731u;  // "FNG1"
 constexpr uint32_t kMaxFrameBytes = 64u << 20;      // a bound on what a peer may make us allocate
 constexpr uint32_t kNoId = 0xffffffffu;
 
-enum class MsgType : uint32_t { kHello = 1, kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6 };
+enum class MsgType : uint32_t {
+  kHello = 1, kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7
+};
 enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3 };
 
 struct FrameHead {

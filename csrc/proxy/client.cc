@@ -253,6 +253,14 @@ Status ProxyChannel::Wait(uint64_t seq, double timeout_seconds) {
   return st;
 }
 
+Status ProxyChannel::Health() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  return CheckProxiesAlive();
+}
+
 void ProxyChannel::Stop() {
   header_->stop.store(1);
   FutexWakeAll(&header_->head);

@@ -66,6 +66,8 @@ class ProxyChannel {
   Status Post(const RequestDesc& request, uint64_t* seq);
   bool Poll(uint64_t seq);
   Status Wait(uint64_t seq, double timeout_seconds);
+  // Ok while the channel works; else why not (the first fatal error, a failed lane, a dead proxy).
+  Status Health();
 
   // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
   void Stop();

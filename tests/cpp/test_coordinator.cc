@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness.h"
@@ -183,6 +184,7 @@ TEST(CoordinatorCountsJoinedRanksAsReadyAndNamesTheLastJoiner) {
   c.Announce({{Desc("z", 8), -1}});
   for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().runs.size(), 1u);  // rank 1 fills zeros
   c.Send(MsgType::kJoin);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // so that rank 0 is surely the last
   a.Send(MsgType::kJoin);
   for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().join_done, 0);
 }
