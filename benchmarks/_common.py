@@ -12,7 +12,8 @@ Backends, as written on the command line (``--backends a,b,c``):
     horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
     fasthorovod[:K]               horovodrun --gloo, ``import fasthorovod.torch as hvd``,
                                   FASTHOROVOD_NUM_PROXIES=K (FastHorovod's default without K);
-                                  a '+trace' suffix also records its DLC trace (--trace-root)
+                                  a '+trace' suffix also records its DLC trace (--trace-root),
+                                  an '@DIR' suffix runs the checkout DIR instead of this one
     torch-gloo                    N processes started here, torch.distributed gloo (env://)
     mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
 
