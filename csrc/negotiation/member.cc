@@ -203,7 +203,7 @@ Status Member::Serve() {
       if (type == MsgType::kFailed) {
         WireReader in(payload);
         Code code = CodeFromPeer(CodeFromWire(in.U32()));
-        return Status::Error(code, in.Text());
+        return channel_->RootCause(Status::Error(code, in.Text()));
       }
       if (type != MsgType::kResponses) {
         return Status::Error(Code::kIoError, Str("protocol error: the coordinator sent message type ",

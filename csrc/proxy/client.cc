@@ -63,23 +63,53 @@ bool ProxyChannel::ProcessExited(uint32_t lane) const {
   return poll(&p, 1, 0) > 0;  // a pidfd becomes readable when its process exits
 }
 
+Status ProxyChannel::ProxyExited(uint32_t lane) const {
+  return Status::Error(Code::kProxyDied, Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
+                                             header_->lanes[lane].pid,
+                                             ") exited unexpectedly (killed or crashed); see its stderr"));
+}
+
 Status ProxyChannel::CheckProxiesAlive() {
   // Exits first: a proxy that died is the root cause of whatever its sibling lanes report after it
   // (their collectives fail once the other ranks react), so it is what this worker raises.
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     if (ProcessExited(lane)) {
-      return Status::Error(Code::kProxyDied,
-                           Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
-                               header_->lanes[lane].pid, ") exited unexpectedly (killed or crashed); see its stderr"));
+      return ProxyExited(lane);
     }
   }
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     const LaneInfo& info = header_->lanes[lane];
     if (info.state.load() == static_cast<uint32_t>(LaneState::kFailed)) {
-      return Status::Error(CodeFromWire(info.error_code), Str("rank ", header_->rank, " lane ", lane, ": ", info.error));
+      return RootCause(
+          Status::Error(CodeFromWire(info.error_code), Str("rank ", header_->rank, " lane ", lane, ": ", info.error)));
     }
   }
   return Status::Ok();
+}
+
+// A lane's failure that came from elsewhere (another rank's report, a broken connection) may be
+// the echo of one of this worker's own proxies dying a moment ago: a killed process takes a while
+// to exit on a loaded machine, and the other ranks can react and report back first. So before such
+// a failure is reported, the proxies get a short grace period to show an exit; a proxy that exited
+// is the root cause. Only failures (rare) pay the wait.
+Status ProxyChannel::RootCause(const Status& failure) {
+  if (failure.code() == Code::kMismatch || failure.code() == Code::kTimeout ||
+      failure.code() == Code::kInvalidArgument || failure.code() == Code::kProxyDied) {
+    return failure;
+  }
+  std::vector<pollfd> fds;
+  std::vector<uint32_t> lanes;
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    if (pidfds_[lane] < 0) continue;
+    fds.push_back({pidfds_[lane], POLLIN, 0});
+    lanes.push_back(lane);
+  }
+  if (fds.empty() || poll(fds.data(), fds.size(), 250) <= 0) return failure;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    return ProxyExited(lanes[i]);
+  }
+  return failure;
 }
 
 Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* ports) {
@@ -169,7 +199,7 @@ void ProxyChannel::CollectLocked(uint64_t seq) {
   Status result = Status::Ok();
   if (slot.failed.load(std::memory_order_acquire) != 0) {
     slot.error[kErrorBytes - 1] = '\0';
-    result = Status::Error(CodeFromWire(slot.error_code), slot.error);
+    result = RootCause(Status::Error(CodeFromWire(slot.error_code), slot.error));
     if (broken_.ok()) broken_ = result;
     RaiseAbort(header_, result);
   }

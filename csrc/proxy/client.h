@@ -68,6 +68,10 @@ class ProxyChannel {
   Status Wait(uint64_t seq, double timeout_seconds);
   // Ok while the channel works; else why not (the first fatal error, a failed lane, a dead proxy).
   Status Health();
+  // The root cause of `failure` as this worker should report it: a failure that came from
+  // elsewhere may be the echo of one of its own proxies dying a moment ago, so the proxies get a
+  // short grace period (250 ms) to show an exit, which is then the cause (kProxyDied).
+  Status RootCause(const Status& failure);
 
   // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
   void Stop();
@@ -85,6 +89,7 @@ class ProxyChannel {
   void CollectLocked(uint64_t seq);  // records the result of a completed slot
   void ReapLocked();                 // frees completed slots in order
   Status CheckProxiesAlive();
+  Status ProxyExited(uint32_t lane) const;
   bool ProcessExited(uint32_t lane) const;
   Status Fail(const Status& why);  // the channel is broken from now on: abort every lane
   Status WaitSlot(uint64_t seq, double timeout_seconds);
