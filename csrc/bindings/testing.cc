@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 #include "bindings/errors.h"
 #include "collectives/reduce.h"
@@ -45,9 +46,14 @@ Socket ConnectStranger(int port, const std::string& payload) {
 
 // `buffers[r]` is rank r's data; runs the whole ring with one thread per rank over loopback TCP,
 // exactly as proxies do (same handshake, same framing), and reduces in place.
-void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes, int sockets,
-                       double prescale, double postscale, double timeout_seconds,
-                       const std::vector<py::bytes>& strangers, uint32_t op) {
+// An impostor runs the client side of the handshake against rank 0: {token, rank, lane, socket
+// index, config hash}.
+using Impostor = std::tuple<py::bytes, uint32_t, uint32_t, uint32_t, uint64_t>;
+
+std::vector<std::string> LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t segment_bytes,
+                                           int sockets, double prescale, double postscale, double timeout_seconds,
+                                           const std::vector<py::bytes>& strangers, uint32_t op,
+                                           const std::vector<Impostor>& impostors) {
   const uint32_t size = static_cast<uint32_t>(buffers.size());
   if (size == 0 || !DTypeValid(dtype)) ThrowInvalidArgument("need >= 1 buffer and a valid dtype");
   if (op > static_cast<uint32_t>(ReduceOp::kGather)) ThrowInvalidArgument("op must be OP_SUM, OP_AVERAGE or OP_GATHER");
@@ -66,10 +72,37 @@ void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t s
   // Strangers knock on rank 0 before its real neighbour does; set-up must reject them and go on.
   std::vector<Socket> stranger_sockets;
   for (const auto& payload : strangers) stranger_sockets.push_back(ConnectStranger(ports[0], payload));
+  std::vector<LinkIdentity> impostor_ids;
+  std::vector<uint32_t> impostor_sockets;
+  for (const auto& [token, rank, lane, socket_index, config_hash] : impostors) {
+    const std::string t = token;
+    if (t.size() != kTokenBytes) ThrowInvalidArgument("an impostor's token must be 16 bytes");
+    LinkIdentity id;
+    std::memcpy(id.token, t.data(), kTokenBytes);
+    id.rank = rank;
+    id.size = size;
+    id.lane = lane;
+    id.config_hash = config_hash;
+    impostor_ids.push_back(id);
+    impostor_sockets.push_back(socket_index);
+  }
+  std::vector<std::string> impostor_results(impostors.size());
   std::vector<Status> results(size);
   {
     py::gil_scoped_release release;
     std::vector<std::thread> threads;
+    for (size_t i = 0; i < impostor_ids.size(); ++i) {
+      threads.emplace_back([&, i] {
+        Socket sock;
+        Deadline deadline = Deadline::After(timeout_seconds);
+        Status st = ConnectWithRetry("127.0.0.1", ports[0], deadline, &sock);
+        if (st.ok()) {
+          st = AuthenticateToPeer(sock.fd(), impostor_ids[i], LinkPurpose::kRing, impostor_sockets[i], 0, deadline,
+                                  "rank 0");
+        }
+        impostor_results[i] = st.ok() ? "accepted" : st.message();
+      });
+    }
     for (uint32_t r = 0; r < size; ++r) {
       threads.emplace_back([&, r] {
         LinkIdentity self;
@@ -105,6 +138,7 @@ void LoopbackAllreduce(std::vector<py::buffer> buffers, uint32_t dtype, size_t s
     for (auto& t : threads) t.join();
   }
   for (uint32_t r = 0; r < size; ++r) Check(results[r].WithContext(Str("rank ", r, ": ")));
+  return impostor_results;
 }
 
 // Records n frames the way a lane of a ring of `size` ranks would: per collective, 2(size−1)
@@ -217,24 +251,23 @@ PYBIND11_MODULE(_C_testing, m) {
   m.def("_loopback_allreduce", &LoopbackAllreduce, py::arg("buffers"), py::arg("dtype"), py::arg("segment_bytes"),
         py::arg("sockets") = 1, py::arg("prescale") = 1.0, py::arg("postscale") = 1.0,
         py::arg("timeout_seconds") = 60.0, py::arg("strangers") = std::vector<py::bytes>(),
-        py::arg("op") = static_cast<uint32_t>(ReduceOp::kSum),
+        py::arg("op") = static_cast<uint32_t>(ReduceOp::kSum), py::arg("impostors") = std::vector<Impostor>(),
         R"pbdoc(Test helper: ring allreduce (op OP_GATHER: allgather) among threads over loopback TCP,
 in place. Each of `strangers` first connects to rank 0's listener and sends its bytes (b"" sends
-nothing).)pbdoc");
+nothing). Each of `impostors` (token, rank, lane, socket_index, config_hash) runs the client side
+of the handshake against rank 0 during set-up; returns what each was told ("accepted", or the
+error).)pbdoc");
   m.def("_hello",
-        [](py::bytes token, uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
-          std::string t = token;
-          if (t.size() != kTokenBytes) ThrowInvalidArgument("token must be 16 bytes");
-          LinkIdentity id;
-          std::memcpy(id.token, t.data(), kTokenBytes);
+        [](uint32_t rank, uint32_t size, uint32_t lane, uint32_t socket_index, uint64_t config_hash) {
+          LinkIdentity id;  // the token is not part of a Hello
           id.rank = rank;
           id.size = size;
           id.lane = lane;
           id.config_hash = config_hash;
           return py::bytes(EncodeHello(id, socket_index));
         },
-        py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"),
-        py::arg("config_hash"), R"pbdoc(Test helper: the handshake bytes a proxy would send.)pbdoc");
+        py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"), py::arg("config_hash"),
+        R"pbdoc(Test helper: the first handshake message a proxy would send (with a fresh nonce).)pbdoc");
   m.def("_trace_selftest", &TraceSelftest, py::arg("dir"), py::arg("n"), py::arg("rank") = 0, py::arg("lane") = 0,
         py::arg("size") = 2, py::arg("capacity") = 0, py::arg("flush_interval_ms") = 20,
         R"pbdoc(Records n synthetic ring frames into DIR with the C++ recorder and closes it;

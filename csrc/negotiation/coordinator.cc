@@ -89,36 +89,28 @@ void Coordinator::Run() {
 Status Coordinator::AcceptMembers() {
   Deadline deadline = Deadline::After(opt_.timeout_seconds);
   uint32_t connected = 0;
+  // Every member proves the job token (transport's handshake, LinkPurpose::kNegotiation); pending
+  // connections progress together, so strangers cannot hold the members up.
+  HandshakeAcceptor acceptor(listener_, opt_.token.data(), 0, "coordinator");
+  auto refuse = [&](const PeerClaim& claim) -> std::string {
+    if (claim.purpose != LinkPurpose::kNegotiation) return "not a negotiation connection";
+    if (claim.size != opt_.size) return Str("world size ", claim.size, " != ", opt_.size);
+    if (claim.rank >= opt_.size) return Str("rank ", claim.rank, " out of range");
+    if (members_[claim.rank].valid()) return Str("rank ", claim.rank, " is already connected");
+    return "";
+  };
+  auto take = [&](const PeerClaim& claim, Socket sock) {
+    members_[claim.rank] = std::move(sock);
+    ++connected;
+  };
   while (connected < opt_.size) {
     if (stop_.load()) return Status::Ok();
-    Socket conn;
-    Status st = AcceptOne(listener_, Deadline::After(0.2), &conn);
-    if (!st.ok()) {
-      if (st.code() != Code::kTimeout) return st;
-      if (deadline.Expired()) {
-        return Status::Error(Code::kTimeout, Str("only ", connected, " of ", opt_.size,
-                                                 " ranks connected to the coordinator within ",
-                                                 opt_.timeout_seconds, " s"));
-      }
-      continue;
+    if (deadline.Expired()) {
+      return Status::Error(Code::kTimeout, Str("only ", connected, " of ", opt_.size,
+                                               " ranks connected to the coordinator within ",
+                                               opt_.timeout_seconds, " s"));
     }
-    MsgType type;
-    std::string payload;
-    // A stranger gets two seconds to say who it is, and is dropped if it is not a member.
-    if (!RecvFrame(conn.fd(), Deadline::After(2.0), "a connecting rank", &type, &payload).ok() ||
-        type != MsgType::kHello) {
-      continue;
-    }
-    WireReader in(payload);
-    std::string token = in.Text();
-    uint32_t rank = in.U32(), size = in.U32();
-    if (!in.ok() || token != opt_.token || size != opt_.size || rank >= opt_.size || members_[rank].valid()) {
-      std::fprintf(stderr, "[fasthorovod] coordinator: rejected a connection (rank %u of %u, %s token)\n", rank,
-                   size, token == opt_.token ? "matching" : "another job's");
-      continue;
-    }
-    members_[rank] = std::move(conn);
-    ++connected;
+    FHVD_RETURN_IF_ERROR(acceptor.Step(200, refuse, take));
   }
   return Status::Ok();
 }

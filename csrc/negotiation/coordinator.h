@@ -43,7 +43,7 @@ namespace fasthorovod {
 
 struct CoordinatorOptions {
   uint32_t size = 1;
-  std::string token;                    // kTokenBytes: members must present it
+  std::string token;                    // kTokenBytes: members must prove they hold it (never sent)
   std::string bind_host;
   double timeout_seconds = 120.0;       // members' connections at start-up; sends
   double stall_check_seconds = 60.0;    // 0: no stall warnings

@@ -26,11 +26,11 @@ Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::u
   const std::string who = Str("the coordinator (rank 0 at ", options.coordinator_host, ":", options.coordinator_port, ")");
   Deadline deadline = Deadline::After(options.timeout_seconds);
   FHVD_RETURN_IF_ERROR(ConnectWithRetry(options.coordinator_host, options.coordinator_port, deadline, &m->sock_));
-  WireWriter hello;
-  hello.Text(options.token);
-  hello.U32(options.rank);
-  hello.U32(options.size);
-  FHVD_RETURN_IF_ERROR(SendFrame(m->sock_.fd(), hello.Frame(MsgType::kHello), deadline, who));
+  LinkIdentity self;  // lane, config hash: 0 (the coordinator has neither)
+  std::memcpy(self.token, options.token.data(), kTokenBytes);
+  self.rank = options.rank;
+  self.size = options.size;
+  FHVD_RETURN_IF_ERROR(AuthenticateToPeer(m->sock_.fd(), self, LinkPurpose::kNegotiation, 0, 0, deadline, who));
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   *out = std::move(m);
   return Status::Ok();

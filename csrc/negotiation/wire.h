@@ -4,8 +4,11 @@
 // encoded field by field in little-endian order by WireWriter and decoded by WireReader, which
 // never reads past the payload (a short or corrupt payload is a protocol error, not a crash).
 //
-//   member → coordinator   kHello     token, rank, size (first frame on the connection)
-//                          kAnnounce  the collectives this rank has submitted since its last
+// The connection opens with transport's authenticated handshake (socket.h, LinkPurpose::
+// kNegotiation: the member proves rank, size and the job token, which never travels, and the
+// coordinator proves the token back); frames follow.
+//
+//   member → coordinator   kAnnounce  the collectives this rank has submitted since its last
 //                                     announcement (a batch): each either a full description or,
 //                                     when it equals one the coordinator has already run under
 //                                     the same name, that description's id (the response cache)
@@ -35,7 +38,8 @@ constexpr uint32_t kMaxFrameBytes = 64u << 20;      // a bound on what a peer ma
 constexpr uint32_t kNoId = 0xffffffffu;
 
 enum class MsgType : uint32_t {
-  kHello = 1, kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7
+  // 1 was kHello (the token in clear), replaced by the handshake
+  kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7
 };
 enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3 };
 

@@ -1,5 +1,7 @@
 #include "transport/socket.h"
 
+#include "common/hmac.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -9,28 +11,62 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
 namespace fasthorovod {
 namespace {
 
+// The handshake's messages (socket.h). Fixed layouts without padding; the Hello's bytes, as sent,
+// are what both MACs cover.
 struct Hello {
   uint64_t magic;
-  uint8_t token[kTokenBytes];
+  uint32_t purpose;
   uint32_t rank;
   uint32_t size;
   uint32_t lane;
   uint32_t socket_index;
+  uint32_t reserved;
   uint64_t config_hash;
+  uint8_t nonce[kNonceBytes];
+};
+static_assert(sizeof(Hello) == 56, "the Hello is part of the wire format");
+
+struct Challenge {
+  uint64_t magic;
+  uint8_t nonce[kNonceBytes];
+};
+
+struct Proof {
+  uint8_t mac[kSha256Bytes];
 };
 
 struct Ack {
   uint64_t magic;
   uint32_t accepted;
   uint32_t reserved;
+  uint8_t mac[kSha256Bytes];
   char reason[112];
 };
+static_assert(sizeof(Ack) == 160, "the Ack is part of the wire format");
+
+// The MAC of one side: HMAC(token, label ‖ Hello ‖ Ns ‖ server rank [‖ accepted ‖ reason]).
+Digest HandshakeMac(const void* token, const char* label, const Hello& hello, const uint8_t* server_nonce,
+                    uint32_t server_rank, const Ack* ack) {
+  std::string m(label, std::strlen(label) + 1);
+  m.append(reinterpret_cast<const char*>(&hello), sizeof(hello));
+  m.append(reinterpret_cast<const char*>(server_nonce), kNonceBytes);
+  m.append(reinterpret_cast<const char*>(&server_rank), sizeof(server_rank));
+  if (ack != nullptr) {
+    m.append(reinterpret_cast<const char*>(&ack->accepted), sizeof(ack->accepted));
+    m.append(ack->reason, sizeof(ack->reason));
+  }
+  return HmacSha256(token, kTokenBytes, m.data(), m.size());
+}
+constexpr const char* kClientLabel = "fasthorovod handshake v2: client";
+constexpr const char* kServerLabel = "fasthorovod handshake v2: server";
 
 Status SetNonBlocking(int fd) {
   int flags = fcntl(fd, F_GETFL, 0);
@@ -95,31 +131,44 @@ Status ConnectOnce(const sockaddr_in& addr, int buffer_bytes, Deadline deadline,
   return Status::Ok();
 }
 
-std::string Describe(const Hello& h) {
-  return Str("rank ", h.rank, " of ", h.size, ", lane ", h.lane, ", socket ", h.socket_index);
+PeerClaim ClaimOf(const Hello& h) {
+  PeerClaim c;
+  c.purpose = static_cast<LinkPurpose>(h.purpose);
+  c.rank = h.rank;
+  c.size = h.size;
+  c.lane = h.lane;
+  c.socket_index = h.socket_index;
+  c.config_hash = h.config_hash;
+  return c;
 }
 
-// Why `hello` is not the connection we wait for, or "" if it is.
-std::string RejectReason(const Hello& hello, const LinkIdentity& self, int sockets) {
+// What the connection says it is (not yet authenticated when logged for a failed proof).
+std::string Describe(const Hello& h) {
+  return Str("claims rank ", h.rank, " of ", h.size, ", lane ", h.lane, ", socket ", h.socket_index);
+}
+
+// Why an authenticated ring connection is not the one we wait for, or "" if it is.
+std::string RingRefusal(const PeerClaim& claim, const LinkIdentity& self, int sockets) {
   const uint32_t prev = (self.rank + self.size - 1) % self.size;
-  if (hello.magic != kHelloMagic) return "not a FastHorovod proxy (bad magic)";
-  if (std::memcmp(hello.token, self.token, kTokenBytes) != 0) return "job token differs (another job)";
-  if (hello.size != self.size) return Str("world size ", hello.size, " != ", self.size);
-  if (hello.rank != prev) return Str("sender is rank ", hello.rank, ", expected previous rank ", prev);
-  if (hello.lane != self.lane) return Str("sender lane ", hello.lane, " != lane ", self.lane);
-  if (hello.socket_index >= static_cast<uint32_t>(sockets)) return "socket index out of range";
-  if (hello.config_hash != self.config_hash) {
+  if (claim.purpose != LinkPurpose::kRing) return "not a ring connection";
+  if (claim.size != self.size) return Str("world size ", claim.size, " != ", self.size);
+  if (claim.rank != prev) return Str("sender is rank ", claim.rank, ", expected previous rank ", prev);
+  if (claim.lane != self.lane) return Str("sender lane ", claim.lane, " != lane ", self.lane);
+  if (claim.socket_index >= static_cast<uint32_t>(sockets)) return "socket index out of range";
+  if (claim.config_hash != self.config_hash) {
     return "configuration differs (FASTHOROVOD_* settings must be equal on every rank)";
   }
   return "";
 }
 
-Ack MakeAck(const std::string& reason) {
-  Ack ack{};
-  ack.magic = kHelloMagic;
-  ack.accepted = reason.empty() ? 1 : 0;
-  std::strncpy(ack.reason, reason.c_str(), sizeof(ack.reason) - 1);
-  return ack;
+// One non-blocking send of a small handshake message into a fresh socket's empty buffer; a peer
+// that does not let it through at once is not worth waiting for.
+bool SendSmall(int fd, const void* data, size_t len) {
+  ssize_t n;
+  do {
+    n = ::send(fd, data, len, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(len);
 }
 
 }  // namespace
@@ -163,7 +212,11 @@ Status SendAll(int fd, const void* data, size_t len, Deadline deadline, const st
   return Status::Ok();
 }
 
-Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::string& who) {
+namespace {
+
+// RecvAll that also gives up when *cancel becomes true (checked at least every 100 ms).
+Status RecvAllOrCancel(int fd, void* data, size_t len, Deadline deadline, const std::string& who,
+                       const std::atomic<bool>* cancel) {
   char* p = static_cast<char*>(data);
   while (len > 0) {
     ssize_t n = ::recv(fd, p, len, 0);
@@ -177,21 +230,197 @@ Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::str
       return Status::Error(Code::kIoError, Str("recv from ", who, ": ", ErrnoString(errno)));
     }
     if (deadline.Expired()) return Status::Error(Code::kTimeout, Str("recv from ", who, " timed out"));
+    if (cancel != nullptr && cancel->load()) return Status::Error(Code::kAborted, "cancelled");
     WaitFd(fd, POLLIN, deadline);
   }
   return Status::Ok();
 }
 
-std::string EncodeHello(const LinkIdentity& sender, uint32_t socket_index) {
+Hello MakeHello(const LinkIdentity& sender, LinkPurpose purpose, uint32_t socket_index) {
   Hello hello{};
   hello.magic = kHelloMagic;
-  std::memcpy(hello.token, sender.token, kTokenBytes);
+  hello.purpose = static_cast<uint32_t>(purpose);
   hello.rank = sender.rank;
   hello.size = sender.size;
   hello.lane = sender.lane;
   hello.socket_index = socket_index;
   hello.config_hash = sender.config_hash;
+  RandomBytes(hello.nonce, kNonceBytes);
+  return hello;
+}
+
+}  // namespace
+
+Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::string& who) {
+  return RecvAllOrCancel(fd, data, len, deadline, who, nullptr);
+}
+
+std::string EncodeHello(const LinkIdentity& sender, uint32_t socket_index) {
+  Hello hello = MakeHello(sender, LinkPurpose::kRing, socket_index);
   return std::string(reinterpret_cast<const char*>(&hello), sizeof(hello));
+}
+
+Status AuthenticateToPeer(int fd, const LinkIdentity& self, LinkPurpose purpose, uint32_t socket_index,
+                          uint32_t peer_rank, Deadline deadline, const std::string& who,
+                          const std::atomic<bool>* cancel) {
+  uint8_t probe[kNonceBytes];
+  if (!RandomBytes(probe, sizeof(probe))) {
+    return Status::Error(Code::kIoError, "getrandom(): " + ErrnoString(errno));
+  }
+  const Hello hello = MakeHello(self, purpose, socket_index);
+  FHVD_RETURN_IF_ERROR(SendAll(fd, &hello, sizeof(hello), deadline, who));
+  // A peer that closes now or after our Proof refused us without saying why: to it we are a
+  // stranger (another job, a different token) or not what it expects to talk to.
+  const std::string refused =
+      Str(who, " closed the connection during the handshake: it did not accept this connection's proof of the "
+               "job token (is another job's process at that address, or was this rank given another token?)");
+  Challenge challenge{};
+  Status st = RecvAllOrCancel(fd, &challenge, sizeof(challenge), deadline, who, cancel);
+  if (!st.ok()) return st.code() == Code::kIoError ? Status::Error(Code::kPeerError, refused) : st;
+  if (challenge.magic != kHelloMagic) {
+    return Status::Error(Code::kPeerError, Str(who, " does not speak this version of the FastHorovod handshake"));
+  }
+  Proof proof{};
+  const Digest mine = HandshakeMac(self.token, kClientLabel, hello, challenge.nonce, peer_rank, nullptr);
+  std::memcpy(proof.mac, mine.data(), kSha256Bytes);
+  FHVD_RETURN_IF_ERROR(SendAll(fd, &proof, sizeof(proof), deadline, who));
+  Ack ack{};
+  st = RecvAllOrCancel(fd, &ack, sizeof(ack), deadline, who, cancel);
+  if (!st.ok()) return st.code() == Code::kIoError ? Status::Error(Code::kPeerError, refused) : st;
+  const Digest theirs = HandshakeMac(self.token, kServerLabel, hello, challenge.nonce, peer_rank, &ack);
+  if (ack.magic != kHelloMagic || !ConstantTimeEqual(theirs.data(), ack.mac, kSha256Bytes)) {
+    return Status::Error(Code::kPeerError,
+                         Str(who, " did not prove that it holds this job's token (another job's process at that "
+                                  "address?)"));
+  }
+  if (!ack.accepted) {
+    ack.reason[sizeof(ack.reason) - 1] = '\0';
+    return Status::Error(Code::kPeerError, Str(who, " rejected our connection: ", ack.reason));
+  }
+  return Status::Ok();
+}
+
+// One incoming connection whose handshake is in progress.
+struct HandshakeAcceptor::Pending {
+  Socket sock;
+  Deadline deadline = Deadline::After(kHandshakeSeconds);
+  bool proving = false;  // the Hello is in and answered; waiting for the Proof
+  Hello hello{};
+  Proof proof{};
+  uint8_t server_nonce[kNonceBytes] = {};
+  size_t have = 0;  // bytes of the message being received
+};
+
+HandshakeAcceptor::HandshakeAcceptor(const Socket& listener, const void* token, uint32_t self_rank,
+                                     std::string log_prefix)
+    : listener_(listener), self_rank_(self_rank), log_prefix_(std::move(log_prefix)) {
+  std::memcpy(token_, token, kTokenBytes);
+}
+
+HandshakeAcceptor::~HandshakeAcceptor() { std::memset(token_, 0, sizeof(token_)); }
+
+void HandshakeAcceptor::Reject(const Pending& p, const std::string& reason) {
+  std::fprintf(stderr, "[fasthorovod] %s: rejected a connection (%s): %s\n", log_prefix_.c_str(),
+               Describe(p.hello).c_str(), reason.c_str());
+}
+
+Status HandshakeAcceptor::Step(int max_wait_ms, const Refuse& refuse, const Take& take) {
+  std::vector<pollfd> fds;
+  fds.push_back({listener_.fd(), POLLIN, 0});
+  int wait_ms = max_wait_ms;
+  for (const auto& p : pending_) {
+    fds.push_back({p->sock.fd(), POLLIN, 0});
+    wait_ms = std::min(wait_ms, p->deadline.RemainingMs(max_wait_ms));
+  }
+  int rc = poll(fds.data(), fds.size(), std::max(wait_ms, 0));
+  if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
+  // Progress the pending handshakes that have bytes (or a hang-up) waiting.
+  for (size_t i = 1; rc > 0 && i < fds.size(); ++i) {
+    if (fds[i].revents != 0) Progress(pending_[i - 1].get(), refuse, take);
+  }
+  // Drop what is finished (its socket moved out or closed) or out of time: silently.
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [](const std::unique_ptr<Pending>& p) {
+                                  return !p->sock.valid() || p->deadline.Expired();
+                                }),
+                 pending_.end());
+  // Accept everything that is waiting.
+  if (rc > 0 && fds[0].revents != 0) {
+    for (;;) {
+      Socket conn(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!conn.valid()) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) break;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) break;  // try later
+        return Status::Error(Code::kIoError, "accept(): " + ErrnoString(errno));
+      }
+      if (!ConfigureDataSocket(conn.fd()).ok()) continue;
+      if (pending_.size() >= kMaxPending) pending_.erase(pending_.begin());  // the oldest has had its chance
+      pending_.push_back(std::make_unique<Pending>());
+      pending_.back()->sock = std::move(conn);
+    }
+  }
+  return Status::Ok();
+}
+
+void HandshakeAcceptor::Progress(Pending* p, const Refuse& refuse, const Take& take) {
+  char* into = p->proving ? reinterpret_cast<char*>(&p->proof) : reinterpret_cast<char*>(&p->hello);
+  const size_t want = p->proving ? sizeof(p->proof) : sizeof(p->hello);
+  ssize_t n;
+  do {
+    n = ::recv(p->sock.fd(), into + p->have, want - p->have, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+  if (n <= 0) {  // closed or failed before finishing: nothing to answer
+    p->sock.Close();
+    return;
+  }
+  p->have += static_cast<size_t>(n);
+  if (p->have < want) return;
+  p->have = 0;
+  if (!p->proving) {
+    if (p->hello.magic != kHelloMagic) {
+      std::fprintf(stderr, "[fasthorovod] %s: rejected a connection: not a FastHorovod peer (bad magic)\n",
+                   log_prefix_.c_str());
+      p->sock.Close();
+      return;
+    }
+    Challenge challenge{};
+    challenge.magic = kHelloMagic;
+    if (!RandomBytes(p->server_nonce, kNonceBytes)) {
+      p->sock.Close();
+      return;
+    }
+    std::memcpy(challenge.nonce, p->server_nonce, kNonceBytes);
+    if (!SendSmall(p->sock.fd(), &challenge, sizeof(challenge))) p->sock.Close();
+    p->proving = true;
+    return;
+  }
+  const Digest expected = HandshakeMac(token_, kClientLabel, p->hello, p->server_nonce, self_rank_, nullptr);
+  if (!ConstantTimeEqual(expected.data(), p->proof.mac, kSha256Bytes)) {
+    Reject(*p, "authentication failed: job token differs (another job, or not a FastHorovod peer)");
+    p->sock.Close();  // it learns nothing, not even that the Hello was well formed
+    return;
+  }
+  // The peer holds the token: from here on it is one of ours, and is told why if refused.
+  const PeerClaim claim = ClaimOf(p->hello);
+  const std::string reason = refuse(claim);
+  Ack ack{};
+  ack.magic = kHelloMagic;
+  ack.accepted = reason.empty() ? 1 : 0;
+  std::strncpy(ack.reason, reason.c_str(), sizeof(ack.reason) - 1);
+  const Digest mac = HandshakeMac(token_, kServerLabel, p->hello, p->server_nonce, self_rank_, &ack);
+  std::memcpy(ack.mac, mac.data(), kSha256Bytes);
+  const bool sent = SendSmall(p->sock.fd(), &ack, sizeof(ack));
+  if (!reason.empty()) {
+    Reject(*p, reason);
+    p->sock.Close();
+    return;
+  }
+  if (!sent) {
+    p->sock.Close();
+    return;
+  }
+  take(claim, std::move(p->sock));
 }
 
 Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* port) {
@@ -217,70 +446,71 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links) {
   const uint32_t next_rank = (self.rank + 1) % self.size;
+  const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
   const std::string next_name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
   sockaddr_in next_addr;
   FHVD_RETURN_IF_ERROR(Resolve(next.host, next.port, &next_addr));
-
-  // 1. Connect S sockets to the next rank (retrying while it is not listening yet) and say Hello.
   links->to_next.clear();
   links->from_prev.clear();
-  for (int s = 0; s < sockets; ++s) {
-    Socket sock;
-    Status st;
-    int backoff_ms = 10;
-    for (;;) {
-      st = ConnectOnce(next_addr, socket_buffer_bytes, deadline, &sock);
-      if (st.ok() || deadline.Expired()) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-      backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
-    }
-    if (!st.ok()) return st.WithContext("cannot connect to " + next_name + ": ");
-    const std::string hello = EncodeHello(self, static_cast<uint32_t>(s));
-    FHVD_RETURN_IF_ERROR(SendAll(sock.fd(), hello.data(), hello.size(), deadline, next_name));
-    links->to_next.push_back(std::move(sock));
-  }
 
-  // 2. Accept S sockets from the previous rank; reject anything else and keep waiting.
+  // 1. The connector: S sockets to the next rank (retrying while it is not listening yet), each
+  //    authenticated before the next one is opened.
+  std::atomic<bool> cancel{false}, connector_done{false};
+  Status connected;
+  std::vector<Socket> to_next;
+  std::thread connector([&] {
+    for (int s = 0; s < sockets && connected.ok(); ++s) {
+      Socket sock;
+      int backoff_ms = 10;
+      for (;;) {
+        connected = ConnectOnce(next_addr, socket_buffer_bytes, deadline, &sock);
+        if (connected.ok() || deadline.Expired() || cancel.load()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+        backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
+      }
+      if (!connected.ok()) {
+        connected = connected.WithContext("cannot connect to " + next_name + ": ");
+        break;
+      }
+      connected = AuthenticateToPeer(sock.fd(), self, LinkPurpose::kRing, static_cast<uint32_t>(s), next_rank,
+                                     deadline, next_name, &cancel);
+      if (connected.ok()) to_next.push_back(std::move(sock));
+    }
+    connector_done.store(true);
+  });
+
+  // 2. Meanwhile accept S sockets from the previous rank; strangers are rejected and waited past.
   links->from_prev.resize(sockets);
   int accepted = 0;
-  while (accepted < sockets) {
-    if (deadline.Expired()) {
-      return Status::Error(Code::kTimeout,
-                           Str("timed out waiting for rank ", (self.rank + self.size - 1) % self.size,
-                               " lane ", self.lane, " to connect (", accepted, "/", sockets,
-                               " sockets); is that rank running and reachable?"));
-    }
-    int rc = WaitFd(listener.fd(), POLLIN, deadline);
-    if (rc <= 0) continue;
-    Socket conn(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!conn.valid()) continue;
-    FHVD_RETURN_IF_ERROR(SetNonBlocking(conn.fd()));
-    // A stranger gets at most two seconds to say Hello, so it cannot stall set-up.
-    Deadline hello_deadline = Deadline::After(2.0);
-    Hello hello{};
-    if (!RecvAll(conn.fd(), &hello, sizeof(hello), hello_deadline, "incoming connection").ok()) continue;
-    std::string reason = RejectReason(hello, self, sockets);
-    if (reason.empty() && links->from_prev[hello.socket_index].valid()) reason = "duplicate socket index";
-    Ack ack = MakeAck(reason);
-    if (!SendAll(conn.fd(), &ack, sizeof(ack), hello_deadline, "incoming connection").ok()) continue;
-    if (!reason.empty()) {
-      fprintf(stderr, "[fasthorovod] rank %u lane %u: rejected a connection (%s): %s\n", self.rank,
-              self.lane, Describe(hello).c_str(), reason.c_str());
-      continue;
-    }
-    links->from_prev[hello.socket_index] = std::move(conn);
+  Status accepting;
+  HandshakeAcceptor acceptor(listener, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
+  auto refuse = [&](const PeerClaim& claim) {
+    std::string reason = RingRefusal(claim, self, sockets);
+    if (reason.empty() && links->from_prev[claim.socket_index].valid()) reason = "duplicate socket index";
+    return reason;
+  };
+  auto take = [&](const PeerClaim& claim, Socket sock) {
+    links->from_prev[claim.socket_index] = std::move(sock);
     ++accepted;
-  }
-
-  // 3. Read the Acks of our own outgoing sockets.
-  for (auto& sock : links->to_next) {
-    Ack ack{};
-    FHVD_RETURN_IF_ERROR(RecvAll(sock.fd(), &ack, sizeof(ack), deadline, next_name));
-    if (ack.magic != kHelloMagic || !ack.accepted) {
-      ack.reason[sizeof(ack.reason) - 1] = '\0';
-      return Status::Error(Code::kPeerError, Str(next_name, " rejected our connection: ", ack.reason));
+  };
+  while (accepted < sockets) {
+    if (connector_done.load() && !connected.ok()) break;
+    if (deadline.Expired()) {
+      accepting = Status::Error(Code::kTimeout,
+                                Str("timed out waiting for rank ", prev_rank, " lane ", self.lane, " to connect (",
+                                    accepted, "/", sockets, " sockets); is that rank running and reachable?"));
+      break;
     }
+    accepting = acceptor.Step(deadline.RemainingMs(100), refuse, take);
+    if (!accepting.ok()) break;
   }
+  if (!accepting.ok()) cancel.store(true);
+  connector.join();
+  // The connecting side's error first: a refusal by the next rank names the cause (configuration).
+  FHVD_RETURN_IF_ERROR(connected);
+  FHVD_RETURN_IF_ERROR(accepting);
+  if (accepted < sockets) return Status::Error(Code::kAborted, "ring set-up was abandoned");
+  links->to_next = std::move(to_next);
   for (auto& sock : links->to_next) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
   for (auto& sock : links->from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
   return Status::Ok();
@@ -296,21 +526,6 @@ Status ConnectWithRetry(const std::string& host, int port, Deadline deadline, So
     if (deadline.Expired()) return st.WithContext(Str("cannot connect to ", host, ":", port, ": "));
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
     backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
-  }
-}
-
-Status AcceptOne(const Socket& listener, Deadline deadline, Socket* out) {
-  for (;;) {
-    Socket conn(::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (conn.valid()) {
-      *out = std::move(conn);
-      return ConfigureDataSocket(out->fd());
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-      return Status::Error(Code::kIoError, "accept(): " + ErrnoString(errno));
-    }
-    if (deadline.Expired()) return Status::Error(Code::kTimeout, "timed out waiting for a connection");
-    WaitFd(listener.fd(), POLLIN, deadline);
   }
 }
 

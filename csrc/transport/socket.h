@@ -1,21 +1,41 @@
-// TCP sockets for the proxy data plane: RAII fds, bounded connect retries, and a handshake that
-// lets a proxy accept exactly the connections of its own job, ring neighbour and lane.
+// TCP sockets for the proxy data plane: RAII fds, bounded connect retries, and an authenticated
+// handshake that lets a proxy accept exactly the connections of its own job, ring neighbour and
+// lane (and the coordinator exactly its job's members).
 //
 // Wiring of one lane (lane j of every rank forms one ring):
 //
 //   rank r-1, lane j  ──S sockets──►  rank r, lane j  ──S sockets──►  rank r+1, lane j
 //
-// Each proxy listens on the job's interface; it connects its S outgoing sockets to the next rank
-// and sends a Hello on each ({magic, job token, rank, size, lane, socket index, config hash}),
-// then accepts S sockets from the previous rank, checks each Hello and answers with an Ack, and
-// finally reads the Acks of its own outgoing sockets. Connecting never waits on the peer's
-// application (the kernel completes TCP handshakes from the listen backlog), so the ring cannot
-// deadlock during set-up. A connection whose Hello is not exactly what is expected — foreign
-// bytes, another job's token, the wrong rank or lane, a different configuration — is answered
-// with a rejecting Ack where possible, closed, and set-up goes on waiting for the right one.
+// Each proxy listens on the job's interface. EstablishRing runs two things at once: a connector
+// thread connects the S outgoing sockets to the next rank and runs the client side of the
+// handshake on each, while the calling thread accepts from the listener and runs the server side
+// of every pending connection in one poll set (each with its own 2 s deadline, so strangers that
+// say nothing or send garbage cannot hold set-up up), until the S sockets of the previous rank
+// are in. Connecting never waits on the peer's application, so the ring cannot deadlock.
+//
+// The handshake proves, in both directions, that the other end holds the 16-byte job token,
+// without sending it (HMAC-SHA256, common/hmac.h):
+//
+//   client → server  Hello     {magic, purpose, rank, size, lane, socket index, config hash, Nc}
+//   server → client  Challenge {magic, Ns}
+//   client → server  Proof     HMAC(token, "client" ‖ Hello ‖ Ns ‖ server rank)
+//   server → client  Ack       {accepted, reason, HMAC(token, "server" ‖ Hello ‖ Ns ‖ server rank
+//                               ‖ accepted ‖ reason)}
+//
+// Nc and Ns are fresh random nonces (getrandom), so a recorded proof is worthless on another
+// connection, and the two roles' labels differ, so one side's proof cannot be reflected as the
+// other's. The server checks the Proof (constant-time comparison) before anything else: a peer
+// that fails it — foreign bytes, another job's token, a truncated or silent handshake — gets no
+// Ack and no reason, only a closed connection; the reason is logged locally on stderr. Only a
+// peer that has proven the token is told why it is refused (wrong rank, lane, size, socket index,
+// or a different configuration: a user error, reported on the rank that connected). The client
+// trusts the Ack only if its MAC verifies, so it also knows it reached a process of its own job.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,8 +44,13 @@
 
 namespace fasthorovod {
 
-constexpr uint64_t kHelloMagic = 0x46484f56484c4f31ull;  // "FHOVHLO1"
+constexpr uint64_t kHelloMagic = 0x46484f56484c4f32ull;  // "FHOVHLO2": the authenticated handshake
 constexpr size_t kTokenBytes = 16;
+constexpr size_t kNonceBytes = 16;
+constexpr double kHandshakeSeconds = 2.0;  // what one incoming connection gets to prove itself
+
+// What a connection is for; part of what the handshake authenticates.
+enum class LinkPurpose : uint32_t { kRing = 1, kNegotiation = 2 };
 
 class Socket {
  public:
@@ -50,7 +75,7 @@ class Socket {
   int fd_ = -1;
 };
 
-// What both ends of a lane connection must agree on.
+// What both ends of a connection must agree on (the token is never sent).
 struct LinkIdentity {
   uint8_t token[kTokenBytes] = {};
   uint32_t rank = 0;  // the rank of the proxy that sends this identity
@@ -78,9 +103,59 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links);
 
-// The Hello a connecting proxy sends on socket `socket_index` (exposed for tests that impersonate
-// strangers).
+// What a connecting peer says it is, from its Hello; authenticated once its Proof verifies.
+struct PeerClaim {
+  LinkPurpose purpose = LinkPurpose::kRing;
+  uint32_t rank = 0;
+  uint32_t size = 0;
+  uint32_t lane = 0;
+  uint32_t socket_index = 0;
+  uint64_t config_hash = 0;
+};
+
+// The Hello a connecting proxy sends on socket `socket_index`, with a fresh nonce (exposed for
+// tests that impersonate strangers; it holds nothing secret).
 std::string EncodeHello(const LinkIdentity& sender, uint32_t socket_index);
+
+// The client side of the handshake on a connected socket: proves the token, checks that the peer
+// (rank `peer_rank`) holds it too, and returns its refusal reason as a kPeerError if it refused.
+// `cancel`, when set, makes it give up early (kAborted).
+Status AuthenticateToPeer(int fd, const LinkIdentity& self, LinkPurpose purpose, uint32_t socket_index,
+                          uint32_t peer_rank, Deadline deadline, const std::string& who,
+                          const std::atomic<bool>* cancel = nullptr);
+
+// The server side: accepts connections from a listener and runs every pending handshake at once
+// in one poll set, each with its own kHandshakeSeconds deadline (at most kMaxPending; a new one
+// evicts the oldest). A connection whose Proof verifies is shown to `refuse` ("" accepts it, else
+// the reason it is told), and, accepted, handed to `take` non-blocking with TCP_NODELAY.
+class HandshakeAcceptor {
+ public:
+  using Refuse = std::function<std::string(const PeerClaim&)>;
+  using Take = std::function<void(const PeerClaim&, Socket)>;
+  static constexpr size_t kMaxPending = 128;
+
+  // `self_rank` is this end's rank (the one connecting peers expect); `log_prefix` names it in
+  // the stderr lines about rejected connections.
+  HandshakeAcceptor(const Socket& listener, const void* token, uint32_t self_rank, std::string log_prefix);
+  ~HandshakeAcceptor();
+  HandshakeAcceptor(const HandshakeAcceptor&) = delete;
+  HandshakeAcceptor& operator=(const HandshakeAcceptor&) = delete;
+
+  // Waits at most max_wait_ms for something to happen, then accepts what is waiting and
+  // progresses the pending handshakes. Errors only if the listener itself fails.
+  Status Step(int max_wait_ms, const Refuse& refuse, const Take& take);
+  size_t pending() const { return pending_.size(); }
+
+ private:
+  struct Pending;
+  void Progress(Pending* p, const Refuse& refuse, const Take& take);
+  void Reject(const Pending& p, const std::string& reason);
+  const Socket& listener_;
+  uint8_t token_[kTokenBytes];
+  uint32_t self_rank_;
+  std::string log_prefix_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+};
 
 // Blocking-with-deadline helpers on a non-blocking fd (used for handshakes).
 Status SendAll(int fd, const void* data, size_t len, Deadline deadline, const std::string& who);
@@ -93,8 +168,5 @@ Status ConfigureDataSocket(int fd);
 // the peer is not listening yet; returned non-blocking with TCP_NODELAY. For control connections.
 Status ConnectWithRetry(const std::string& host, int port, Deadline deadline, Socket* out);
 
-// Accepts one connection on a non-blocking listener, waiting at most until the deadline
-// (kTimeout); returned non-blocking with TCP_NODELAY.
-Status AcceptOne(const Socket& listener, Deadline deadline, Socket* out);
 
 }  // namespace fasthorovod

@@ -4,13 +4,15 @@ Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES 
 
 1. rank 0 draws a random 16-byte job token; ``broadcast_object`` gives it to every rank (Horovod's
    control plane, no home-made rendezvous);
-2. the worker creates its shared-memory channel and spawns ``python -m fasthorovod.proxy CHANNEL j``
+2. the worker creates its shared-memory channel (named from an independent random id, never from
+   the token: /dev/shm names are visible to every local user) and spawns ``python -m fasthorovod.proxy CHANNEL j``
    for j < k; each proxy binds on the job's interface and reports its port in the channel;
 3. rank 0 starts the negotiation's coordinator (csrc/negotiation/coordinator.h);
    ``allgather_object`` exchanges (address, ports, coordinator port) between workers; lane j of
    rank r is told the address of lane j of rank r+1, connects, and accepts lane j of rank r−1
-   (handshake with the token, ranks, lane and configuration hash);
-4. each worker's member connects to the coordinator; from then on every request is submitted to
+   (a mutual challenge-response handshake: both ends prove they hold the token, which never
+   travels, and agree on ranks, lane and configuration hash; csrc/transport/socket.h);
+4. each worker's member connects to the coordinator (the same handshake); from then on every request is submitted to
    the member, which posts it to the proxies in the order the ranks negotiated;
 5. once every lane is connected the channel's name is unlinked (the mappings stay).
 
@@ -198,7 +200,8 @@ class ProxyGroup:
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
         cfg = self.config
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
-        prefix = f"/fasthorovod.{token.hex()[:12]}.{self.rank}.{os.getpid()}"
+        # The shm names are visible to every local user: an independent random id, no token bytes.
+        prefix = f"/fasthorovod.{os.urandom(6).hex()}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
         self.pool = BufferPool(prefix + ".buf")
         self.channel = _C.ProxyChannel(prefix + ".ctl", channel_config(cfg, self.rank, self.size, token, host,

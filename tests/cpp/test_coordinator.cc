@@ -1,6 +1,7 @@
 // The negotiation's coordinator, driven by hand-written members speaking its wire protocol:
 // ready order, the response cache, mismatches, join, the stall shutdown and a dead rank.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,14 +34,16 @@ struct Reply {
 
 class FakeMember {
  public:
-  FakeMember(int port, uint32_t rank, uint32_t size) {
+  FakeMember(int port, uint32_t rank, uint32_t size, const std::string& token = kToken) {
     CHECK(ConnectWithRetry("127.0.0.1", port, Deadline::After(5), &sock_).ok());
-    WireWriter hello;
-    hello.Text(kToken);
-    hello.U32(rank);
-    hello.U32(size);
-    CHECK(SendFrame(sock_.fd(), hello.Frame(MsgType::kHello), Deadline::After(5), "coordinator").ok());
+    LinkIdentity self;
+    std::memcpy(self.token, token.data(), kTokenBytes);
+    self.rank = rank;
+    self.size = size;
+    handshake = AuthenticateToPeer(sock_.fd(), self, LinkPurpose::kNegotiation, 0, 0, Deadline::After(5),
+                                   "coordinator");
   }
+  Status handshake;
   // Announces (full description, or the cached id when id >= 0) with two-lane boundaries.
   void Announce(const std::vector<std::pair<WireDesc, int64_t>>& entries) {
     WireWriter w;
@@ -207,4 +210,25 @@ TEST(CoordinatorTellsEveryoneWhenARankDies) {
   b.Close();  // no goodbye: the rank died
   Reply r = a.Receive(5);
   CHECK(r.failed && r.failure.find("rank 1 disconnected") != std::string::npos);
+}
+
+TEST(CoordinatorAdmitsOnlyMembersThatProveTheToken) {
+  int port = 0;
+  auto coordinator = Start(2, &port);
+  // Strangers first: silent, garbage, another job's token. None of them holds anyone up.
+  Socket silent;
+  CHECK(ConnectWithRetry("127.0.0.1", port, Deadline::After(5), &silent).ok());
+  Socket garbage;
+  CHECK(ConnectWithRetry("127.0.0.1", port, Deadline::After(5), &garbage).ok());
+  const std::string junk(100, 'x');
+  CHECK(SendAll(garbage.fd(), junk.data(), junk.size(), Deadline::After(1), "coordinator").ok());
+  FakeMember impostor(port, 1, 2, std::string(kTokenBytes, '\x09'));
+  CHECK(!impostor.handshake.ok());
+  CHECK(impostor.handshake.message().find("did not accept this connection's proof") != std::string::npos);
+  FakeMember a(port, 0, 2), b(port, 1, 2);
+  CHECK(a.handshake.ok() && b.handshake.ok());
+  a.Announce({{Desc("z", 4), -1}});
+  b.Announce({{Desc("z", 4), -1}});
+  CHECK_EQ(a.Receive().runs.size(), 1u);
+  CHECK_EQ(b.Receive().runs.size(), 1u);
 }

@@ -1,0 +1,62 @@
+// SHA-256 and HMAC-SHA256 against the standards' own test vectors (FIPS 180-4 examples, RFC 4231).
+#include <string>
+
+#include "common/hmac.h"
+#include "harness.h"
+
+using namespace fasthorovod;
+
+namespace {
+
+std::string Hex(const Digest& d) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : d) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+std::string Sha(const std::string& m) { return Hex(Sha256Of(m.data(), m.size())); }
+std::string Hmac(const std::string& key, const std::string& m) {
+  return Hex(HmacSha256(key.data(), key.size(), m.data(), m.size()));
+}
+
+}  // namespace
+
+TEST(Sha256MatchesFips180Examples) {
+  CHECK_EQ(Sha("abc"), std::string("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"));
+  CHECK_EQ(Sha(""), std::string("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"));
+  CHECK_EQ(Sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),  // two blocks
+           std::string("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
+  Sha256 split;  // the same message fed in uneven pieces
+  const std::string m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  split.Update(m.data(), 3);
+  split.Update(m.data() + 3, 0);
+  split.Update(m.data() + 3, m.size() - 3);
+  CHECK_EQ(Hex(split.Finish()), std::string("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
+}
+
+TEST(HmacSha256MatchesRfc4231) {
+  CHECK_EQ(Hmac(std::string(20, '\x0b'), "Hi There"),
+           std::string("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"));
+  CHECK_EQ(Hmac("Jefe", "what do ya want for nothing?"),
+           std::string("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"));
+  CHECK_EQ(Hmac(std::string(20, '\xaa'), std::string(50, '\xdd')),
+           std::string("773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"));
+  // Test case 6: a key longer than the block is hashed first.
+  CHECK_EQ(Hmac(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First"),
+           std::string("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"));
+}
+
+TEST(ConstantTimeEqualAndRandomBytes) {
+  const char a[] = "0123456789abcdef", b[] = "0123456789abcdeX";
+  CHECK(ConstantTimeEqual(a, a, 16));
+  CHECK(!ConstantTimeEqual(a, b, 16));
+  CHECK(ConstantTimeEqual(a, b, 15));
+  uint8_t x[16] = {}, y[16] = {};
+  CHECK(RandomBytes(x, sizeof(x)));
+  CHECK(RandomBytes(y, sizeof(y)));
+  CHECK(!ConstantTimeEqual(x, y, sizeof(x)));
+}
