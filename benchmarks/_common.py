@@ -479,8 +479,9 @@ def add_driver_arguments(parser):
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--trace-root", default="traces", metavar="DIR",
                         help="a fasthorovod backend written with the suffix '+trace' (e.g. "
-                             "fasthorovod:4+trace) records its DLC trace into DIR/<backend>, "
-                             "for 'fasthorovod-trace analyze' (default: %(default)s)")
+                             "fasthorovod:4+trace) records its DLC trace into DIR/<backend> "
+                             "(allreduce.py --rounds N: DIR/roundK/<backend>), for 'fasthorovod-trace "
+                             "analyze' (default: %(default)s)")
 
 
 _WORKER_ARGS = ("worker", "backend", "result_file", "rendezvous")

@@ -408,9 +408,11 @@ def driver(args):
     except ValueError as err:
         sys.exit(f"error: {err}")
     rounds = []
+    trace_root = args.trace_root or "traces"
     for number in range(args.rounds):
         if args.rounds > 1:
             print(f"== round {number + 1}/{args.rounds}", file=sys.stderr, flush=True)
+            args.trace_root = os.path.join(trace_root, f"round{number + 1}")  # each round's traces kept
         rounds.append(common.run_backends("allreduce", backends, args, worker_argv))
     entries = merge_rounds(rounds) if args.rounds > 1 else rounds[0]
     print_table(entries, args.sizes)
