@@ -183,22 +183,24 @@ PYBIND11_MODULE(_C, m) {
         return d;
       });
 
+  py::class_<CoordinatorOptions>(m, "CoordinatorOptions", R"pbdoc(Settings of rank 0's coordinator.)pbdoc")
+      .def(py::init<>())
+      .def_readwrite("size", &CoordinatorOptions::size)
+      .def_property(
+          "token", [](const CoordinatorOptions& o) { return py::bytes(o.token); },
+          [](CoordinatorOptions& o, const py::bytes& token) { o.token = token; })
+      .def_readwrite("bind_host", &CoordinatorOptions::bind_host)
+      .def_readwrite("timeout_seconds", &CoordinatorOptions::timeout_seconds)
+      .def_readwrite("stall_check_seconds", &CoordinatorOptions::stall_check_seconds)
+      .def_readwrite("stall_shutdown_seconds", &CoordinatorOptions::stall_shutdown_seconds);
+
   py::class_<PyCoordinator>(m, "Coordinator", R"pbdoc(Rank 0's negotiation coordinator (csrc/negotiation/coordinator.h).)pbdoc")
-      .def(py::init([](uint32_t size, const py::bytes& token, const std::string& bind_host, double timeout_seconds,
-                       double stall_check_seconds, double stall_shutdown_seconds) {
-             CoordinatorOptions o;
-             o.size = size;
-             o.token = token;
-             o.bind_host = bind_host;
-             o.timeout_seconds = timeout_seconds;
-             o.stall_check_seconds = stall_check_seconds;
-             o.stall_shutdown_seconds = stall_shutdown_seconds;
+      .def(py::init([](const CoordinatorOptions& options) {
              auto c = std::make_unique<PyCoordinator>();
-             Check(Coordinator::Start(o, &c->impl, &c->port));
+             Check(Coordinator::Start(options, &c->impl, &c->port));
              return c;
            }),
-           py::arg("size"), py::arg("token"), py::arg("bind_host"), py::arg("timeout_seconds"),
-           py::arg("stall_check_seconds"), py::arg("stall_shutdown_seconds"))
+           py::arg("options"))
       .def_readonly("port", &PyCoordinator::port)
       .def("stop", [](PyCoordinator& c) {
         py::gil_scoped_release release;
@@ -206,25 +208,25 @@ PYBIND11_MODULE(_C, m) {
       })
       .def_property_readonly("error", [](const PyCoordinator& c) { return c.impl->error(); });
 
+  py::class_<MemberOptions>(m, "MemberOptions", R"pbdoc(Settings of this rank's negotiation member.)pbdoc")
+      .def(py::init<>())
+      .def_readwrite("rank", &MemberOptions::rank)
+      .def_readwrite("size", &MemberOptions::size)
+      .def_property(
+          "token", [](const MemberOptions& o) { return py::bytes(o.token); },
+          [](MemberOptions& o, const py::bytes& token) { o.token = token; })
+      .def_readwrite("coordinator_host", &MemberOptions::coordinator_host)
+      .def_readwrite("coordinator_port", &MemberOptions::coordinator_port)
+      .def_readwrite("timeout_seconds", &MemberOptions::timeout_seconds)
+      .def_readwrite("buffer_prefix", &MemberOptions::buffer_prefix);
+
   py::class_<PyMember>(m, "Member", R"pbdoc(This rank's member of the negotiation (csrc/negotiation/member.h).)pbdoc")
-      .def(py::init([](ProxyChannel& channel, uint32_t rank, uint32_t size, const py::bytes& token,
-                       const std::string& coordinator_host, int coordinator_port, double timeout_seconds,
-                       const std::string& buffer_prefix) {
-             MemberOptions o;
-             o.rank = rank;
-             o.size = size;
-             o.token = token;
-             o.coordinator_host = coordinator_host;
-             o.coordinator_port = coordinator_port;
-             o.timeout_seconds = timeout_seconds;
-             o.buffer_prefix = buffer_prefix;
+      .def(py::init([](ProxyChannel& channel, const MemberOptions& options) {
              auto p = std::make_unique<PyMember>();
-             CallReleased([&] { return Member::Start(&channel, o, &p->impl); });
+             CallReleased([&] { return Member::Start(&channel, options, &p->impl); });
              return p;
            }),
-           py::arg("channel"), py::arg("rank"), py::arg("size"), py::arg("token"), py::arg("coordinator_host"),
-           py::arg("coordinator_port"), py::arg("timeout_seconds"), py::arg("buffer_prefix"),
-           py::keep_alive<1, 2>())
+           py::arg("channel"), py::arg("options"), py::keep_alive<1, 2>())
       .def("submit",
            [](PyMember& m, const RequestDesc& request, const std::string& shape) {
              uint64_t ticket = 0;

@@ -56,23 +56,27 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str,
-                   buffer_prefix: str) -> "_C.ChannelConfig":
-    """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place)."""
-    c = _C.ChannelConfig()
-    c.num_lanes, c.rank, c.size = cfg.num_proxies, rank, size
-    c.sockets_per_lane, c.socket_buffer_bytes = cfg.sockets_per_proxy, cfg.socket_buffer_bytes
-    c.segment_bytes, c.timeout_seconds, c.config_hash = cfg.segment_bytes, cfg.timeout_seconds, cfg.wire_hash()
-    c.token, c.bind_host, c.buffer_prefix = token, bind_host, buffer_prefix
-    return c
+def native(cls, **fields):
+    """An instance of the bound struct `cls` (``_C.Request``, ``_C.ChannelConfig``, ...) with `fields`
+    set; the rest keep the core's defaults."""
+    obj = cls()
+    for name, value in fields.items():
+        setattr(obj, name, value)
+    return obj
 
 
 def request(**fields) -> "_C.Request":
-    """A ``_C.Request`` with `fields` set (the rest keep the core's defaults)."""
-    r = _C.Request()
-    for name, value in fields.items():
-        setattr(r, name, value)
-    return r
+    """A ``_C.Request`` with `fields` set."""
+    return native(_C.Request, **fields)
+
+
+def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str,
+                   buffer_prefix: str) -> "_C.ChannelConfig":
+    """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place)."""
+    return native(_C.ChannelConfig, num_lanes=cfg.num_proxies, rank=rank, size=size,
+                  sockets_per_lane=cfg.sockets_per_proxy, socket_buffer_bytes=cfg.socket_buffer_bytes,
+                  segment_bytes=cfg.segment_bytes, timeout_seconds=cfg.timeout_seconds,
+                  config_hash=cfg.wire_hash(), token=token, bind_host=bind_host, buffer_prefix=buffer_prefix)
 
 
 def bind_address(config: Config) -> str:
@@ -214,8 +218,10 @@ class ProxyGroup:
             self.channel.watch_proxy(lane, proc.pid)
         ports = self.channel.wait_listening(cfg.timeout_seconds)
         if self.rank == 0:  # the negotiation's coordinator (csrc/negotiation/coordinator.h)
-            self.coordinator = _C.Coordinator(self.size, token, host, cfg.timeout_seconds, cfg.stall_check_seconds,
-                                              cfg.stall_shutdown_seconds)
+            self.coordinator = _C.Coordinator(native(
+                _C.CoordinatorOptions, size=self.size, token=token, bind_host=host,
+                timeout_seconds=cfg.timeout_seconds, stall_check_seconds=cfg.stall_check_seconds,
+                stall_shutdown_seconds=cfg.stall_shutdown_seconds))
         me = {"host": host, "ports": ports, "config": cfg.wire_hash(),
               "coordinator": self.coordinator.port if self.coordinator is not None else None}
         peers = allgather_object(me, name="fasthorovod.peers")
@@ -224,8 +230,10 @@ class ProxyGroup:
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
         self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), cfg.timeout_seconds)
-        self.member = _C.Member(self.channel, self.rank, self.size, token, peers[0]["host"], peers[0]["coordinator"],
-                                cfg.timeout_seconds, prefix + ".buf")
+        self.member = _C.Member(self.channel, native(
+            _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
+            coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds,
+            buffer_prefix=prefix + ".buf"))
         self.channel.unlink_name()
 
     # -- requests ---------------------------------------------------------------------------------
