@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "common/clock.h"
+#include "common/collective.h"
 
 namespace fasthorovod {
 namespace {
@@ -270,7 +271,8 @@ void Coordinator::Finish(Pending& p) {
               Disagreement(submitters, p.desc), ". A tensor name must describe the same collective on every rank."));
     return;
   }
-  const bool gather = p.desc[lead].op == 2;  // ReduceOp::kGather: the boundaries are part of the layout
+  // An allgather's boundaries are part of its layout (each rank stages its row by them).
+  const bool gather = p.desc[lead].op == static_cast<uint32_t>(ReduceOp::kGather);
   for (uint32_t r : submitters) {
     if (gather && p.bounds[r] != p.bounds[lead]) {
       Error(p.name, Code::kMismatch, Str("collective mismatch for allgather '", p.name,

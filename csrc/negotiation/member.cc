@@ -8,13 +8,14 @@
 #include <cstring>
 
 #include "collectives/reduce.h"
+#include "common/collective.h"
 #include "common/clock.h"
 
 namespace fasthorovod {
 namespace {
 
 constexpr uint32_t kZeroBufferIds = 0x80000000u;  // the worker's Python buffer pool counts up from 0
-constexpr uint32_t kOpGather = 2;                 // ReduceOp::kGather
+constexpr int64_t kHealthCheckNs = 100'000'000;    // how often the thread looks at the channel
 
 }  // namespace
 
@@ -127,9 +128,7 @@ Status Member::Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joine
     // Waiting for the other ranks to submit has no time limit of its own (Horovod's semantics; the
     // stall inspector reports it), but any failure ends it: of this rank's data plane (the member's
     // thread checks it every 100 ms), of another rank or of the coordinator (FailAll).
-    while (!cv_.wait_for(lock, std::chrono::milliseconds(100),
-                         [&] { return it->second.posted || it->second.finished; })) {
-    }
+    cv_.wait(lock, [&] { return it->second.posted || it->second.finished; });
     Ticket& t = it->second;
     if (t.finished) {
       Status st = t.status;
@@ -179,8 +178,14 @@ Status Member::Serve() {
       (void)!::read(wake_fd_, &n, sizeof(n));
     }
     // A failure of this rank's data plane ends the job for every rank: the others may be waiting for
-    // collectives this rank will never submit, so the coordinator tells them all.
-    Status health = channel_->Health();
+    // collectives this rank will never submit, so the coordinator tells them all. Checked every
+    // 100 ms, not on every wake-up (submissions wake the thread, and the check costs syscalls).
+    const int64_t now = NowNs();
+    Status health;
+    if (now - last_health_check_ns_ >= kHealthCheckNs) {
+      last_health_check_ns_ = now;
+      health = channel_->Health();
+    }
     if (!health.ok()) {
       WireWriter w;
       w.U32(static_cast<uint32_t>(health.code()));
@@ -330,7 +335,7 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
     }
   }
   if (!mine) return PostZeros(desc, bounds);
-  if (desc.op != kOpGather) std::copy(bounds.begin(), bounds.end(), request.lane_begin);
+  if (desc.op != static_cast<uint32_t>(ReduceOp::kGather)) std::copy(bounds.begin(), bounds.end(), request.lane_begin);
   uint64_t seq = 0;
   Status st = channel_->Post(request, &seq);
   std::lock_guard<std::mutex> lock(mu_);

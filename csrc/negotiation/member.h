@@ -54,7 +54,7 @@ class Member {
   // This rank joins: the ticket completes when every rank has joined, with the last one.
   Status Join(uint64_t* ticket);
   bool Poll(uint64_t ticket);
-  // Waits for the ticket: for its turn (as long as the job lives), then for its collective
+  // Waits for the ticket: for its turn (until it runs, or a failure anywhere fails it), then for its collective
   // (FASTHOROVOD_TIMEOUT_SECONDS of no progress). *last_joined is set for join tickets.
   Status Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joined);
   // Says goodbye to the coordinator and stops the thread (idempotent).
@@ -109,6 +109,7 @@ class Member {
   std::vector<WireDesc> by_id_;
   std::unordered_map<std::string, uint32_t> id_of_;
   std::vector<std::unique_ptr<ZeroBuffer>> zeros_;  // thread only
+  int64_t last_health_check_ns_ = 0;                 // thread only
 };
 
 }  // namespace fasthorovod

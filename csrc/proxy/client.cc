@@ -63,20 +63,31 @@ bool ProxyChannel::ProcessExited(uint32_t lane) const {
   return poll(&p, 1, 0) > 0;  // a pidfd becomes readable when its process exits
 }
 
-Status ProxyChannel::ProxyExited(uint32_t lane) const {
-  return Status::Error(Code::kProxyDied, Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
-                                             header_->lanes[lane].pid,
-                                             ") exited unexpectedly (killed or crashed); see its stderr"));
+// The first of this worker's proxies that has exited (kProxyDied), waiting up to wait_ms for one
+// to; Ok if none has. A pidfd becomes readable when its process exits.
+Status ProxyChannel::ExitedProxy(int wait_ms) const {
+  std::vector<pollfd> fds;
+  std::vector<uint32_t> lanes;
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    if (pidfds_[lane] < 0) continue;
+    fds.push_back({pidfds_[lane], POLLIN, 0});
+    lanes.push_back(lane);
+  }
+  if (fds.empty() || poll(fds.data(), fds.size(), wait_ms) <= 0) return Status::Ok();
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    const uint32_t lane = lanes[i];
+    return Status::Error(Code::kProxyDied, Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
+                                               header_->lanes[lane].pid,
+                                               ") exited unexpectedly (killed or crashed); see its stderr"));
+  }
+  return Status::Ok();
 }
 
 Status ProxyChannel::CheckProxiesAlive() {
   // Exits first: a proxy that died is the root cause of whatever its sibling lanes report after it
   // (their collectives fail once the other ranks react), so it is what this worker raises.
-  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
-    if (ProcessExited(lane)) {
-      return ProxyExited(lane);
-    }
-  }
+  FHVD_RETURN_IF_ERROR(ExitedProxy(0));
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     const LaneInfo& info = header_->lanes[lane];
     if (info.state.load() == static_cast<uint32_t>(LaneState::kFailed)) {
@@ -97,19 +108,8 @@ Status ProxyChannel::RootCause(const Status& failure) {
       failure.code() == Code::kInvalidArgument || failure.code() == Code::kProxyDied) {
     return failure;
   }
-  std::vector<pollfd> fds;
-  std::vector<uint32_t> lanes;
-  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
-    if (pidfds_[lane] < 0) continue;
-    fds.push_back({pidfds_[lane], POLLIN, 0});
-    lanes.push_back(lane);
-  }
-  if (fds.empty() || poll(fds.data(), fds.size(), 250) <= 0) return failure;
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (fds[i].revents == 0) continue;
-    return ProxyExited(lanes[i]);
-  }
-  return failure;
+  Status exited = ExitedProxy(250);
+  return exited.ok() ? failure : exited;
 }
 
 Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* ports) {

@@ -89,7 +89,7 @@ class ProxyChannel {
   void CollectLocked(uint64_t seq);  // records the result of a completed slot
   void ReapLocked();                 // frees completed slots in order
   Status CheckProxiesAlive();
-  Status ProxyExited(uint32_t lane) const;
+  Status ExitedProxy(int wait_ms) const;  // kProxyDied for the first proxy that exited, else Ok
   bool ProcessExited(uint32_t lane) const;
   Status Fail(const Status& why);  // the channel is broken from now on: abort every lane
   Status WaitSlot(uint64_t seq, double timeout_seconds);
