@@ -15,6 +15,7 @@ from typing import Mapping, Optional
 
 PREFIX = "FASTHOROVOD_"
 MAX_PROXIES = 64  # csrc/shm/channel.h kMaxLanes
+MAX_SOCKETS_PER_PROXY = 64  # csrc/shm/channel.h kMaxSocketsPerLane
 # FASTHOROVOD_PROXY_THRESHOLD_BYTES's default when every rank runs on one host (no network, so no
 # per-flow cap): from docs/results/allreduce-loopback-rounds-2026-11-30.json, where Horovod's ring
 # is as fast as (1-4 MiB) or faster than (1 MiB, 4 proxies) the proxies below 8 MiB.
@@ -42,6 +43,15 @@ def _int(env: Mapping[str, str], name: str, default: int, low: int, high: Option
 def _text(env: Mapping[str, str], name: str) -> Optional[str]:
     """A free-form value with surrounding blanks removed; None when unset or blank."""
     return (env.get(PREFIX + name) or "").strip() or None
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple) -> str:
+    value = _text(env, name)
+    if value is None:
+        return default
+    if value.lower() not in allowed:
+        raise ConfigError(f"{PREFIX}{name}={value!r} must be one of {', '.join(allowed)}")
+    return value.lower()
 
 
 def _float(env: Mapping[str, str], name: str, default: float, low: float) -> float:
@@ -78,8 +88,13 @@ def _seconds(env: Mapping[str, str], name: str, horovod_name: str, default: floa
 class Config:
     num_proxies: int = 4
     """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them."""
-    sockets_per_proxy: int = 1
-    """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour."""
+    sockets_per_proxy: Optional[int] = None
+    """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour (None, unset:
+    chosen by the path probe, fasthorovod/proxy/probe.py, or 1 where the probe does not run)."""
+    probe: str = "auto"
+    """FASTHOROVOD_PROBE: measure the network at start-up to choose the sockets per proxy: ``auto``
+    (when the ranks span several hosts), ``1`` (always), ``0`` (never). Ignored when
+    FASTHOROVOD_SOCKETS_PER_PROXY is set."""
     proxy_threshold_bytes: int = 1 << 20
     """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies
     (unset: 1 MiB, or SINGLE_HOST_PROXY_THRESHOLD when every rank is on one host; see
@@ -105,6 +120,8 @@ class Config:
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0, the default, waits for ever as Horovod does)."""
     iface: Optional[str] = None
     """FASTHOROVOD_IFACE: network interface the proxies bind to (else HOROVOD_GLOO_IFACE, else hostname)."""
+    single_host: bool = False
+    """Whether every rank runs on one host (set by :meth:`for_topology`, not from the environment)."""
     trace_dir: Optional[str] = None
     """FASTHOROVOD_TRACE_DIR: record the DLC trace into this directory from ``hvd.init()`` on
     (docs/trace.md); None when unset or blank."""
@@ -114,7 +131,9 @@ class Config:
         env = os.environ if env is None else env
         return cls(
             num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
-            sockets_per_proxy=_int(env, "SOCKETS_PER_PROXY", cls.sockets_per_proxy, 1, 64),
+            sockets_per_proxy=(_int(env, "SOCKETS_PER_PROXY", 1, 1, MAX_SOCKETS_PER_PROXY)
+                               if _text(env, "SOCKETS_PER_PROXY") else None),
+            probe=_choice(env, "PROBE", cls.probe, ("auto", "0", "1")),
             proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
             proxy_threshold_from_env=bool((env.get(PREFIX + "PROXY_THRESHOLD_BYTES") or "").strip()),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
@@ -140,13 +159,21 @@ class Config:
         so, unless FASTHOROVOD_PROXY_THRESHOLD_BYTES was set, such a job sends only larger
         allreduces through the proxies. Every rank sees the same topology, so they agree.
         """
+        config = dataclasses.replace(self, single_host=single_host)
         if single_host and not self.proxy_threshold_from_env:
-            return dataclasses.replace(self, proxy_threshold_bytes=SINGLE_HOST_PROXY_THRESHOLD)
-        return self
+            return dataclasses.replace(config, proxy_threshold_bytes=SINGLE_HOST_PROXY_THRESHOLD)
+        return config
+
+    def probes(self) -> bool:
+        """Whether start-up measures the path to choose the sockets per proxy (every rank decides
+        alike: the settings are equal everywhere, checked by wire_hash, and so is the topology)."""
+        if self.sockets_per_proxy is not None or self.num_proxies == 0:
+            return False
+        return self.probe == "1" or (self.probe == "auto" and not self.single_host)
 
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
-        shared = (self.num_proxies, self.sockets_per_proxy, self.proxy_threshold_bytes, self.segment_bytes,
-                  self.rebalance_every)
+        shared = (self.num_proxies, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
+                  self.segment_bytes, self.rebalance_every)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

@@ -16,6 +16,7 @@
 #include "proxy/client.h"
 #include "proxy/proxy.h"
 #include "shm/segment.h"
+#include "transport/probe.h"
 #include "transport/socket.h"
 
 namespace py = pybind11;
@@ -33,6 +34,44 @@ struct PyCoordinator {
 
 struct PyMember {
   std::unique_ptr<Member> impl;
+};
+
+// The worker's end of the path probe (transport/probe.h): listens at construction, so its port
+// can be exchanged, and measures once every rank calls run().
+class PyPathProbe {
+ public:
+  PyPathProbe(const std::string& bind_host, const std::string& token, uint32_t rank, uint32_t size,
+              uint64_t config_hash) {
+    if (token.size() != kTokenBytes) ThrowInvalidArgument(Str("the job token must be ", kTokenBytes, " bytes"));
+    std::memcpy(self_.token, token.data(), kTokenBytes);
+    self_.rank = rank;
+    self_.size = size;
+    self_.config_hash = config_hash;
+    Check(Listen(bind_host, 0, &listener_, &port_));
+  }
+  int port() const { return port_; }
+
+  std::vector<ProbePhase> Run(const std::string& next_host, int next_port, const ProbeOptions& options,
+                              double timeout_seconds) {
+    if (options.max_flows < 1 || options.max_flows > static_cast<int>(kMaxSocketsPerLane) * 4) {
+      ThrowInvalidArgument(Str("max_flows must be in [1, ", kMaxSocketsPerLane * 4, "], got ", options.max_flows));
+    }
+    std::vector<ProbePhase> phases;
+    CallReleased([&] {
+      const Deadline deadline = Deadline::After(timeout_seconds);
+      RingLinks links;
+      FHVD_RETURN_IF_ERROR(EstablishRing(self_, listener_, {next_host, next_port}, options.max_flows, 0, deadline,
+                                         &links, LinkPurpose::kProbe));
+      listener_.Close();
+      return ProbePath(links, options, deadline, &phases);
+    });
+    return phases;
+  }
+
+ private:
+  LinkIdentity self_;
+  Socket listener_;
+  int port_ = 0;
 };
 
 // A shared-memory segment created by the worker, exposed as a writable Python buffer.
@@ -83,7 +122,6 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("num_lanes", &ChannelConfig::num_lanes)
       .def_readwrite("rank", &ChannelConfig::rank)
       .def_readwrite("size", &ChannelConfig::size)
-      .def_readwrite("sockets_per_lane", &ChannelConfig::sockets_per_lane)
       .def_readwrite("socket_buffer_bytes", &ChannelConfig::socket_buffer_bytes)
       .def_readwrite("segment_bytes", &ChannelConfig::segment_bytes)
       .def_readwrite("timeout_seconds", &ChannelConfig::timeout_seconds)
@@ -93,6 +131,36 @@ PYBIND11_MODULE(_C, m) {
           [](ChannelConfig& c, const py::bytes& token) { c.token = token; })
       .def_readwrite("bind_host", &ChannelConfig::bind_host)
       .def_readwrite("buffer_prefix", &ChannelConfig::buffer_prefix);
+
+  py::class_<ProbeOptions>(m, "ProbeOptions", R"pbdoc(The path probe's schedule (csrc/transport/probe.h).)pbdoc")
+      .def(py::init<>())
+      .def_readwrite("max_flows", &ProbeOptions::max_flows)
+      .def_readwrite("warmup_seconds", &ProbeOptions::warmup_seconds)
+      .def_readwrite("measure_seconds", &ProbeOptions::measure_seconds)
+      .def_readwrite("min_gain", &ProbeOptions::min_gain);
+
+  py::class_<PyPathProbe>(m, "PathProbe",
+                          R"pbdoc(Measures the goodput of 1, 2, 4, ... parallel TCP flows from the previous rank
+(csrc/transport/probe.h). Listens when constructed; run() connects to the next rank's probe and
+returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, flow_bytes_per_second}.)pbdoc")
+      .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint64_t>(), py::arg("bind_host"),
+           py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("config_hash"))
+      .def_property_readonly("port", &PyPathProbe::port)
+      .def("run",
+           [](PyPathProbe& p, const std::string& next_host, int next_port, const ProbeOptions& options,
+              double timeout) {
+             py::list out;
+             for (const ProbePhase& phase : p.Run(next_host, next_port, options, timeout)) {
+               py::dict d;
+               d["flows"] = phase.flows;
+               d["seconds"] = phase.seconds;
+               d["bytes_per_second"] = phase.bytes_per_second;
+               d["flow_bytes_per_second"] = phase.flow_bytes_per_second;
+               out.append(d);
+             }
+             return out;
+           },
+           py::arg("next_host"), py::arg("next_port"), py::arg("options"), py::arg("timeout"));
 
   py::class_<RequestDesc>(m, "Request", R"pbdoc(One request to the proxies, as its shared-memory slot holds it (csrc/shm/channel.h).)pbdoc")
       .def(py::init<>())
@@ -143,9 +211,12 @@ PYBIND11_MODULE(_C, m) {
              return ports;
            })
       .def("connect",
-           [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports, double timeout) {
-             CallReleased([&] { return c.Connect(hosts, ports, timeout); });
-           })
+           [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports,
+              uint32_t sockets_per_lane, double timeout) {
+             CallReleased([&] { return c.Connect(hosts, ports, sockets_per_lane, timeout); });
+           },
+           py::arg("hosts"), py::arg("ports"), py::arg("sockets_per_lane"), py::arg("timeout"),
+           R"pbdoc(Lets the proxies connect lane j to (hosts[j], ports[j]) with `sockets_per_lane` sockets each way.)pbdoc")
       .def("unlink_name", &ProxyChannel::UnlinkName)
       .def("post",
            [](ProxyChannel& c, const RequestDesc& request) {

@@ -27,7 +27,7 @@ Status ProxyChannel::Create(const std::string& name, const ChannelConfig& config
   h->num_lanes = config.num_lanes;
   h->rank = config.rank;
   h->size = config.size;
-  h->sockets_per_lane = config.sockets_per_lane;
+  h->sockets_per_lane = 1;  // until Connect says how many
   h->socket_buffer_bytes = config.socket_buffer_bytes;
   h->segment_bytes = config.segment_bytes;
   h->timeout_seconds = config.timeout_seconds;
@@ -130,10 +130,15 @@ Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* por
 }
 
 Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
-                             double timeout_seconds) {
+                             uint32_t sockets_per_lane, double timeout_seconds) {
   if (next_hosts.size() != header_->num_lanes || next_ports.size() != header_->num_lanes) {
     return Status::Error(Code::kInvalidArgument, "one next address per lane is required");
   }
+  if (sockets_per_lane < 1 || sockets_per_lane > kMaxSocketsPerLane) {
+    return Status::Error(Code::kInvalidArgument, Str("sockets per lane must be in [1, ", kMaxSocketsPerLane,
+                                                     "], got ", sockets_per_lane));
+  }
+  header_->sockets_per_lane = sockets_per_lane;
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     CopyString(header_->lanes[lane].next_host, next_hosts[lane]);
     header_->lanes[lane].next_port = next_ports[lane];

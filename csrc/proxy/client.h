@@ -23,7 +23,6 @@ struct ChannelConfig {
   uint32_t num_lanes = 1;
   uint32_t rank = 0;
   uint32_t size = 1;
-  uint32_t sockets_per_lane = 1;
   int32_t socket_buffer_bytes = 0;
   uint64_t segment_bytes = 1 << 20;
   double timeout_seconds = 300.0;
@@ -57,8 +56,11 @@ class ProxyChannel {
   // Set-up: proxies started by the caller register their pids; then wait until each listens.
   Status WatchProxy(uint32_t lane, int pid);
   Status WaitListening(double timeout_seconds, std::vector<int>* ports);
+  // Gives lane j the address of lane j of the next rank and lets the proxies connect with
+  // `sockets_per_lane` sockets each way (every rank must pass the same number; the configured one,
+  // or what the path probe chose); returns once every lane is connected.
   Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
-                 double timeout_seconds);
+                 uint32_t sockets_per_lane, double timeout_seconds);
   void UnlinkName() { segment_.Unlink(); }
 
   // Requests. Post never blocks for long: when all slots are in use it waits for the oldest.

@@ -148,9 +148,9 @@ std::string Describe(const Hello& h) {
 }
 
 // Why an authenticated ring connection is not the one we wait for, or "" if it is.
-std::string RingRefusal(const PeerClaim& claim, const LinkIdentity& self, int sockets) {
+std::string RingRefusal(const PeerClaim& claim, const LinkIdentity& self, int sockets, LinkPurpose purpose) {
   const uint32_t prev = (self.rank + self.size - 1) % self.size;
-  if (claim.purpose != LinkPurpose::kRing) return "not a ring connection";
+  if (claim.purpose != purpose) return purpose == LinkPurpose::kRing ? "not a ring connection" : "not a probe connection";
   if (claim.size != self.size) return Str("world size ", claim.size, " != ", self.size);
   if (claim.rank != prev) return Str("sender is rank ", claim.rank, ", expected previous rank ", prev);
   if (claim.lane != self.lane) return Str("sender lane ", claim.lane, " != lane ", self.lane);
@@ -444,7 +444,8 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 }
 
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
-                     int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links) {
+                     int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
+                     LinkPurpose purpose) {
   const uint32_t next_rank = (self.rank + 1) % self.size;
   const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
   const std::string next_name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
@@ -472,7 +473,7 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
         connected = connected.WithContext("cannot connect to " + next_name + ": ");
         break;
       }
-      connected = AuthenticateToPeer(sock.fd(), self, LinkPurpose::kRing, static_cast<uint32_t>(s), next_rank,
+      connected = AuthenticateToPeer(sock.fd(), self, purpose, static_cast<uint32_t>(s), next_rank,
                                      deadline, next_name, &cancel);
       if (connected.ok()) to_next.push_back(std::move(sock));
     }
@@ -485,7 +486,7 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
   Status accepting;
   HandshakeAcceptor acceptor(listener, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
   auto refuse = [&](const PeerClaim& claim) {
-    std::string reason = RingRefusal(claim, self, sockets);
+    std::string reason = RingRefusal(claim, self, sockets, purpose);
     if (reason.empty() && links->from_prev[claim.socket_index].valid()) reason = "duplicate socket index";
     return reason;
   };

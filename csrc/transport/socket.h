@@ -50,7 +50,7 @@ constexpr size_t kNonceBytes = 16;
 constexpr double kHandshakeSeconds = 2.0;  // what one incoming connection gets to prove itself
 
 // What a connection is for; part of what the handshake authenticates.
-enum class LinkPurpose : uint32_t { kRing = 1, kNegotiation = 2 };
+enum class LinkPurpose : uint32_t { kRing = 1, kNegotiation = 2, kProbe = 3 };
 
 class Socket {
  public:
@@ -100,8 +100,10 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 
 // Connects S sockets to `next`, accepts S from the previous rank on `listener`, with handshakes.
 // `self` is this proxy's identity; the expected previous rank is (self.rank + size - 1) % size.
+// `purpose` is what both ends must be connecting for (a lane's ring, or the path probe's).
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
-                     int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links);
+                     int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
+                     LinkPurpose purpose = LinkPurpose::kRing);
 
 // What a connecting peer says it is, from its Hello; authenticated once its Proof verifies.
 struct PeerClaim {

@@ -44,6 +44,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
+from fasthorovod.proxy import probe
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
@@ -72,9 +73,10 @@ def request(**fields) -> "_C.Request":
 
 def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str,
                    buffer_prefix: str) -> "_C.ChannelConfig":
-    """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place)."""
+    """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place;
+    the sockets per lane are given at connect time)."""
     return native(_C.ChannelConfig, num_lanes=cfg.num_proxies, rank=rank, size=size,
-                  sockets_per_lane=cfg.sockets_per_proxy, socket_buffer_bytes=cfg.socket_buffer_bytes,
+                  socket_buffer_bytes=cfg.socket_buffer_bytes,
                   segment_bytes=cfg.segment_bytes, timeout_seconds=cfg.timeout_seconds,
                   config_hash=cfg.wire_hash(), token=token, bind_host=bind_host, buffer_prefix=buffer_prefix)
 
@@ -185,6 +187,8 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
+        self.sockets_per_lane = config.sockets_per_proxy or 1
+        self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -217,24 +221,57 @@ class ProxyGroup:
             self.processes.append(proc)
             self.channel.watch_proxy(lane, proc.pid)
         ports = self.channel.wait_listening(cfg.timeout_seconds)
+        path_probe = (_C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()) if cfg.probes() else None)
         if self.rank == 0:  # the negotiation's coordinator (csrc/negotiation/coordinator.h)
             self.coordinator = _C.Coordinator(native(
                 _C.CoordinatorOptions, size=self.size, token=token, bind_host=host,
                 timeout_seconds=cfg.timeout_seconds, stall_check_seconds=cfg.stall_check_seconds,
                 stall_shutdown_seconds=cfg.stall_shutdown_seconds))
         me = {"host": host, "ports": ports, "config": cfg.wire_hash(),
-              "coordinator": self.coordinator.port if self.coordinator is not None else None}
+              "coordinator": self.coordinator.port if self.coordinator is not None else None,
+              "probe": path_probe.port if path_probe is not None else None}
         peers = allgather_object(me, name="fasthorovod.peers")
         nxt = peers[(self.rank + 1) % self.size]
         if nxt["config"] != cfg.wire_hash():
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
-        self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), cfg.timeout_seconds)
+        if path_probe is not None:
+            self._choose_sockets(path_probe, nxt, allgather_object)
+        self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), self.sockets_per_lane,
+                             cfg.timeout_seconds)
         self.member = _C.Member(self.channel, native(
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
             coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds,
             buffer_prefix=prefix + ".buf"))
         self.channel.unlink_name()
+
+    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable) -> None:
+        """Measures the incoming hop, exchanges the curves, and takes the sockets per lane every rank
+        computes alike from them (probe.py)."""
+        options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
+        phases = path_probe.run(nxt["host"], nxt["probe"], options, self.config.timeout_seconds)
+        hops = [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe")]
+        self.flow_choice = probe.choose(hops, self.config.num_proxies)
+        self.sockets_per_lane = self.flow_choice.sockets_per_lane
+        if self.rank == 0:
+            print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
+                  f"({self.flow_choice.describe()}; FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
+                  file=sys.stderr, flush=True)
+
+    def describe(self) -> dict:
+        """What the data plane runs with and why: lanes, sockets per lane and where that number
+        came from, the probe's curve (bytes/s per flow count, slowest hop) and the lane weights."""
+        source = ("FASTHOROVOD_SOCKETS_PER_PROXY" if self.config.sockets_per_proxy is not None
+                  else "probe" if self.flow_choice is not None else "default (one host: no probe)"
+                  if self.config.single_host else "default (FASTHOROVOD_PROBE=0)")
+        info = {"lanes": self.config.num_proxies, "sockets_per_lane": self.sockets_per_lane,
+                "flows": self.config.num_proxies * self.sockets_per_lane, "sockets_source": source,
+                "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every}
+        if self.flow_choice is not None:
+            info["probe"] = {"knee_flows": self.flow_choice.knee_flows,
+                             "curve_bytes_per_second": dict(self.flow_choice.curve),
+                             "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
+        return info
 
     # -- requests ---------------------------------------------------------------------------------
 

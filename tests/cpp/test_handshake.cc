@@ -23,8 +23,11 @@ LinkIdentity Identity(uint32_t rank, uint32_t size, char token_byte, uint64_t co
   return id;
 }
 
-// Runs EstablishRing for every identity at once (a ring of ids.size() ranks); returns each status.
-std::vector<Status> Establish(const std::vector<LinkIdentity>& ids, double seconds) {
+// Runs EstablishRing for every identity at once (a ring of ids.size() ranks), rank r connecting for
+// purposes[r] (default: the ring); returns each status.
+std::vector<Status> Establish(const std::vector<LinkIdentity>& ids, double seconds,
+                              std::vector<LinkPurpose> purposes = {}) {
+  purposes.resize(ids.size(), LinkPurpose::kRing);
   const uint32_t size = static_cast<uint32_t>(ids.size());
   std::vector<Socket> listeners(size);
   std::vector<int> ports(size);
@@ -35,7 +38,7 @@ std::vector<Status> Establish(const std::vector<LinkIdentity>& ids, double secon
     threads.emplace_back([&, r] {
       RingLinks links;
       results[r] = EstablishRing(ids[r], listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, 1, 0,
-                                 Deadline::After(seconds), &links);
+                                 Deadline::After(seconds), &links, purposes[r]);
     });
   }
   for (auto& t : threads) t.join();
@@ -63,6 +66,14 @@ TEST(HandshakeTellsAnAuthenticatedPeerThatItsConfigurationDiffers) {
     CHECK(!st.ok());
     CHECK(Contains(st, "configuration differs (FASTHOROVOD_* settings must be equal on every rank)"));
   }
+}
+
+TEST(HandshakeKeepsProbeAndRingConnectionsApart) {
+  auto results = Establish({Identity(0, 2, 7), Identity(1, 2, 7)}, 5.0, {LinkPurpose::kProbe, LinkPurpose::kRing});
+  for (const Status& st : results) CHECK(!st.ok());
+  CHECK(Contains(results[0], "not a ring connection") || Contains(results[1], "not a probe connection"));
+  auto probes = Establish({Identity(0, 2, 7), Identity(1, 2, 7)}, 5.0, {LinkPurpose::kProbe, LinkPurpose::kProbe});
+  for (const Status& st : probes) CHECK(st.ok());
 }
 
 TEST(HandshakeGivesAStrangerNoAckAndNoReason) {

@@ -60,7 +60,12 @@ def test_size_classes():
 
 def test_config_defaults_and_errors():
     cfg = Config.from_env({})
-    assert cfg.num_proxies == 4 and cfg.sockets_per_proxy == 1
+    assert cfg.num_proxies == 4 and cfg.sockets_per_proxy is None and cfg.probe == "auto"
+    assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "3"}).sockets_per_proxy == 3
+    with pytest.raises(ConfigError, match="FASTHOROVOD_SOCKETS_PER_PROXY=65 must be in"):
+        Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "65"})
+    with pytest.raises(ConfigError, match="FASTHOROVOD_PROBE='yes' must be one of auto, 0, 1"):
+        Config.from_env({"FASTHOROVOD_PROBE": "yes"})
     assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"}).num_proxies == 2
     with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_PROXIES='two' is not an integer"):
         Config.from_env({"FASTHOROVOD_NUM_PROXIES": "two"})
@@ -71,6 +76,17 @@ def test_config_defaults_and_errors():
     a = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"})
     assert a.wire_hash() != Config.from_env({}).wire_hash()
     assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
+
+
+def test_the_probe_runs_only_where_it_can_choose_and_there_is_a_network():
+    auto = Config.from_env({})
+    assert auto.for_topology(single_host=False).probes()
+    assert not auto.for_topology(single_host=True).probes()
+    assert Config.from_env({"FASTHOROVOD_PROBE": "1"}).for_topology(single_host=True).probes()
+    assert not Config.from_env({"FASTHOROVOD_PROBE": "0"}).for_topology(single_host=False).probes()
+    told = Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "2", "FASTHOROVOD_PROBE": "1"})
+    assert not told.for_topology(single_host=False).probes()  # the user's setting wins
+    assert Config.from_env({"FASTHOROVOD_PROBE": "0"}).wire_hash() != auto.wire_hash()
 
 
 def test_single_host_jobs_send_only_large_allreduces_through_the_proxies_unless_told():

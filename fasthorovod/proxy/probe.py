@@ -1,0 +1,74 @@
+"""Choosing the number of TCP flows from the path probe's measurements.
+
+At start-up every rank measures its incoming ring hop with 1, 2, 4, ... parallel flows
+(``_C.PathProbe``, csrc/transport/probe.h) and the ranks exchange their curves. Every rank then
+runs :func:`choose` on the same curves, so they agree without another round:
+
+* a ring runs at its slowest hop's pace, so the job's curve is, at each flow count, the lowest
+  aggregate of any hop (a hop that stopped doubling at its knee is taken as flat beyond it);
+* the *knee* is the fewest flows whose aggregate reaches ``KNEE`` (95%) of the best aggregate
+  measured: more flows stop paying there;
+* the lanes are fixed (FASTHOROVOD_NUM_PROXIES), so the sockets per lane are the knee's flows
+  spread over them, times ``HEADROOM``: with just enough flows to fill the link, every flow must
+  get its full per-flow share, and one flow that gets less (two flows hashed onto one bucket of
+  a shaper or one ECMP path; docs/benchmarks.md, issue 19) slows its lane; with spare flows the
+  link stays full and lane rebalancing (balance.py) evens out the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, List, Sequence
+
+KNEE = 0.95
+HEADROOM = 1.0
+MAX_FLOWS = 32  # the probe's upper end; the doubling stops earlier at the knee
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowChoice:
+    """What the probe measured and what was chosen from it."""
+
+    sockets_per_lane: int
+    knee_flows: int
+    curve: Dict[int, float]  # flows -> bytes/s of the slowest hop
+    hops: List[Dict[int, float]]  # per receiving rank: flows -> bytes/s of its incoming hop
+
+    def describe(self) -> str:
+        points = ", ".join(f"{n}: {_mbit(rate)}" for n, rate in sorted(self.curve.items()))
+        return (f"slowest hop carries {points} Mbit/s with 1, 2, 4, ... flows; knee at {self.knee_flows} "
+                f"flow{'s' if self.knee_flows > 1 else ''}")
+
+
+def _mbit(bytes_per_second: float) -> str:
+    return f"{bytes_per_second * 8e-6:.0f}"
+
+
+def hop_curve(phases: Sequence[dict]) -> Dict[int, float]:
+    """flows -> aggregate bytes/s from one hop's probe phases (``_C.PathProbe.run``'s result)."""
+    return {int(p["flows"]): float(p["bytes_per_second"]) for p in phases}
+
+
+def ring_curve(hops: Sequence[Dict[int, float]]) -> Dict[int, float]:
+    """At each flow count any hop measured, the lowest aggregate over the hops (flat beyond a hop's
+    last measurement)."""
+    if not hops or any(not hop for hop in hops):
+        raise ValueError("every hop needs at least one measurement")
+    counts = sorted({n for hop in hops for n in hop})
+
+    def at(hop: Dict[int, float], n: int) -> float:
+        below = [m for m in hop if m <= n]
+        return hop[max(below)] if below else 0.0
+
+    return {n: min(at(hop, n) for hop in hops) for n in counts}
+
+
+def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) -> FlowChoice:
+    """The sockets per lane for `lanes` lanes from every hop's curve (the same on every rank)."""
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    curve = ring_curve(hops)
+    best = max(curve.values())
+    knee = min(n for n, rate in curve.items() if rate >= KNEE * best)
+    sockets = max(1, math.ceil(knee * HEADROOM / lanes)) if knee > 1 else 1
+    return FlowChoice(sockets_per_lane=min(sockets, max_sockets), knee_flows=knee, curve=curve, hops=list(hops))

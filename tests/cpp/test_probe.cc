@@ -1,0 +1,75 @@
+// The path probe (transport/probe.h) over loopback: its doubling schedule, its knee rule, and that
+// a vanished peer fails the probe instead of hanging (purposes: test_handshake.cc).
+#include <cmath>
+
+#include "loopback.h"
+#include "transport/probe.h"
+
+using namespace fasthorovod;
+using fhtest::ConnectRing;
+using fhtest::RunRanks;
+
+namespace {
+
+ProbeOptions Quick(int max_flows, double min_gain) {
+  ProbeOptions o;
+  o.max_flows = max_flows;
+  o.warmup_seconds = 0.01;
+  o.measure_seconds = 0.03;
+  o.min_gain = min_gain;
+  return o;
+}
+
+}  // namespace
+
+TEST(ProbeMeasuresEachFlowCountOfTheDoubling) {
+  const uint32_t size = 3;
+  auto links = ConnectRing(size, 4);
+  std::vector<std::vector<ProbePhase>> phases(size);
+  std::vector<Status> results(size);
+  RunRanks(size, [&](uint32_t r) {
+    results[r] = ProbePath(links[r], Quick(4, 0.0), Deadline::After(10.0), &phases[r]);  // gain 0: never stop early
+  });
+  for (uint32_t r = 0; r < size; ++r) {
+    CHECK(results[r].ok());
+    CHECK_EQ(phases[r].size(), size_t{3});
+    for (size_t i = 0; i < phases[r].size(); ++i) {
+      const ProbePhase& p = phases[r][i];
+      CHECK_EQ(p.flows, 1 << i);
+      CHECK_EQ(p.flow_bytes_per_second.size(), static_cast<size_t>(p.flows));
+      CHECK(p.seconds >= 0.03);
+      double sum = 0;
+      for (double rate : p.flow_bytes_per_second) {
+        CHECK(rate > 0);  // every flow of the phase carried bytes
+        sum += rate;
+      }
+      CHECK(std::abs(sum - p.bytes_per_second) <= 1e-6 * sum);
+    }
+  }
+}
+
+TEST(ProbeStopsAtTheKnee) {
+  auto links = ConnectRing(2, 8);
+  std::vector<std::vector<ProbePhase>> phases(2);
+  std::vector<Status> results(2);
+  // No doubling can raise the aggregate 100-fold: the probe stops after the first doubling.
+  RunRanks(2, [&](uint32_t r) { results[r] = ProbePath(links[r], Quick(8, 100.0), Deadline::After(10.0), &phases[r]); });
+  for (uint32_t r = 0; r < 2; ++r) {
+    CHECK(results[r].ok());
+    CHECK_EQ(phases[r].size(), size_t{2});
+    CHECK_EQ(phases[r].back().flows, 2);
+  }
+}
+
+TEST(ProbeFailsPromptlyWhenThePeerVanishes) {
+  auto links = ConnectRing(2, 2);
+  links[1].to_next.clear();  // rank 1 is gone: its sockets close
+  links[1].from_prev.clear();
+  std::vector<ProbePhase> phases;
+  const int64_t start = NowNs();
+  Status st = ProbePath(links[0], Quick(2, 0.0), Deadline::After(10.0), &phases);
+  CHECK(!st.ok());
+  CHECK(st.code() == Code::kIoError);
+  CHECK(st.message().find("probe") != std::string::npos);
+  CHECK(NowNs() - start < 5'000'000'000);
+}

@@ -1,0 +1,56 @@
+"""The choice of sockets per lane from the path probe's curves (fasthorovod/proxy/probe.py)."""
+import pytest
+
+from fasthorovod.proxy import probe
+
+MBIT = 1e6 / 8
+
+
+def capped(per_flow_mbit, link_mbit, counts=(1, 2, 4, 8, 16)):
+    """The curve of a link with a per-flow cap: n flows carry min(n * cap, link)."""
+    return {n: min(n * per_flow_mbit, link_mbit) * MBIT for n in counts}
+
+
+def test_a_lower_per_flow_cap_needs_more_flows():
+    assert probe.choose([capped(200, 950)], lanes=4).sockets_per_lane == 2  # knee at 8 flows
+    assert probe.choose([capped(100, 950)], lanes=4).sockets_per_lane == 4  # knee at 16
+    assert probe.choose([capped(400, 950)], lanes=4).sockets_per_lane == 1  # knee at 4
+    assert probe.choose([capped(200, 950)], lanes=2).sockets_per_lane == 4
+
+
+def test_no_per_flow_cap_means_one_socket_per_lane():
+    choice = probe.choose([{1: 3e9, 2: 3.05e9}], lanes=4)
+    assert (choice.knee_flows, choice.sockets_per_lane) == (1, 1)
+
+
+def test_the_knee_is_the_fewest_flows_within_95_percent_of_the_best():
+    hop = {1: 200 * MBIT, 2: 400 * MBIT, 4: 800 * MBIT, 8: 900 * MBIT, 16: 930 * MBIT}
+    assert probe.choose([hop], lanes=4).knee_flows == 8  # 900 >= 0.95 * 930
+    hop[8] = 850 * MBIT
+    assert probe.choose([hop], lanes=4).knee_flows == 16
+
+
+def test_the_slowest_hop_decides_and_a_hop_that_stopped_early_counts_as_flat():
+    fast = capped(400, 950, counts=(1, 2, 4))  # stopped doubling at its knee (4 flows)
+    slow = capped(100, 950)
+    curve = probe.ring_curve([fast, slow])
+    assert curve[16] == pytest.approx(950 * MBIT)  # fast hop flat at 950 beyond 4 flows
+    assert curve[2] == pytest.approx(200 * MBIT)
+    assert probe.choose([fast, slow], lanes=4).knee_flows == 16
+    # every rank computes the same answer from the same exchanged curves, whatever their order
+    assert probe.choose([slow, fast], lanes=4) == probe.choose([slow, fast], lanes=4)
+
+
+def test_sockets_are_bounded_and_bad_input_is_refused():
+    assert probe.choose([capped(1, 950, counts=(1, 2, 4, 8, 16, 32))], lanes=1, max_sockets=8).sockets_per_lane == 8
+    with pytest.raises(ValueError, match="lanes must be >= 1"):
+        probe.choose([capped(200, 950)], lanes=0)
+    with pytest.raises(ValueError, match="every hop needs at least one measurement"):
+        probe.choose([{}], lanes=4)
+
+
+def test_hop_curve_reads_the_probe_phases():
+    phases = [{"flows": 1, "seconds": 0.15, "bytes_per_second": 2.5e7, "flow_bytes_per_second": [2.5e7]},
+              {"flows": 2, "seconds": 0.15, "bytes_per_second": 5e7, "flow_bytes_per_second": [2.5e7, 2.5e7]}]
+    assert probe.hop_curve(phases) == {1: 2.5e7, 2: 5e7}
+    assert "knee at 2 flows" in probe.choose([probe.hop_curve(phases)], lanes=4).describe()
