@@ -101,9 +101,9 @@ class Config:
     :meth:`for_topology`)."""
     proxy_threshold_from_env: bool = False
     """Whether FASTHOROVOD_PROXY_THRESHOLD_BYTES was set (then it applies on one host too)."""
-    rebalance_every: int = 0
-    """FASTHOROVOD_REBALANCE_EVERY: re-weigh the lanes' shards from measured per-lane rates every N
-    proxy requests (0 = keep equal shards)."""
+    rebalance_every: int = 1
+    """FASTHOROVOD_REBALANCE_EVERY: consider re-weighing the lanes' shards from their measured rates
+    before every N-th proxy request (fasthorovod/proxy/balance.py; 0 = keep equal shards)."""
     segment_bytes: int = 1 << 20
     """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
     bucket_bytes: int = 25 << 20

@@ -1,52 +1,84 @@
 """Lane rebalancing: a policy on top of ProxyGroup's mechanisms (lane counters, lane weights).
 
-A striped transfer finishes when its slowest lane does, and real flows are uneven (per-flow caps,
-hash collisions, CPU contention). With FASTHOROVOD_REBALANCE_EVERY = N, every N-th request a rank
-measures each of its lanes' rates since the last time (bytes sent per second busy in collectives)
-and moves its lane weights halfway towards them. A lane's ring runs at its slowest hop's pace and
-every rank's collective lasts until the ring has finished, so one rank's own measurement already
-sees the ring's rate; no exchange between ranks is needed.
+A striped transfer finishes when its slowest lane does, and real flows are uneven: per-flow caps,
+two flows hashed onto one bucket of a shaper or one ECMP path (docs/benchmarks.md, issue 19),
+CPU contention. So, by default (FASTHOROVOD_REBALANCE_EVERY = 1; 0 turns it off), before every
+N-th proxy request a rank looks at what each of its lanes did since its last decision: once every
+lane has moved at least ``MIN_BYTES`` (so that one small collective's noise decides nothing), it
+compares the lanes' busy times. If the slowest lane was busy more than ``DEADBAND`` longer than
+the quickest in this window and in the one before, with the same lane the slowest both times,
+the lanes are not finishing together and the weights move ``STEP`` of the way towards the lanes'
+rates over both windows (bytes sent per busy second); otherwise they stay, so a steady network
+does not make them wander. (On a steady loopback network shaped to 200 Mbit/s per lane, one
+window's spread is 0-7%, once in about fifty windows above 10%: a single window is noise.) No lane's share drops below ``MIN_SHARE`` of an equal share,
+so a lane that recovers is measured again and wins its share back.
 
-Nor do the ranks need equal weights: the negotiation's run order carries the lane boundaries of
-the lowest rank that submitted the collective (rank 0, unless it has joined), and every rank cuts
-its shards there. So this policy is purely local: nothing collective, nothing that blocks, and it
-keeps working while ranks are in ``hvd.join()``.
+A lane's ring runs at its slowest hop's pace and every rank's collective lasts until the ring
+has finished, so one rank's own counters already see the ring's rate; no exchange between ranks
+is needed. Nor do the ranks need equal weights: the negotiation's run order carries the lane
+boundaries of the lowest rank that submitted the collective (rank 0, unless it has joined), and
+every rank cuts its shards there. So the policy is purely local — nothing collective, nothing
+that blocks, no Horovod call — and keeps working while ranks are in ``hvd.join()``.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
+
+MIN_BYTES = 4 << 20   # each lane moves at least this much between two decisions
+DEADBAND = 0.10       # busy-time spread (slowest / quickest - 1) tolerated before acting
+STEP = 0.5            # fraction of the way towards the measured rates per decision
+MIN_SHARE = 0.2       # floor of a lane's share, relative to an equal share
 
 
-def rebalanced(weights: Sequence[float], rates: Sequence[float]) -> List[float]:
-    """New lane weights: halfway from the normalized weights towards the normalized lane rates;
-    unchanged when a lane moved nothing measurable."""
+def rebalanced(weights: Sequence[float], rates: Sequence[float], step: float = STEP,
+               min_share: float = MIN_SHARE) -> List[float]:
+    """New lane weights (normalized): `step` of the way from the normalized weights towards the
+    normalized lane rates, with no share below `min_share` / lanes; unchanged when a lane moved
+    nothing measurable."""
     if not rates or min(rates) <= 0.0:
         return list(weights)
-    total_w, total_r = sum(weights), sum(rates)
-    return [0.5 * w / total_w + 0.5 * r / total_r for w, r in zip(weights, rates)]
+    total_w, total_r, n = sum(weights), sum(rates), len(weights)
+    moved = [(1 - step) * w / total_w + step * r / total_r for w, r in zip(weights, rates)]
+    floored = [max(share, min_share / n) for share in moved]
+    total = sum(floored)
+    return [share / total for share in floored]
 
 
 class LaneBalancer:
-    """Counts a ProxyGroup's requests and rebalances its lanes every `every` of them (0: never)."""
+    """Watches a ProxyGroup's lanes and re-weighs them when they stop finishing together
+    (every `every`-th request at most; 0: never)."""
 
     def __init__(self, group, every: int) -> None:
         self.group = group
         self.every = every
         self.requests = 0
-        self._last_totals = [(0, 0)] * len(group.lane_weights)
+        self.decisions = 0  # measurements taken (each lane had moved MIN_BYTES)
+        self.changes = 0    # decisions that moved the weights
+        self.last_spread = 0.0  # busy-time spread of the last window (slowest / quickest - 1)
+        self._since: List[Tuple[int, int]] = [(0, 0)] * len(group.lane_weights)
+        # the last window, when it was out of balance: (its slowest lane, its per-lane deltas)
+        self._previous: Optional[Tuple[int, List[Tuple[int, int]]]] = None
 
     def before_request(self) -> None:
-        """Call just before each allreduce request is submitted."""
+        """Call just before each proxy request is submitted."""
         self.requests += 1
-        if self.every and self.requests % self.every == 0:
-            self.group.set_lane_weights(rebalanced(self.group.lane_weights, self._lane_rates()))
-
-    def _lane_rates(self) -> List[float]:
-        """Each lane's bytes per busy nanosecond since the last call (0 when it moved nothing)."""
-        rates = []
-        for lane, stats in enumerate(self.group.lane_stats()):
-            sent, busy = self._last_totals[lane]
-            d_bytes, d_busy = stats["bytes_sent"] - sent, stats["busy_ns"] - busy
-            self._last_totals[lane] = (stats["bytes_sent"], stats["busy_ns"])
-            rates.append(d_bytes / d_busy if d_busy > 0 and d_bytes > 0 else 0.0)
-        return rates
+        if not self.every or self.requests % self.every:
+            return
+        stats = self.group.lane_stats()
+        deltas = [(s["bytes_sent"] - sent, s["busy_ns"] - busy) for s, (sent, busy) in zip(stats, self._since)]
+        if min(d_bytes for d_bytes, _ in deltas) < MIN_BYTES or min(d_busy for _, d_busy in deltas) <= 0:
+            return  # not enough since the last decision: keep counting
+        self._since = [(s["bytes_sent"], s["busy_ns"]) for s in stats]
+        self.decisions += 1
+        busy = [d_busy for _, d_busy in deltas]
+        self.last_spread = max(busy) / min(busy) - 1.0
+        previous, self._previous = self._previous, None
+        if self.last_spread <= DEADBAND:
+            return
+        slowest = busy.index(max(busy))
+        self._previous = (slowest, deltas)
+        if previous is None or previous[0] != slowest:
+            return  # one window's noise (a descheduled proxy, a retransmit) is not a slow lane
+        self.changes += 1
+        both = [(b0 + b1, t0 + t1) for (b0, t0), (b1, t1) in zip(previous[1], deltas)]
+        self.group.set_lane_weights(rebalanced(self.group.lane_weights, [b / t for b, t in both]))

@@ -67,8 +67,9 @@ class _PidSampler(threading.Thread):
 
 def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240,
             expect_success: bool = True, launcher_args: Sequence[str] = (),
-            worker: Path = WORKER) -> subprocess.CompletedProcess:
-    cmd = [str(HOROVODRUN), "--gloo", "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
+            worker: Path = WORKER, wrap: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """`wrap` goes before the launcher (for example ``ip netns exec NAME``)."""
+    cmd = [*wrap, str(HOROVODRUN), "--gloo", "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
     full_env = dict(os.environ)
     full_env.setdefault("FASTHOROVOD_TIMEOUT_SECONDS", "60")
     # Every rank of these jobs runs on this one host, where the unset threshold would be 8 MiB

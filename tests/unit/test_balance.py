@@ -6,49 +6,119 @@ import pytest
 import torch
 
 from fasthorovod.config import Config
-from fasthorovod.proxy.balance import LaneBalancer, rebalanced
+from fasthorovod.proxy.balance import MIN_BYTES, MIN_SHARE, LaneBalancer, rebalanced
 from fasthorovod.proxy.buffers import BufferPool
 from fasthorovod.proxy.group import ProxyGroup
 
 
 class FakeLanes:
-    """ProxyGroup's rebalancing mechanisms: lane counters that advance per request, lane weights."""
+    """ProxyGroup's rebalancing mechanisms: lane counters that advance per request as lanes of the
+    given speeds would (each lane carries its weight's share and is busy for share / speed), and
+    lane weights."""
 
     def __init__(self, speeds):
         self.speeds = speeds  # bytes per busy ns, per lane
         self.lane_weights = [1.0] * len(speeds)
         self.sent = [0] * len(speeds)
+        self.busy = [0] * len(speeds)
         self.switches = []  # (number of the request the new weights apply to, weights)
         self.requests = 0
 
     def lane_stats(self):
-        return [{"bytes_sent": s, "busy_ns": s // speed} for s, speed in zip(self.sent, self.speeds)]
+        return [{"bytes_sent": s, "busy_ns": b} for s, b in zip(self.sent, self.busy)]
 
     def set_lane_weights(self, weights):
         self.switches.append((self.requests + 1, list(weights)))
         self.lane_weights = list(weights)
 
-    def post(self):
+    def post(self, nbytes):
         self.requests += 1
+        total = sum(self.lane_weights)
         for lane, speed in enumerate(self.speeds):
-            self.sent[lane] += 1000 * speed
+            share = int(nbytes * self.lane_weights[lane] / total)
+            self.sent[lane] += share
+            self.busy[lane] += share // speed
+
+    def collective_ns(self, nbytes):
+        """How long a collective of `nbytes` takes now: until its slowest lane is done."""
+        total = sum(self.lane_weights)
+        return max(nbytes * w / total / s for w, s in zip(self.lane_weights, self.speeds))
 
 
-def test_rebalance_moves_the_weights_halfway_towards_the_measured_rates_every_n_requests():
+def run(lanes, balancer, requests, nbytes):
+    for _ in range(requests):
+        balancer.before_request()
+        lanes.post(nbytes)
+
+
+def test_a_slow_lane_loses_share_until_the_lanes_finish_together_then_the_weights_stay():
+    lanes = FakeLanes([4, 4, 4, 1])
+    balancer = LaneBalancer(lanes, 1)
+    before = lanes.collective_ns(64 << 20)
+    run(lanes, balancer, 30, 64 << 20)
+    weights = lanes.lane_weights
+    assert weights[3] < 0.1 < min(weights[:3])
+    # the rates are 4:4:4:1, so the best split is 4/13 ... 1/13; within the dead band of it
+    assert weights[3] == pytest.approx(1 / 13, rel=0.15)
+    assert lanes.collective_ns(64 << 20) < 0.4 * before
+    changes = balancer.changes
+    run(lanes, balancer, 30, 64 << 20)
+    assert balancer.changes == changes and balancer.decisions > changes  # settled: measured, kept
+
+
+def test_equal_lanes_are_measured_but_never_moved():
+    lanes = FakeLanes([3, 3])
+    balancer = LaneBalancer(lanes, 1)
+    run(lanes, balancer, 20, 16 << 20)
+    assert balancer.decisions >= 10 and balancer.changes == 0 and not lanes.switches
+
+
+def test_small_collectives_add_up_and_two_windows_must_agree_before_a_change():
     lanes = FakeLanes([4, 1])
-    balancer = LaneBalancer(lanes, 4)
-    for _ in range(8):
-        balancer.before_request()  # counters read before request 4 and 8
-        lanes.post()
-    assert [n for n, _ in lanes.switches] == [4, 8]
-    # rates 4 : 1 → halfway from (1/2, 1/2) towards (4/5, 1/5), then again
+    balancer = LaneBalancer(lanes, 1)
+    per_request = 1 << 20  # 512 KiB per lane: 8 requests before each lane has moved MIN_BYTES
+    run(lanes, balancer, 8, per_request)
+    assert balancer.decisions == 0
+    run(lanes, balancer, 1, per_request)
+    assert balancer.decisions == 1 and not lanes.switches  # one window out of balance: wait
+    run(lanes, balancer, 8, per_request)
+    assert balancer.decisions == 2 and [n for n, _ in lanes.switches] == [17]
+    # rates 4 : 1 → halfway from (1/2, 1/2) towards (4/5, 1/5)
     assert lanes.switches[0][1] == pytest.approx([0.65, 0.35])
-    assert lanes.switches[1][1] == pytest.approx([0.725, 0.275])
+    assert MIN_BYTES == 4 << 20
 
 
-def test_rebalanced_keeps_the_weights_when_a_lane_moved_nothing():
+def test_one_noisy_window_moves_nothing():
+    lanes = FakeLanes([2, 2])
+    balancer = LaneBalancer(lanes, 1)
+    run(lanes, balancer, 3, 16 << 20)
+    lanes.speeds = [2, 1]  # one window in which lane 1 was slow (a descheduled proxy) ...
+    run(lanes, balancer, 1, 16 << 20)
+    lanes.speeds = [2, 2]  # ... and then it was not
+    run(lanes, balancer, 10, 16 << 20)
+    assert balancer.decisions >= 10 and balancer.changes == 0 and not lanes.switches
+    lanes.speeds = [1, 2]  # a slowdown that lasts: lane 0 is the slowest twice in a row
+    run(lanes, balancer, 3, 16 << 20)
+    assert balancer.changes >= 1 and lanes.lane_weights[0] < lanes.lane_weights[1]
+
+
+def test_a_recovered_lane_wins_its_share_back():
+    lanes = FakeLanes([4, 1])
+    balancer = LaneBalancer(lanes, 1)
+    run(lanes, balancer, 30, 64 << 20)
+    assert lanes.lane_weights[1] < 0.25
+    lanes.speeds = [4, 4]
+    run(lanes, balancer, 30, 64 << 20)
+    assert lanes.lane_weights == pytest.approx([0.5, 0.5], abs=0.05)
+
+
+def test_rebalanced_normalizes_floors_and_keeps_the_weights_when_a_lane_moved_nothing():
     assert rebalanced([1.0, 1.0], [3.0, 0.0]) == [1.0, 1.0]
     assert rebalanced([1.0, 3.0], [1.0, 1.0]) == [0.375, 0.625]
+    floored = rebalanced([1.0, 1.0], [1000.0, 1.0], step=1.0)  # the slow lane keeps a floor
+    floor = MIN_SHARE / 2
+    assert floored[1] == pytest.approx(floor / (1000 / 1001 + floor))
+    assert sum(floored) == pytest.approx(1.0)
 
 
 def test_rebalancing_off_only_counts():
@@ -56,7 +126,7 @@ def test_rebalancing_off_only_counts():
     balancer = LaneBalancer(lanes, 0)
     for _ in range(5):
         balancer.before_request()
-    assert balancer.requests == 5 and not lanes.switches
+    assert balancer.requests == 5 and not lanes.switches and balancer.decisions == 0
 
 
 def test_proxy_group_alloc_and_supports():

@@ -88,29 +88,107 @@ def scenario_large(args):
 
 
 def scenario_rebalance(args):
-    """FASTHOROVOD_REBALANCE_EVERY set: allreduces of odd sizes, several in flight, stay exact while
-    each rank's lane weights move (ranks need not agree on them: the run order carries the lowest
-    submitter's boundaries), and then a join with rebalancing on still works."""
-    from fasthorovod.torch import mpi_ops
-
+    """Lane weights that differ from rank to rank (as rebalancing leaves them: each rank decides
+    from its own counters): allreduces of odd sizes, several in flight, stay exact (the run order
+    carries the lowest submitter's boundaries), and then a join while the weights keep changing
+    still works."""
     rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+    lanes = len(group.lane_weights)
     for i in range(args.count):
+        group.set_lane_weights([1.0 + ((rank + 1) * (j + 1) * (i + 3)) % 5 for j in range(lanes)])
         counts = [100_003 + 7 * i, 3_001 + i]
         handles = [hvd.allreduce_async(rank_input(c, torch.float32, rank), op=hvd.Sum, name=f"rb.{i}.{j}")
                    for j, c in enumerate(counts)]
         for h, c in zip(handles, counts):
             assert torch.equal(hvd.synchronize(h), expected_sum(c, torch.float32, size)), (i, c)
-    group, balancer = hvd.proxy_group(), mpi_ops._runtime.balancer
-    state = (group.lane_weights, balancer.requests)
-    assert balancer.requests == 2 * args.count and group.lane_weights != [1.0] * len(group.lane_weights), state
     if rank == 0:
-        hvd.join()  # joins early; the others' allreduces keep rebalancing while it zero-fills
+        hvd.join()  # joins early; the others' allreduces go on (with their own weights) while it zero-fills
     else:
         for i in range(8):
+            group.set_lane_weights([1.0 + (i + j) % 3 for j in range(lanes)])
             out = hvd.allreduce(rank_input(200_001, torch.float32, rank), op=hvd.Sum, name=f"rb.joined.{i}")
             assert torch.equal(out, expected_sum(200_001, torch.float32, size) - rank_input(200_001, torch.float32, 0))
         hvd.join()
     print(f"rank {rank}: rebalance ok, weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
+
+
+def _shape_lanes(rates_mbit, ports_by_lane, first=False):
+    """Rank 0, inside the test's own network namespace: each rank's incoming flows of each lane
+    (TCP to that rank's listening port of the lane) through an htb class of their own at the
+    lane's rate, as if every rank had its own path; all other traffic (ACKs, Horovod, the
+    coordinator) through an unlimited default class."""
+    lines = []
+    if first:
+        lines += ["qdisc add dev lo root handle 1: htb default 10",
+                  "class add dev lo parent 1: classid 1:1 htb rate 100gbit",
+                  "class add dev lo parent 1:1 classid 1:10 htb rate 100gbit"]
+    verb = "add" if first else "change"
+    for lane, rate in enumerate(rates_mbit):
+        for rank, port in enumerate(ports_by_lane[lane]):
+            classid = f"1:{0x100 + lane * 0x10 + rank:x}"
+            lines.append(f"class {verb} dev lo parent 1:1 classid {classid} htb rate {rate}mbit ceil {rate}mbit")
+            if first:
+                lines.append(f"filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport {port} 0xffff "
+                             f"flowid {classid}")
+    subprocess.run(["tc", "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True, timeout=10)
+
+
+def scenario_lane_slowdown(args):
+    """Rebalancing against a real slowdown (run in a private network namespace, 2 ranks, 2 lanes
+    of 1 flow each, every lane shaped to 200 Mbit/s by rank 0): on the steady network the weights
+    stay put; when lane 0 drops to half, the collectives get back to >= 90% of what the remaining
+    capacity allows within 10 collectives; and while rank 1 is in hvd.join() with lane 1 slowed,
+    rank 0's weights still follow (nothing in the policy needs the other rank)."""
+    from fasthorovod.torch.mpi_ops import _runtime
+    rank, size = hvd.rank(), hvd.size()
+    group, balancer = hvd.proxy_group(), _runtime.balancer
+    assert balancer is not None and balancer.every == 1, "rebalancing must be on by default"
+    ports = hvd.allgather_object([s["port"] for s in group.lane_stats()])
+    ports_by_lane = [[p[lane] for p in ports] for lane in range(len(ports[0]))]
+    if rank == 0:
+        _shape_lanes([200, 200], ports_by_lane, first=True)
+    hvd.barrier()
+    small, big = rank_input(1 << 20, torch.float32, rank), rank_input(4 << 20, torch.float32, rank)
+
+    def timed(x, name):
+        start = time.perf_counter()
+        out = hvd.allreduce(x, op=hvd.Sum, name=name)
+        elapsed = time.perf_counter() - start
+        assert torch.equal(out, expected_sum(x.numel(), torch.float32, size)), name
+        return elapsed
+
+    for i in range(args.count):  # steady: 4 MiB collectives
+        timed(small, f"steady.{i}")
+        spread = max(group.lane_weights) / min(group.lane_weights)
+        assert spread <= 1.05, f"steady network, collective {i}: weights {group.lane_weights}"
+    base = sorted(timed(big, f"base.{i}") for i in range(3))[1]
+    if rank == 0:
+        _shape_lanes([100, 200], ports_by_lane)
+    times = [timed(big, f"slow.{i}") for i in range(10)]
+    hvd.barrier()
+    if rank == 0:
+        # remaining capacity 300 of 400 Mbit/s: the best time is base / 0.75; equal shards take 2 x base
+        best = base / 0.75
+        assert sorted(times[-3:])[1] <= best / 0.9, f"no recovery: base {base:.3f} s, after the change {times}"
+        assert group.lane_weights[0] < 0.4 < group.lane_weights[1], group.lane_weights
+        print(f"rank 0: lane 0 halved: base {base:.3f} s, collectives {[round(t, 3) for t in times]} "
+              f"(best possible {best:.3f}); weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
+        _shape_lanes([200, 100], ports_by_lane)
+        joined = [timed_alone(hvd, rank_input(4 << 20, torch.float32, 0), f"joined.{i}") for i in range(10)]
+        assert group.lane_weights[1] < 0.4 < group.lane_weights[0], f"during join: {group.lane_weights}"
+        print(f"rank 0: lane 1 halved while rank 1 is joined: collectives {[round(t, 3) for t in joined]}; "
+              f"weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
+    hvd.join()
+    print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
+
+
+def timed_alone(hvd_module, x, name):
+    """One allreduce while every other rank is in hvd.join() (they contribute zeros)."""
+    start = time.perf_counter()
+    out = hvd_module.allreduce(x, op=hvd_module.Sum, name=name)
+    assert torch.equal(out, x), name
+    return time.perf_counter() - start
 
 
 def scenario_train(args):

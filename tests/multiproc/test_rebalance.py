@@ -1,0 +1,34 @@
+"""Lane rebalancing against a real slowdown: a job in a private network namespace whose lanes are
+shaped by tc, one lane slowed mid-run (also while a rank is in hvd.join()). Needs root and tc."""
+import os
+import subprocess
+
+import pytest
+
+from tests.multiproc.harness import run_job
+from tests.netns import skip_unless_usable
+
+pytestmark = [pytest.mark.slow, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
+
+
+@pytest.fixture
+def namespace():
+    name = f"fhvdrb{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        # a cloud-like MTU, so that htb shapes 1500-byte packets rather than 64 KiB loopback ones
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "mtu", "1500", "up"],
+                       check=True, timeout=10)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], timeout=10)
+
+
+def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(namespace):
+    env = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "1"}
+    env.pop("FASTHOROVOD_REBALANCE_EVERY", None)
+    assert "FASTHOROVOD_REBALANCE_EVERY" not in os.environ, "the test is of the default"
+    result = run_job(2, "lane_slowdown", "--count", "100", env=env, timeout=240,
+                     wrap=["ip", "netns", "exec", namespace])
+    assert result.stdout.count("lane slowdown ok") == 2, result.stdout[-3000:]
+    print(result.stdout[-2500:])
