@@ -94,7 +94,8 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
         "--sockets-per-proxy", type=_count(1, 64), metavar="S",
         help="TCP connections from each proxy to its ring neighbour, frames striped over them "
              "(FASTHOROVOD_SOCKETS_PER_PROXY); a worker then opens K*S flows to its neighbour. "
-             "1-64; default 1.")
+             "1-64; default: measured at start-up when the ranks span hosts (the path probe), "
+             "else 1.")
     group.add_argument(
         "--proxy-threshold", type=parse_bytes, metavar="BYTES",
         help="Sum/Average allreduces of at least this many bytes go through the proxies, smaller "
