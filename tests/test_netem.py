@@ -84,6 +84,80 @@ def test_cloud_spec_validates_direct_construction() -> None:
         CloudSpec(hosts=2, link_bits_per_s=1e9, per_flow_bits_per_s=2e9)
 
 
+UNEVEN = "5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit"
+
+
+def test_uneven_spec_gives_each_host_its_rates() -> None:
+    spec = parse_spec(UNEVEN)
+    assert spec.overrides == ((1, 1e9, 1e8), (3, 5e8, 1.5e8))
+    assert [spec.host_rates(index) for index in range(5)] == [
+        (1e9, 2e8), (1e9, 1e8), (1e9, 2e8), (5e8, 1.5e8), (1e9, 2e8),
+    ]  # fmt: skip
+    assert spec.uneven and not parse_spec("5:1gbit:200mbit").uneven
+    assert spec.path_rates(0, 2) == (1e9, 2e8)
+    assert spec.path_rates(0, 1) == spec.path_rates(1, 0) == (1e9, 1e8)  # the slower end caps the flow
+    assert spec.path_rates(1, 3) == (5e8, 1e8)
+    with pytest.raises(IndexError, match="no host5"):
+        spec.host_rates(5)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        (UNEVEN, UNEVEN),
+        ("5:1gbit:200mbit,host3=500mbit:150mbit,host1=100mbit", UNEVEN),  # overrides sorted by host
+        (" 3 : 1gbit : 200mbit , HOST1 = 50Mbit ", "3:1gbit:200mbit,host1=50mbit"),
+        ("3:1gbit:200mbit,host1=1gbit:50mbit", "3:1gbit:200mbit,host1=50mbit"),  # the link is the cloud's
+        ("3:1gbit:200mbit,host0=2gbit:1gbit", "3:1gbit:200mbit,host0=2gbit:1gbit"),  # a faster host
+        ("1:1gbit:200mbit,host0=100mbit:10mbit", "1:1gbit:200mbit,host0=100mbit:10mbit"),
+    ],
+)
+def test_uneven_spec_round_trips(text: str, canonical: str) -> None:
+    spec = parse_spec(text)
+    assert str(spec) == canonical
+    assert parse_spec(str(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5:1gbit:200mbit,host5=100mbit", "'host5=100mbit'.*there is no host5, the 5 hosts are host0..host4"),
+        ("1:1gbit:200mbit,host1=100mbit", "there is no host1, the only host is host0"),
+        ("5:1gbit:200mbit,host1=100mbit,host1=50mbit", "'host1=50mbit'.*host1 is already set by 'host1=100mbit'"),
+        ("5:1gbit:200mbit,host1=2gbit", "'host1=2gbit'.*host1 per-flow rate 2gbit exceeds host1 link rate 1gbit"),
+        ("5:1gbit:200mbit,host1=100mbit:200mbit", "host1 per-flow rate 200mbit exceeds host1 link rate 100mbit"),
+        ("5:1gbit:200mbit,host1=fast", "'host1=fast'.*host1 per-flow rate: rate 'fast' is not a number"),
+        ("5:1gbit:200mbit,host1=1gbps:10mbit", "host1 link rate: .*bytes/s"),
+        ("5:1gbit:200mbit,host1=0mbit", "host1 per-flow rate: rate '0mbit' must be greater than zero"),
+        ("5:1gbit:200mbit,host1=1gbit:100mbit:10mbit", "'host1=1gbit:100mbit:10mbit' .* has 3 rates"),
+        ("5:1gbit:200mbit,h1=100mbit", "'h1' is not a host name hostI .*did you mean host1"),
+        ("5:1gbit:200mbit,host01=100mbit", "'host01' is not a host name hostI"),
+        ("5:1gbit:200mbit,host1", "'host1' in spec .* must be hostI=PER_FLOW_RATE or hostI=LINK_RATE:PER_FLOW_RATE"),
+        ("5:1gbit:200mbit,", "empty part between commas"),
+        ("5:1gbit:200mbit,,host1=1mbit", "empty part between commas"),
+        ("5:1gbit,host1=1mbit", "HOSTS:LINK_RATE:PER_FLOW_RATE"),
+        ("5:1gbit:2gbit,host1=1mbit", "per-flow rate 2gbit exceeds link rate 1gbit"),
+    ],
+)
+def test_uneven_spec_errors_name_the_wrong_part(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_spec(text)
+
+
+def test_cloud_spec_with_overrides_validates_direct_construction() -> None:
+    spec = CloudSpec(hosts=3, link_bits_per_s=1e9, per_flow_bits_per_s=2e8, overrides=[(1, 1e9, 5e7)])
+    assert spec == parse_spec("3:1gbit:200mbit,host1=50mbit")
+    assert spec.overrides[0].per_flow_bits_per_s == 5e7
+    for overrides, message in [
+        ([(3, 1e9, 5e7)], "no host3: the hosts are host0..host2"),
+        ([(1, 1e9, 5e7), (1, 1e9, 6e7)], "host1 has two overrides"),
+        ([(2, 1e8, 2e8)], "host2 per-flow rate 200mbit exceeds host2 link rate 100mbit"),
+        ([(2, float("nan"), 2e8)], "host2 link rate must be a positive number"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            CloudSpec(hosts=3, link_bits_per_s=1e9, per_flow_bits_per_s=2e8, overrides=overrides)
+
+
 # --- shaping commands and privileges -------------------------------------------------------------
 
 
