@@ -27,10 +27,11 @@ from fasthorovod.netem import (
     parse_spec,
     run_in_host,
 )
+from fasthorovod.netem import cloud as cloud_module
 from fasthorovod.netem.__main__ import main
 from fasthorovod.netem.check import measure_ring, measure_tcp
 from fasthorovod.netem.shaping import shaping_commands
-from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
+from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState
 
 PREFIX = "fhvdtest"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -162,12 +163,48 @@ def test_cloud_spec_with_overrides_validates_direct_construction() -> None:
 
 
 def test_shaper_has_one_capped_leaf_per_bucket() -> None:
-    lines = shaping_commands("eth0", parse_spec("2:1gbit:200mbit"))
+    lines = shaping_commands("eth0", 1e9, 2e8)
     leaves = [line for line in lines if "ceil 200000000bit" in line]
     assert len(leaves) == 256
     flowids = {line.split("flowid ")[1] for line in lines if "flowid" in line}
     assert flowids == {line.split("classid ")[1].split()[0] for line in leaves}
     assert any("classid 1:1 htb rate 1000000000bit ceil 1000000000bit" in line for line in lines)
+
+
+def _caps(lines: list[str], device: str) -> tuple[str, set[str]]:
+    """The root class's ceil and the set of leaf ceils that ``lines`` give ``device``."""
+    ceils = {
+        line.split(" classid ")[1].split()[0]: line.split(" ceil ")[1].split()[0]
+        for line in lines
+        if line.startswith(f"class add dev {device} ")
+    }
+    assert len(ceils) == 2 + 256, f"{device}: {len(ceils)} classes"
+    return ceils.pop("1:1"), {ceil for classid, ceil in ceils.items() if classid != "1:2"}
+
+
+def test_uneven_cloud_shapes_each_host_and_its_bridge_port_at_its_own_rates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batches: dict[str, list[str]] = {}  # namespace -> the tc lines run in it
+
+    def record(command: list[str], lines: list[str], timeout: float = 0) -> None:
+        assert command[:2] == ["tc", "-n"]
+        batches.setdefault(command[2], []).extend(lines)
+
+    monkeypatch.setattr(cloud_module, "_batch", record)
+    network = EmulatedCloud("3:1gbit:200mbit,host1=50mbit,host2=500mbit:100mbit", prefix=PREFIX)
+    hosts = tuple(Host(name=f"{PREFIX}-abcdef-h{index}", address=f"10.231.9.{index + 1}") for index in range(3))
+    network._state = InstanceState(id="abcdef", prefix=PREFIX, spec=str(network.spec), subnet="10.231.9.0/24",
+                                   bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=None,
+                                   owner_start_ticks=None, created=0.0)  # fmt: skip
+    network._shape()
+    expected = {0: ("1000000000bit", "200000000bit"), 1: ("1000000000bit", "50000000bit"),
+                2: ("500000000bit", "100000000bit")}  # fmt: skip
+    for index, (link, per_flow) in expected.items():
+        # What host i sends (its eth0) and what it receives (the bridge's port h<i>), both at its rates.
+        assert _caps(batches[hosts[index].name], "eth0") == (link, {per_flow})
+        assert _caps(batches[network.bridge_namespace], f"h{index}") == (link, {per_flow})
+    network._state = None
 
 
 def test_bad_prefix_is_rejected() -> None:

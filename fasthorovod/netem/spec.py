@@ -130,8 +130,8 @@ class CloudSpec:
     def __str__(self) -> str:
         parts = [f"{self.hosts}:{format_rate(self.link_bits_per_s)}:{format_rate(self.per_flow_bits_per_s)}"]
         for index, link, per_flow in self.overrides:
-            rates = format_rate(per_flow) if link == self.link_bits_per_s else f"{format_rate(link)}:{format_rate(per_flow)}"
-            parts.append(f"host{index}={rates}")
+            link_part = "" if link == self.link_bits_per_s else f"{format_rate(link)}:"  # one rate: per-flow only
+            parts.append(f"host{index}={link_part}{format_rate(per_flow)}")
         return ",".join(parts)
 
 
