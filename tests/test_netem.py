@@ -28,8 +28,9 @@ from fasthorovod.netem import (
     run_in_host,
 )
 from fasthorovod.netem import cloud as cloud_module
+from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import measure_ring, measure_tcp
+from fasthorovod.netem.check import CheckResult, PathResult, check_paths, measure_ring, measure_tcp, run_check
 from fasthorovod.netem.shaping import shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState
 
@@ -207,6 +208,52 @@ def test_uneven_cloud_shapes_each_host_and_its_bridge_port_at_its_own_rates(
     network._state = None
 
 
+@pytest.mark.parametrize(
+    ("text", "paths"),
+    [
+        ("4:1gbit:200mbit", [(0, 1)]),
+        ("3:1gbit:200mbit,host1=50mbit", [(0, 2), (1, 0), (0, 1)]),
+        (UNEVEN, [(0, 2), (1, 0), (0, 1), (3, 0), (0, 3)]),
+        ("2:1gbit:200mbit,host1=50mbit", [(1, 0), (0, 1)]),
+        ("3:1gbit:200mbit,host0=100mbit,host1=1gbit:50mbit", [(0, 2), (2, 0), (1, 2), (2, 1)]),
+        ("2:1gbit:200mbit,host0=100mbit,host1=50mbit", [(0, 1), (1, 0)]),
+    ],
+)
+def test_check_measures_every_overridden_host_both_ways(text: str, paths: list) -> None:
+    assert check_paths(parse_spec(text)) == paths
+
+
+def test_check_judges_each_path_against_its_own_caps() -> None:
+    spec = parse_spec("3:1gbit:200mbit,host1=50mbit")
+    plain = PathResult(spec, 0, 2, one_flow_bits_per_s=191e6, many_flows_bits_per_s=900e6)
+    out_of_slow = PathResult(spec, 1, 0, one_flow_bits_per_s=47.8e6, many_flows_bits_per_s=380e6)
+    assert (plain.per_flow_cap, plain.many_flows_cap) == (200e6, 1e9)
+    assert (out_of_slow.per_flow_cap, out_of_slow.many_flows_cap) == (50e6, 400e6)  # 8 flows x 50 < link
+    assert plain.passed and out_of_slow.passed
+    uncapped = PathResult(spec, 0, 1, one_flow_bits_per_s=191e6, many_flows_bits_per_s=900e6)
+    assert not uncapped.passed  # 3.8 x the slow host's per-flow cap
+    result = CheckResult(spec, (plain, out_of_slow, uncapped))
+    report = result.report()
+    assert not result.passed and report.endswith("FAIL")
+    assert "host1 -> host0, 1 flow:      47.8 Mbit/s = 0.96 x per-flow cap 50 Mbit/s of host1" in report
+    assert "host0 -> host1, 1 flow:     191.0 Mbit/s = 3.82 x per-flow cap 50 Mbit/s of host1" in report
+    assert "8 flows:    380.0 Mbit/s = 0.95 x 8 x per-flow cap = 400 Mbit/s" in report
+    assert CheckResult(spec, (plain, out_of_slow)).passed
+
+
+def test_status_lists_each_hosts_rates_on_an_uneven_cloud() -> None:
+    hosts = tuple(Host(name=f"{PREFIX}-abcdef-h{index}", address=f"10.231.9.{index + 1}") for index in range(3))
+    state = InstanceState(id="abcdef", prefix=PREFIX, spec="3:1gbit:200mbit,host1=50mbit", subnet="10.231.9.0/24",
+                          bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=None,
+                          owner_start_ticks=None, created=0.0)  # fmt: skip
+    lines = describe(state).splitlines()
+    assert lines[0].startswith("emulated cloud abcdef: 3:1gbit:200mbit,host1=50mbit,")
+    assert lines[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2\thost1: link 1gbit, per flow 50mbit"
+    assert lines[3].endswith("host2: link 1gbit, per flow 200mbit")
+    even = describe(InstanceState(**{**state.__dict__, "spec": "3:1gbit:200mbit"})).splitlines()
+    assert even[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2"
+
+
 def test_bad_prefix_is_rejected() -> None:
     with pytest.raises(ValueError, match="prefix"):
         EmulatedCloud("2:1gbit:1mbit", prefix="no-dashes")
@@ -296,6 +343,34 @@ def test_ring_measurement_sends_both_ways_at_once_within_each_link(cloud: Emulat
     assert len(goodput) == 2
     for bits in goodput:
         assert 0.3 * cloud.spec.link_bits_per_s <= bits <= 1.1 * cloud.spec.link_bits_per_s, goodput
+
+
+@pytest.fixture(scope="module")
+def uneven_cloud():
+    network = EmulatedCloud("3:1gbit:200mbit,host1=50mbit", prefix=PREFIX).up()
+    instance_id = network.id
+    try:
+        yield network
+    finally:
+        network.down()
+    assert _leftovers(instance_id) == []
+
+
+@netem
+@pytest.mark.netem
+def test_a_slow_host_caps_flows_out_of_it_and_into_it(uneven_cloud: EmulatedCloud) -> None:
+    host0, host1, host2 = uneven_cloud.hosts
+    for sender, receiver in [(host1, host0), (host0, host1), (host2, host1)]:
+        goodput = measure_tcp(sender, receiver, flows=1, seconds=1.5)
+        assert 0.7 * 50e6 <= goodput <= 1.2 * 50e6, f"{sender.name} -> {receiver.name}: {goodput / 1e6:.1f} Mbit/s"
+
+
+@netem
+@pytest.mark.netem
+def test_the_other_hosts_keep_the_cloud_rates(uneven_cloud: EmulatedCloud) -> None:
+    host0, _, host2 = uneven_cloud.hosts
+    goodput = measure_tcp(host0, host2, flows=1, seconds=1.5)
+    assert 0.75 * 200e6 <= goodput <= 1.2 * 200e6, f"host0 -> host2: {goodput / 1e6:.1f} Mbit/s, cap 200"
 
 
 @netem
