@@ -30,8 +30,8 @@ from fasthorovod.netem import (
 from fasthorovod.netem import cloud as cloud_module
 from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import CheckResult, PathResult, check_paths, measure_ring, measure_tcp, run_check
-from fasthorovod.netem.shaping import shaping_commands
+from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp
+from fasthorovod.netem.shaping import FIRST_PORT_TABLE, flow_bucket, leaf_classid, shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState
 
 PREFIX = "fhvdtest"
@@ -230,6 +230,11 @@ def test_check_judges_each_path_against_its_own_caps() -> None:
     assert (plain.per_flow_cap, plain.many_flows_cap) == (200e6, 1e9)
     assert (out_of_slow.per_flow_cap, out_of_slow.many_flows_cap) == (50e6, 400e6)  # 8 flows x 50 < link
     assert plain.passed and out_of_slow.passed
+    # Flows that share a bucket share its cap: 8 flows in 5 buckets can carry 5 caps, not 8.
+    unlucky = PathResult(spec, 0, 1, one_flow_bits_per_s=47.8e6, many_flows_bits_per_s=237e6, many_flows_buckets=5)
+    assert unlucky.many_flows_cap == 250e6 and unlucky.passed
+    assert "8 flows:    237.0 Mbit/s = 0.95 x 5 x per-flow cap = 250 Mbit/s" in unlucky.report_lines()[1]
+    assert PathResult(spec, 0, 2, 191e6, 900e6, many_flows_buckets=4).many_flows_cap == 800e6
     uncapped = PathResult(spec, 0, 1, one_flow_bits_per_s=191e6, many_flows_bits_per_s=900e6)
     assert not uncapped.passed  # 3.8 x the slow host's per-flow cap
     result = CheckResult(spec, (plain, out_of_slow, uncapped))
@@ -238,6 +243,7 @@ def test_check_judges_each_path_against_its_own_caps() -> None:
     assert "host1 -> host0, 1 flow:      47.8 Mbit/s = 0.96 x per-flow cap 50 Mbit/s of host1" in report
     assert "host0 -> host1, 1 flow:     191.0 Mbit/s = 3.82 x per-flow cap 50 Mbit/s of host1" in report
     assert "8 flows:    380.0 Mbit/s = 0.95 x 8 x per-flow cap = 400 Mbit/s" in report
+    assert "host0 -> host2, 8 flows:    900.0 Mbit/s = 0.90 x link 1000 Mbit/s of host0 and host2" in report
     assert CheckResult(spec, (plain, out_of_slow)).passed
 
 
@@ -252,6 +258,16 @@ def test_status_lists_each_hosts_rates_on_an_uneven_cloud() -> None:
     assert lines[3].endswith("host2: link 1gbit, per flow 200mbit")
     even = describe(InstanceState(**{**state.__dict__, "spec": "3:1gbit:200mbit"})).splitlines()
     assert even[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2"
+
+
+def test_flow_bucket_is_what_the_u32_hash_picks() -> None:
+    # Bits 1-4 of each port (bit 0 is nearly constant: connect() gets even ports).
+    assert flow_bucket(0b1_0110_0, 0b0011_1) == (0b0110, 0b0011)
+    assert flow_bucket(36850, 5201) == ((36850 >> 1) % 16, (5201 >> 1) % 16)
+    source_bucket, dest_bucket = flow_bucket(36852, 5201)
+    lines = shaping_commands("eth0", 1e9, 2e8)
+    assert any(f"ht {FIRST_PORT_TABLE + source_bucket:x}:{dest_bucket:x}: " in line
+               and line.endswith(f"flowid {leaf_classid(source_bucket, dest_bucket)}") for line in lines)
 
 
 def test_bad_prefix_is_rejected() -> None:
@@ -371,6 +387,31 @@ def test_the_other_hosts_keep_the_cloud_rates(uneven_cloud: EmulatedCloud) -> No
     host0, _, host2 = uneven_cloud.hosts
     goodput = measure_tcp(host0, host2, flows=1, seconds=1.5)
     assert 0.75 * 200e6 <= goodput <= 1.2 * 200e6, f"host0 -> host2: {goodput / 1e6:.1f} Mbit/s, cap 200"
+
+
+def _class_bytes(namespace: str, device: str) -> dict[str, int]:
+    """htb class -> bytes sent so far, from ``tc -s class show``."""
+    shown = subprocess.run(["tc", "-n", namespace, "-s", "class", "show", "dev", device],
+                           capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+    counts, classid = {}, None
+    for line in shown.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            classid = words[2]
+        elif words[:1] == ["Sent"] and classid is not None:
+            counts[classid] = int(words[1])
+    return counts
+
+
+@netem
+@pytest.mark.netem
+def test_the_kernel_puts_a_flow_in_the_bucket_flow_bucket_names(uneven_cloud: EmulatedCloud) -> None:
+    sender, receiver = uneven_cloud.hosts[1], uneven_cloud.hosts[0]
+    before = _class_bytes(sender.name, "eth0")
+    ((_, [(source_port, dest_port)]),) = _measure_pairs([(sender, receiver)], flows=1, seconds=1)
+    after = _class_bytes(sender.name, "eth0")
+    busiest = max(after, key=lambda classid: (after[classid] - before.get(classid, 0)) if classid != "1:1" else -1)
+    assert busiest == leaf_classid(*flow_bucket(source_port, dest_port)), (source_port, dest_port)
 
 
 @netem

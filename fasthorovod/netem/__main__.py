@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "every overridden host, out of it and into it, each against the host with the highest per-flow cap among "
         "the others. Exit code 0 when on every path 1 flow gets "
         f"{ONE_FLOW_BOUNDS[0]}-{ONE_FLOW_BOUNDS[1]} x the path's per-flow cap (the smaller of its two hosts') and "
-        f"{MANY_FLOWS} flows get >= {MANY_FLOWS_MIN} x the smaller of the path's link and {MANY_FLOWS} per-flow "
-        "caps, else 1.",
+        f"{MANY_FLOWS} flows get >= {MANY_FLOWS_MIN} x the smaller of the path's link and one per-flow cap per "
+        "flow bucket they hashed into (flows in one bucket share a cap), else 1.",
     )
     check.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     check.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 test (default 3)")

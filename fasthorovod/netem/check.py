@@ -15,7 +15,9 @@ others, so that what limits the path is the overridden host's own rates (out of 
 into it: the bridge's port toward it). Hosts without overrides are all alike; two of them, when
 there are two, stand for the rest. Each path is judged against its own expected caps,
 ``CloudSpec.path_rates``: one flow against the smaller per-flow cap of its two ends, 8 flows
-against the smaller link or 8 per-flow caps, whichever is less.
+against the smaller of the path's link and one per-flow cap per flow bucket the 8 flows hashed into
+(``shaping.flow_bucket`` of the ports iperf3 reports; flows in one bucket share its cap, and when
+per-flow caps rather than the link limit a path, as on a slow host, that decides what 8 flows get).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, exec_prefix, run_in_host
 from .errors import NetemError
+from .shaping import flow_bucket
 from .spec import CloudSpec
 from .state import Host
 
@@ -38,7 +41,7 @@ IPERF_PORT = 5201
 SERVER_START_TIMEOUT_S = 10.0
 ONE_FLOW_BOUNDS = (0.75, 1.1)  # accepted 1-flow goodput, as fractions of the path's per-flow cap
 MANY_FLOWS = 8
-MANY_FLOWS_MIN = 0.6  # accepted 8-flow goodput, as a fraction of the path's min(link, 8 x per-flow cap)
+MANY_FLOWS_MIN = 0.6  # accepted 8-flow goodput, as a fraction of the path's min(link, buckets x per-flow cap)
 
 
 def check_paths(spec: CloudSpec) -> list[tuple[int, int]]:
@@ -65,6 +68,7 @@ class PathResult:
     receiver: int
     one_flow_bits_per_s: float
     many_flows_bits_per_s: float
+    many_flows_buckets: int = MANY_FLOWS  # distinct flow buckets the MANY_FLOWS flows hashed into
 
     @property
     def per_flow_cap(self) -> float:
@@ -72,8 +76,9 @@ class PathResult:
 
     @property
     def many_flows_cap(self) -> float:
+        """The most the flows can get: the path's link, or one per-flow cap per bucket they occupy."""
         link, per_flow = self.spec.path_rates(self.sender, self.receiver)
-        return min(link, MANY_FLOWS * per_flow)
+        return min(link, self.many_flows_buckets * per_flow)
 
     @property
     def one_flow_ratio(self) -> float:
@@ -98,16 +103,17 @@ class PathResult:
     def report_lines(self) -> list[str]:
         low, high = ONE_FLOW_BOUNDS
         link, per_flow = self.spec.path_rates(self.sender, self.receiver)
-        if link <= MANY_FLOWS * per_flow:
+        buckets = self.many_flows_buckets
+        if link <= buckets * per_flow:
             many_cap = f"link {link / 1e6:g} Mbit/s{self._whose(0, link)}"
         else:
-            many_cap = f"{MANY_FLOWS} x per-flow cap = {MANY_FLOWS * per_flow / 1e6:g} Mbit/s"
+            many_cap = f"{buckets} x per-flow cap = {buckets * per_flow / 1e6:g} Mbit/s"
         path = f"host{self.sender} -> host{self.receiver}"
         return [
             f"{path}, 1 flow:  {self.one_flow_bits_per_s / 1e6:8.1f} Mbit/s = {self.one_flow_ratio:.2f} x per-flow cap"
             f" {per_flow / 1e6:g} Mbit/s{self._whose(1, per_flow)} (want {low}-{high} x)",
             f"{path}, {MANY_FLOWS} flows: {self.many_flows_bits_per_s / 1e6:8.1f} Mbit/s = {self.many_flows_ratio:.2f}"
-            f" x {many_cap} (want >= {MANY_FLOWS_MIN} x)",
+            f" x {many_cap} (want >= {MANY_FLOWS_MIN} x; {buckets} flow buckets)",
         ]
 
 
@@ -177,17 +183,26 @@ def _wait_until_listening(server: subprocess.Popen[bytes], timeout: float) -> No
 
 def measure_tcp(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> float:
     """Goodput in bit/s of ``flows`` parallel TCP flows from ``client`` to ``server`` (iperf3)."""
-    (goodput,) = _measure_pairs([(client, server)], flows, seconds)
+    goodput, _ = measure_tcp_buckets(client, server, flows, seconds)
     return goodput
+
+
+def measure_tcp_buckets(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> tuple[float, int]:
+    """``measure_tcp``, and into how many of the shaper's flow buckets the flows hashed (each bucket
+    has one per-flow cap, so ``flows`` flows can carry at most that many caps' worth)."""
+    ((goodput, port_pairs),) = _measure_pairs([(client, server)], flows, seconds)
+    return goodput, len({flow_bucket(*ports) for ports in port_pairs})
 
 
 def measure_ring(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> list:
     """Goodput in bit/s received by each host while every host i sends ``flows`` flows to host i+1."""
-    return _measure_pairs([(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))], flows, seconds)
+    pairs = [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]
+    return [goodput for goodput, _ in _measure_pairs(pairs, flows, seconds)]
 
 
 def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
-    """Runs one iperf3 test per (client, server) pair, all at the same time; each receiver's goodput."""
+    """Runs one iperf3 test per (client, server) pair, all at the same time; for each, the receiver's
+    goodput and the (client port, server port) of every flow."""
     _require_iperf3()
     client_timeout = seconds + 20
     with contextlib.ExitStack() as stack:
@@ -221,7 +236,9 @@ def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
                 ) from None
             if proc.returncode != 0:
                 raise NetemError(f"iperf3 client {client.name} -> {server.address} failed: {(out[-2000:] + err).strip()}")
-            results.append(float(json.loads(out)["end"]["sum_received"]["bits_per_second"]))
+            report = json.loads(out)
+            port_pairs = [(flow["local_port"], flow["remote_port"]) for flow in report["start"]["connected"]]
+            results.append((float(report["end"]["sum_received"]["bits_per_second"]), port_pairs))
     return results
 
 
@@ -235,7 +252,7 @@ def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.
         for sender, receiver in paths:
             client, server = cloud.hosts[sender], cloud.hosts[receiver]
             one_flow = measure_tcp(client, server, flows=1, seconds=seconds)
-            many_flows = measure_tcp(client, server, flows=MANY_FLOWS, seconds=seconds)
-            results.append(PathResult(spec, sender, receiver, one_flow, many_flows))
+            many_flows, buckets = measure_tcp_buckets(client, server, flows=MANY_FLOWS, seconds=seconds)
+            results.append(PathResult(spec, sender, receiver, one_flow, many_flows, buckets))
         ring_goodput = tuple(measure_ring(cloud.hosts, MANY_FLOWS, seconds)) if ring else ()
     return CheckResult(spec=spec, paths=tuple(results), ring_bits_per_s=ring_goodput)

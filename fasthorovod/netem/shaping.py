@@ -40,6 +40,18 @@ def _bits(rate: float) -> str:
     return f"{int(rate)}bit"
 
 
+def flow_bucket(source_port: int, dest_port: int) -> tuple[int, int]:
+    """(source port bucket, destination port bucket) of a TCP flow, as the ``u32`` hash computes them:
+    the 32-bit word at TCP offset 0 (source port, destination port) masked, then shifted right by
+    the mask's lowest set bit."""
+    word = source_port << 16 | dest_port
+
+    def hashed(mask: int) -> int:
+        return (word & mask) >> ((mask & -mask).bit_length() - 1)
+
+    return hashed(SOURCE_PORT_MASK), hashed(DEST_PORT_MASK)
+
+
 def leaf_classid(source_bucket: int, dest_bucket: int) -> str:
     """The htb class of the flow bucket chosen by (source port bucket, destination port bucket)."""
     return f"1:{FIRST_LEAF_MINOR + source_bucket * HASH_SIZE + dest_bucket:x}"
