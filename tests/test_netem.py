@@ -245,6 +245,12 @@ def test_check_judges_each_path_against_its_own_caps() -> None:
     assert "8 flows:    380.0 Mbit/s = 0.95 x 8 x per-flow cap = 400 Mbit/s" in report
     assert "host0 -> host2, 8 flows:    900.0 Mbit/s = 0.90 x link 1000 Mbit/s of host0 and host2" in report
     assert CheckResult(spec, (plain, out_of_slow)).passed
+    ring = CheckResult(spec, (plain,), ring_bits_per_s=(330e6, 335e6, 925e6)).report().splitlines()
+    assert ring[-4:-1] == [
+        "  host0 -> host1:    330.0 Mbit/s = 0.82 x 400 Mbit/s",
+        "  host1 -> host2:    335.0 Mbit/s = 0.84 x 400 Mbit/s",
+        "  host2 -> host0:    925.0 Mbit/s = 0.93 x 1000 Mbit/s",
+    ]
 
 
 def test_status_lists_each_hosts_rates_on_an_uneven_cloud() -> None:

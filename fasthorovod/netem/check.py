@@ -121,7 +121,7 @@ class PathResult:
 class CheckResult:
     spec: CloudSpec
     paths: tuple[PathResult, ...]
-    ring_bits_per_s: tuple = ()  # received by each host, when measured (informational, not judged)
+    ring_bits_per_s: tuple = ()  # host i -> host i+1 for each i, when measured (informational, not judged)
 
     @property
     def passed(self) -> bool:
@@ -139,8 +139,8 @@ class CheckResult:
                 " x link: the ceiling of a ring allreduce on this machine"
             ]
         lines = [f"ring, every host -> next with {MANY_FLOWS} flows at once (the ceiling of a ring allreduce here):"]
-        for receiver, bits in enumerate(goodput):
-            sender = (receiver - 1) % len(goodput)
+        for sender, bits in enumerate(goodput):  # measure_ring's pair i is host i -> host i+1
+            receiver = (sender + 1) % len(goodput)
             link, per_flow = self.spec.path_rates(sender, receiver)
             cap = min(link, MANY_FLOWS * per_flow)
             lines.append(
