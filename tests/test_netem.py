@@ -27,10 +27,12 @@ from fasthorovod.netem import (
     parse_spec,
     run_in_host,
 )
+from fasthorovod.netem import cloud as cloud_module
+from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import measure_ring, measure_tcp
-from fasthorovod.netem.shaping import shaping_commands
-from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
+from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp
+from fasthorovod.netem.shaping import FIRST_PORT_TABLE, flow_bucket, leaf_classid, shaping_commands
+from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState
 
 PREFIX = "fhvdtest"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -84,16 +86,194 @@ def test_cloud_spec_validates_direct_construction() -> None:
         CloudSpec(hosts=2, link_bits_per_s=1e9, per_flow_bits_per_s=2e9)
 
 
+UNEVEN = "5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit"
+
+
+def test_uneven_spec_gives_each_host_its_rates() -> None:
+    spec = parse_spec(UNEVEN)
+    assert spec.overrides == ((1, 1e9, 1e8), (3, 5e8, 1.5e8))
+    assert [spec.host_rates(index) for index in range(5)] == [
+        (1e9, 2e8), (1e9, 1e8), (1e9, 2e8), (5e8, 1.5e8), (1e9, 2e8),
+    ]  # fmt: skip
+    assert spec.uneven and not parse_spec("5:1gbit:200mbit").uneven
+    assert spec.path_rates(0, 2) == (1e9, 2e8)
+    assert spec.path_rates(0, 1) == spec.path_rates(1, 0) == (1e9, 1e8)  # the slower end caps the flow
+    assert spec.path_rates(1, 3) == (5e8, 1e8)
+    with pytest.raises(IndexError, match="no host5"):
+        spec.host_rates(5)
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        (UNEVEN, UNEVEN),
+        ("5:1gbit:200mbit,host3=500mbit:150mbit,host1=100mbit", UNEVEN),  # overrides sorted by host
+        (" 3 : 1gbit : 200mbit , HOST1 = 50Mbit ", "3:1gbit:200mbit,host1=50mbit"),
+        ("3:1gbit:200mbit,host1=1gbit:50mbit", "3:1gbit:200mbit,host1=50mbit"),  # the link is the cloud's
+        ("3:1gbit:200mbit,host0=2gbit:1gbit", "3:1gbit:200mbit,host0=2gbit:1gbit"),  # a faster host
+        ("1:1gbit:200mbit,host0=100mbit:10mbit", "1:1gbit:200mbit,host0=100mbit:10mbit"),
+    ],
+)
+def test_uneven_spec_round_trips(text: str, canonical: str) -> None:
+    spec = parse_spec(text)
+    assert str(spec) == canonical
+    assert parse_spec(str(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5:1gbit:200mbit,host5=100mbit", "'host5=100mbit'.*there is no host5, the 5 hosts are host0..host4"),
+        ("1:1gbit:200mbit,host1=100mbit", "there is no host1, the only host is host0"),
+        ("5:1gbit:200mbit,host1=100mbit,host1=50mbit", "'host1=50mbit'.*host1 is already set by 'host1=100mbit'"),
+        ("5:1gbit:200mbit,host1=2gbit", "'host1=2gbit'.*host1 per-flow rate 2gbit exceeds host1 link rate 1gbit"),
+        ("5:1gbit:200mbit,host1=100mbit:200mbit", "host1 per-flow rate 200mbit exceeds host1 link rate 100mbit"),
+        ("5:1gbit:200mbit,host1=fast", "'host1=fast'.*host1 per-flow rate: rate 'fast' is not a number"),
+        ("5:1gbit:200mbit,host1=1gbps:10mbit", "host1 link rate: .*bytes/s"),
+        ("5:1gbit:200mbit,host1=0mbit", "host1 per-flow rate: rate '0mbit' must be greater than zero"),
+        ("5:1gbit:200mbit,host1=1gbit:100mbit:10mbit", "'host1=1gbit:100mbit:10mbit' .* has 3 rates"),
+        ("5:1gbit:200mbit,h1=100mbit", "'h1' is not a host name hostI .*did you mean host1"),
+        ("5:1gbit:200mbit,host01=100mbit", "'host01' is not a host name hostI"),
+        ("5:1gbit:200mbit,host1", "'host1' in spec .* must be hostI=PER_FLOW_RATE or hostI=LINK_RATE:PER_FLOW_RATE"),
+        ("5:1gbit:200mbit,", "empty part between commas"),
+        ("5:1gbit:200mbit,,host1=1mbit", "empty part between commas"),
+        ("5:1gbit,host1=1mbit", "HOSTS:LINK_RATE:PER_FLOW_RATE"),
+        ("5:1gbit:2gbit,host1=1mbit", "per-flow rate 2gbit exceeds link rate 1gbit"),
+    ],
+)
+def test_uneven_spec_errors_name_the_wrong_part(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_spec(text)
+
+
+def test_cloud_spec_with_overrides_validates_direct_construction() -> None:
+    spec = CloudSpec(hosts=3, link_bits_per_s=1e9, per_flow_bits_per_s=2e8, overrides=[(1, 1e9, 5e7)])
+    assert spec == parse_spec("3:1gbit:200mbit,host1=50mbit")
+    assert spec.overrides[0].per_flow_bits_per_s == 5e7
+    for overrides, message in [
+        ([(3, 1e9, 5e7)], "no host3: the hosts are host0..host2"),
+        ([(1, 1e9, 5e7), (1, 1e9, 6e7)], "host1 has two overrides"),
+        ([(2, 1e8, 2e8)], "host2 per-flow rate 200mbit exceeds host2 link rate 100mbit"),
+        ([(2, float("nan"), 2e8)], "host2 link rate must be a positive number"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            CloudSpec(hosts=3, link_bits_per_s=1e9, per_flow_bits_per_s=2e8, overrides=overrides)
+
+
 # --- shaping commands and privileges -------------------------------------------------------------
 
 
 def test_shaper_has_one_capped_leaf_per_bucket() -> None:
-    lines = shaping_commands("eth0", parse_spec("2:1gbit:200mbit"))
+    lines = shaping_commands("eth0", 1e9, 2e8)
     leaves = [line for line in lines if "ceil 200000000bit" in line]
     assert len(leaves) == 256
     flowids = {line.split("flowid ")[1] for line in lines if "flowid" in line}
     assert flowids == {line.split("classid ")[1].split()[0] for line in leaves}
     assert any("classid 1:1 htb rate 1000000000bit ceil 1000000000bit" in line for line in lines)
+
+
+def _caps(lines: list[str], device: str) -> tuple[str, set[str]]:
+    """The root class's ceil and the set of leaf ceils that ``lines`` give ``device``."""
+    ceils = {
+        line.split(" classid ")[1].split()[0]: line.split(" ceil ")[1].split()[0]
+        for line in lines
+        if line.startswith(f"class add dev {device} ")
+    }
+    assert len(ceils) == 2 + 256, f"{device}: {len(ceils)} classes"
+    return ceils.pop("1:1"), {ceil for classid, ceil in ceils.items() if classid != "1:2"}
+
+
+def test_uneven_cloud_shapes_each_host_and_its_bridge_port_at_its_own_rates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    batches: dict[str, list[str]] = {}  # namespace -> the tc lines run in it
+
+    def record(command: list[str], lines: list[str], timeout: float = 0) -> None:
+        assert command[:2] == ["tc", "-n"]
+        batches.setdefault(command[2], []).extend(lines)
+
+    monkeypatch.setattr(cloud_module, "_batch", record)
+    network = EmulatedCloud("3:1gbit:200mbit,host1=50mbit,host2=500mbit:100mbit", prefix=PREFIX)
+    hosts = tuple(Host(name=f"{PREFIX}-abcdef-h{index}", address=f"10.231.9.{index + 1}") for index in range(3))
+    network._state = InstanceState(id="abcdef", prefix=PREFIX, spec=str(network.spec), subnet="10.231.9.0/24",
+                                   bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=None,
+                                   owner_start_ticks=None, created=0.0)  # fmt: skip
+    network._shape()
+    expected = {0: ("1000000000bit", "200000000bit"), 1: ("1000000000bit", "50000000bit"),
+                2: ("500000000bit", "100000000bit")}  # fmt: skip
+    for index, (link, per_flow) in expected.items():
+        # What host i sends (its eth0) and what it receives (the bridge's port h<i>), both at its rates.
+        assert _caps(batches[hosts[index].name], "eth0") == (link, {per_flow})
+        assert _caps(batches[network.bridge_namespace], f"h{index}") == (link, {per_flow})
+    network._state = None
+
+
+@pytest.mark.parametrize(
+    ("text", "paths"),
+    [
+        ("4:1gbit:200mbit", [(0, 1)]),
+        ("3:1gbit:200mbit,host1=50mbit", [(0, 2), (1, 0), (0, 1)]),
+        (UNEVEN, [(0, 2), (1, 0), (0, 1), (3, 0), (0, 3)]),
+        ("2:1gbit:200mbit,host1=50mbit", [(1, 0), (0, 1)]),
+        ("3:1gbit:200mbit,host0=100mbit,host1=1gbit:50mbit", [(0, 2), (2, 0), (1, 2), (2, 1)]),
+        ("2:1gbit:200mbit,host0=100mbit,host1=50mbit", [(0, 1), (1, 0)]),
+    ],
+)
+def test_check_measures_every_overridden_host_both_ways(text: str, paths: list) -> None:
+    assert check_paths(parse_spec(text)) == paths
+
+
+def test_check_judges_each_path_against_its_own_caps() -> None:
+    spec = parse_spec("3:1gbit:200mbit,host1=50mbit")
+    plain = PathResult(spec, 0, 2, one_flow_bits_per_s=191e6, many_flows_bits_per_s=900e6)
+    out_of_slow = PathResult(spec, 1, 0, one_flow_bits_per_s=47.8e6, many_flows_bits_per_s=380e6)
+    assert (plain.per_flow_cap, plain.many_flows_cap) == (200e6, 1e9)
+    assert (out_of_slow.per_flow_cap, out_of_slow.many_flows_cap) == (50e6, 400e6)  # 8 flows x 50 < link
+    assert plain.passed and out_of_slow.passed
+    # Flows that share a bucket share its cap: 8 flows in 5 buckets can carry 5 caps, not 8.
+    unlucky = PathResult(spec, 0, 1, one_flow_bits_per_s=47.8e6, many_flows_bits_per_s=237e6, many_flows_buckets=5)
+    assert unlucky.many_flows_cap == 250e6 and unlucky.passed
+    assert "8 flows:    237.0 Mbit/s = 0.95 x 5 x per-flow cap = 250 Mbit/s" in unlucky.report_lines()[1]
+    assert PathResult(spec, 0, 2, 191e6, 900e6, many_flows_buckets=4).many_flows_cap == 800e6
+    uncapped = PathResult(spec, 0, 1, one_flow_bits_per_s=191e6, many_flows_bits_per_s=900e6)
+    assert not uncapped.passed  # 3.8 x the slow host's per-flow cap
+    result = CheckResult(spec, (plain, out_of_slow, uncapped))
+    report = result.report()
+    assert not result.passed and report.endswith("FAIL")
+    assert "host1 -> host0, 1 flow:      47.8 Mbit/s = 0.96 x per-flow cap 50 Mbit/s of host1" in report
+    assert "host0 -> host1, 1 flow:     191.0 Mbit/s = 3.82 x per-flow cap 50 Mbit/s of host1" in report
+    assert "8 flows:    380.0 Mbit/s = 0.95 x 8 x per-flow cap = 400 Mbit/s" in report
+    assert "host0 -> host2, 8 flows:    900.0 Mbit/s = 0.90 x link 1000 Mbit/s of host0 and host2" in report
+    assert CheckResult(spec, (plain, out_of_slow)).passed
+    ring = CheckResult(spec, (plain,), ring_bits_per_s=(330e6, 335e6, 925e6)).report().splitlines()
+    assert ring[-4:-1] == [
+        "  host0 -> host1:    330.0 Mbit/s = 0.82 x 400 Mbit/s",
+        "  host1 -> host2:    335.0 Mbit/s = 0.84 x 400 Mbit/s",
+        "  host2 -> host0:    925.0 Mbit/s = 0.93 x 1000 Mbit/s",
+    ]
+
+
+def test_status_lists_each_hosts_rates_on_an_uneven_cloud() -> None:
+    hosts = tuple(Host(name=f"{PREFIX}-abcdef-h{index}", address=f"10.231.9.{index + 1}") for index in range(3))
+    state = InstanceState(id="abcdef", prefix=PREFIX, spec="3:1gbit:200mbit,host1=50mbit", subnet="10.231.9.0/24",
+                          bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=None,
+                          owner_start_ticks=None, created=0.0)  # fmt: skip
+    lines = describe(state).splitlines()
+    assert lines[0].startswith("emulated cloud abcdef: 3:1gbit:200mbit,host1=50mbit,")
+    assert lines[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2\thost1: link 1gbit, per flow 50mbit"
+    assert lines[3].endswith("host2: link 1gbit, per flow 200mbit")
+    even = describe(InstanceState(**{**state.__dict__, "spec": "3:1gbit:200mbit"})).splitlines()
+    assert even[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2"
+
+
+def test_flow_bucket_is_what_the_u32_hash_picks() -> None:
+    # Bits 1-4 of each port (bit 0 is nearly constant: connect() gets even ports).
+    assert flow_bucket(0b1_0110_0, 0b0011_1) == (0b0110, 0b0011)
+    assert flow_bucket(36850, 5201) == ((36850 >> 1) % 16, (5201 >> 1) % 16)
+    source_bucket, dest_bucket = flow_bucket(36852, 5201)
+    lines = shaping_commands("eth0", 1e9, 2e8)
+    assert any(f"ht {FIRST_PORT_TABLE + source_bucket:x}:{dest_bucket:x}: " in line
+               and line.endswith(f"flowid {leaf_classid(source_bucket, dest_bucket)}") for line in lines)
 
 
 def test_bad_prefix_is_rejected() -> None:
@@ -185,6 +365,59 @@ def test_ring_measurement_sends_both_ways_at_once_within_each_link(cloud: Emulat
     assert len(goodput) == 2
     for bits in goodput:
         assert 0.3 * cloud.spec.link_bits_per_s <= bits <= 1.1 * cloud.spec.link_bits_per_s, goodput
+
+
+@pytest.fixture(scope="module")
+def uneven_cloud():
+    network = EmulatedCloud("3:1gbit:200mbit,host1=50mbit", prefix=PREFIX).up()
+    instance_id = network.id
+    try:
+        yield network
+    finally:
+        network.down()
+    assert _leftovers(instance_id) == []
+
+
+@netem
+@pytest.mark.netem
+def test_a_slow_host_caps_flows_out_of_it_and_into_it(uneven_cloud: EmulatedCloud) -> None:
+    host0, host1, host2 = uneven_cloud.hosts
+    for sender, receiver in [(host1, host0), (host0, host1), (host2, host1)]:
+        goodput = measure_tcp(sender, receiver, flows=1, seconds=1.5)
+        assert 0.7 * 50e6 <= goodput <= 1.2 * 50e6, f"{sender.name} -> {receiver.name}: {goodput / 1e6:.1f} Mbit/s"
+
+
+@netem
+@pytest.mark.netem
+def test_the_other_hosts_keep_the_cloud_rates(uneven_cloud: EmulatedCloud) -> None:
+    host0, _, host2 = uneven_cloud.hosts
+    goodput = measure_tcp(host0, host2, flows=1, seconds=1.5)
+    assert 0.75 * 200e6 <= goodput <= 1.2 * 200e6, f"host0 -> host2: {goodput / 1e6:.1f} Mbit/s, cap 200"
+
+
+def _class_bytes(namespace: str, device: str) -> dict[str, int]:
+    """htb class -> bytes sent so far, from ``tc -s class show``."""
+    shown = subprocess.run(["tc", "-n", namespace, "-s", "class", "show", "dev", device],
+                           capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+    counts, classid = {}, None
+    for line in shown.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            classid = words[2]
+        elif words[:1] == ["Sent"] and classid is not None:
+            counts[classid] = int(words[1])
+    return counts
+
+
+@netem
+@pytest.mark.netem
+def test_the_kernel_puts_a_flow_in_the_bucket_flow_bucket_names(uneven_cloud: EmulatedCloud) -> None:
+    sender, receiver = uneven_cloud.hosts[1], uneven_cloud.hosts[0]
+    before = _class_bytes(sender.name, "eth0")
+    ((_, [(source_port, dest_port)]),) = _measure_pairs([(sender, receiver)], flows=1, seconds=1)
+    after = _class_bytes(sender.name, "eth0")
+    busiest = max(after, key=lambda classid: (after[classid] - before.get(classid, 0)) if classid != "1:1" else -1)
+    assert busiest == leaf_classid(*flow_bucket(source_port, dest_port)), (source_port, dest_port)
 
 
 @netem

@@ -51,6 +51,13 @@ def test_horovod_flags_keep_their_meaning_and_ours_are_added() -> None:
     assert args.command == ["python", "train.py", "--proxies", "3", "-np", "9"]
 
 
+def test_emulate_cloud_takes_per_host_overrides() -> None:
+    args = parse_args(["-np", "3", "--emulate-cloud", "3:1gbit:200mbit,host1=50mbit,host2=500mbit:100mbit", "x"])
+    spec = args.emulate_cloud
+    assert [spec.host_rates(index) for index in range(3)] == [(1e9, 2e8), (1e9, 5e7), (5e8, 1e8)]
+    assert str(spec) == "3:1gbit:200mbit,host1=50mbit,host2=500mbit:100mbit"
+
+
 def test_flags_map_to_fasthorovod_variables() -> None:
     args = parse_args(["-np", "2", "--proxies", "0", "--sockets-per-proxy", "3", "--proxy-threshold", "1MiB", "x"])
     assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_PROXIES": "0", "FASTHOROVOD_SOCKETS_PER_PROXY": "3",
@@ -68,6 +75,9 @@ def test_flags_map_to_fasthorovod_variables() -> None:
         (["-np", "2", "--sockets-per-proxy", "0", "x"], "argument --sockets-per-proxy: 0 is not in \\[1, 64\\]"),
         (["-np", "2", "--proxy-threshold", "1furlong", "x"], "bad byte count '1furlong'"),
         (["-np", "2", "--emulate-cloud", "4:1gbit:2gbit", "x"], "per-flow rate 2gbit exceeds link rate 1gbit"),
+        (["-np", "4", "--emulate-cloud", "4:1gbit:200mbit,host4=50mbit", "x"],
+         "argument --emulate-cloud: host override 'host4=50mbit' .* there is no host4, the 4 hosts are host0..host3"),
+        (["-np", "4", "--emulate-cloud", "4:1gbit:200mbit,host1=50mbit,host1=60mbit", "x"], "host1 is already set"),
         (["-np", "6", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-np 6 is not a multiple of the 4 emulated hosts"),
         (["-np", "4", "-H", "a:4", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-H/--hosts and --hostfile do not apply"),
         (["-np", "4", "--min-np", "2", "--emulate-cloud", "4:1gbit:200mbit", "x"], "elastic mode"),

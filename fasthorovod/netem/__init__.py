@@ -15,8 +15,10 @@ package builds one from Linux network namespaces:
 - Shaping happens on both ends of every veth pair: on ``eth0`` (what the host sends) and on the
   bridge port (what the host receives), each with an ``htb`` tree that caps the device at the
   LINK rate and every TCP flow at the PER_FLOW rate, the flow picked by hashing its port pair
-  into 256 buckets (see ``shaping``). There is no added latency and no loss: the ``netem``
-  qdisc is not available on the machines we run on.
+  into 256 buckets (see ``shaping``). Both ends use that host's own rates, which per-host
+  overrides can change (``3:1gbit:200mbit,host1=50mbit``, see ``spec``): a flow between two
+  hosts then gets the smaller of their per-flow caps. There is no added latency and no loss: the
+  ``netem`` qdisc is not available on the machines we run on.
 - Inside each host namespace ``/etc/hosts`` (``/etc/netns/NS/hosts``, which ``ip netns exec``
   mounts over it) maps the machine's hostname to the host's address, because Gloo resolves the
   hostname to find its own address, and maps every host's namespace name to its address.
@@ -28,7 +30,7 @@ instance records what it created in ``/run/fasthorovod-netem/ID.json`` before cr
 
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, cleanup_stale, down_all, exec_prefix, run_in_host
 from .errors import NetemError, NetemPermissionError
-from .spec import CloudSpec, format_rate, parse_rate, parse_spec
+from .spec import CloudSpec, HostRates, format_rate, parse_rate, parse_spec
 from .state import Host, InstanceState, list_instances
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "CloudSpec",
     "EmulatedCloud",
     "Host",
+    "HostRates",
     "InstanceState",
     "NetemError",
     "NetemPermissionError",

@@ -9,18 +9,25 @@ from collections.abc import Sequence
 from .check import MANY_FLOWS, MANY_FLOWS_MIN, ONE_FLOW_BOUNDS, run_check
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, down_all
 from .errors import NetemError
-from .spec import parse_spec
+from .spec import format_rate, parse_spec
 from .state import InstanceState, list_instances
 
 SPEC_HELP = (
-    "HOSTS:LINK_RATE:PER_FLOW_RATE, e.g. 4:1gbit:200mbit (rates in bit/s with tc units "
-    "bit, kbit, mbit, gbit; a plain number is bit/s)"
+    "HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]..., e.g. "
+    "4:1gbit:200mbit, or 5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit for hosts on slower paths "
+    "(rates in bit/s with tc units bit, kbit, mbit, gbit; a plain number is bit/s)"
 )
 DESCRIPTION = """\
 Emulate a public-cloud network on this machine: HOSTS network namespaces joined by a bridge (in a
 namespace of its own), each host's link capped at LINK_RATE in and out, and each TCP flow capped at
 PER_FLOW_RATE (flows are hashed into 256 buckets by port, so unlucky flows share a cap). No latency
 or loss is added. Needs root. Run a command in a host with `ip netns exec NAMESPACE COMMAND`.
+
+An uneven cloud gives some hosts other rates: after the base spec, `,hostI=PER_FLOW_RATE` changes
+host I's per-flow cap (I counts from 0; host I's namespace ends in -hI) and `,hostI=LINK:PER_FLOW`
+its link and per-flow cap, e.g. 5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit (a host across
+racks or zones). A host's rates apply to what it sends and what it receives, so a flow between two
+hosts gets the smaller per-flow cap of the two.
 """
 
 
@@ -29,7 +36,11 @@ def _describe(state: InstanceState) -> str:
     if not state.owner_alive():
         owner += " (dead; removed by the next up or cleanup)"
     lines = [f"emulated cloud {state.id}: {state.spec}, prefix {state.prefix}, subnet {state.subnet}, {owner}"]
-    lines += [f"  {host.name}\t{host.address}" for host in state.hosts]
+    spec = parse_spec(state.spec)
+    for index, host in enumerate(state.hosts):
+        link, per_flow = spec.host_rates(index)
+        rates = f"\thost{index}: link {format_rate(link)}, per flow {format_rate(per_flow)}" if spec.uneven else ""
+        lines.append(f"  {host.name}\t{host.address}{rates}")
     lines += [f"  bridge namespace {state.bridge_namespace}", f"  state {state.path}"]
     return "\n".join(lines)
 
@@ -93,9 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="bring a network up, measure it with iperf3, tear it down",
-        description=f"Bring SPEC up, measure host0 -> host1 with iperf3 (1 flow, then {MANY_FLOWS} flows), tear "
-        f"it down. Exit code 0 when 1 flow gets {ONE_FLOW_BOUNDS[0]}-{ONE_FLOW_BOUNDS[1]} x PER_FLOW_RATE and "
-        f"{MANY_FLOWS} flows get >= {MANY_FLOWS_MIN} x LINK_RATE, else 1.",
+        description=f"Bring SPEC up, measure with iperf3 (1 flow, then {MANY_FLOWS} flows) host0 -> host1, tear it "
+        "down. On an uneven cloud the paths are the first two hosts without an override (when there are two) and "
+        "every overridden host, out of it and into it, each against the host with the highest per-flow cap among "
+        "the others. Exit code 0 when on every path 1 flow gets "
+        f"{ONE_FLOW_BOUNDS[0]}-{ONE_FLOW_BOUNDS[1]} x the path's per-flow cap (the smaller of its two hosts') and "
+        f"{MANY_FLOWS} flows get >= {MANY_FLOWS_MIN} x the smaller of the path's link and one per-flow cap per "
+        "flow bucket they hashed into (flows in one bucket share a cap), else 1.",
     )
     check.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
     check.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 test (default 3)")

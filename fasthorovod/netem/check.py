@@ -6,8 +6,18 @@ goodput the receiver saw (TCP payload only, so a few percent below the shaped wi
 ``measure_ring`` runs every host's client at once, host i sending to host i+1 (the traffic of a
 ring allreduce), and returns each receiver's goodput: the most any ring collective can reach on
 this emulation *on this machine*, where the namespaces' packets share the host's CPUs.
-``run_check`` brings a network up, measures 1 flow and 8 flows from host0 to host1 (and, with
-``ring=True``, the ring) and tears it down.
+``run_check`` brings a network up, measures 1 flow and 8 flows on each of the ``check_paths``
+(and, with ``ring=True``, the ring) and tears it down.
+
+Which paths: on an even cloud, host0 -> host1. On an uneven one (per-host overrides), also every
+overridden host in both directions, against the host with the highest per-flow cap among the
+others, so that what limits the path is the overridden host's own rates (out of it: its ``eth0``;
+into it: the bridge's port toward it). Hosts without overrides are all alike; two of them, when
+there are two, stand for the rest. Each path is judged against its own expected caps,
+``CloudSpec.path_rates``: one flow against the smaller per-flow cap of its two ends, 8 flows
+against the smaller of the path's link and one per-flow cap per flow bucket the 8 flows hashed into
+(``shaping.flow_bucket`` of the ports iperf3 reports; flows in one bucket share its cap, and when
+per-flow caps rather than the link limit a path, as on a slow host, that decides what 8 flows get).
 """
 
 from __future__ import annotations
@@ -23,56 +33,127 @@ from dataclasses import dataclass
 
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, exec_prefix, run_in_host
 from .errors import NetemError
+from .shaping import flow_bucket
 from .spec import CloudSpec
 from .state import Host
 
 IPERF_PORT = 5201
 SERVER_START_TIMEOUT_S = 10.0
-ONE_FLOW_BOUNDS = (0.75, 1.1)  # accepted 1-flow goodput, as fractions of PER_FLOW
+ONE_FLOW_BOUNDS = (0.75, 1.1)  # accepted 1-flow goodput, as fractions of the path's per-flow cap
 MANY_FLOWS = 8
-MANY_FLOWS_MIN = 0.6  # accepted 8-flow goodput, as a fraction of LINK
+MANY_FLOWS_MIN = 0.6  # accepted 8-flow goodput, as a fraction of the path's min(link, buckets x per-flow cap)
+
+
+def check_paths(spec: CloudSpec) -> list[tuple[int, int]]:
+    """The (sender, receiver) host indices ``run_check`` measures for ``spec`` (see the module docstring)."""
+    if spec.hosts < 2:
+        raise ValueError(f"check needs at least 2 hosts, spec {spec} has {spec.hosts}")
+    default_rates = (spec.link_bits_per_s, spec.per_flow_bits_per_s)
+    plain = [index for index in range(spec.hosts) if spec.host_rates(index) == default_rates]
+    overridden = [index for index in range(spec.hosts) if index not in plain]
+    paths = [(plain[0], plain[1])] if len(plain) >= 2 else []
+    for index in overridden:
+        others = [other for other in range(spec.hosts) if other != index]
+        partner = max(others, key=lambda other: (spec.host_rates(other)[1], spec.host_rates(other)[0], -other))
+        paths += [path for path in ((index, partner), (partner, index)) if path not in paths]
+    return paths
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class PathResult:
+    """1 flow and ``MANY_FLOWS`` flows from host ``sender`` to host ``receiver``, against that path's caps."""
+
     spec: CloudSpec
+    sender: int
+    receiver: int
     one_flow_bits_per_s: float
     many_flows_bits_per_s: float
-    ring_bits_per_s: tuple = ()  # per receiving host, when measured (informational, not judged)
+    many_flows_buckets: int = MANY_FLOWS  # distinct flow buckets the MANY_FLOWS flows hashed into
+
+    @property
+    def per_flow_cap(self) -> float:
+        return self.spec.path_rates(self.sender, self.receiver)[1]
+
+    @property
+    def many_flows_cap(self) -> float:
+        """The most the flows can get: the path's link, or one per-flow cap per bucket they occupy."""
+        link, per_flow = self.spec.path_rates(self.sender, self.receiver)
+        return min(link, self.many_flows_buckets * per_flow)
 
     @property
     def one_flow_ratio(self) -> float:
-        return self.one_flow_bits_per_s / self.spec.per_flow_bits_per_s
+        return self.one_flow_bits_per_s / self.per_flow_cap
 
     @property
     def many_flows_ratio(self) -> float:
-        return self.many_flows_bits_per_s / self.spec.link_bits_per_s
+        return self.many_flows_bits_per_s / self.many_flows_cap
 
     @property
     def passed(self) -> bool:
         low, high = ONE_FLOW_BOUNDS
         return low <= self.one_flow_ratio <= high and self.many_flows_ratio >= MANY_FLOWS_MIN
 
-    def report(self) -> str:
+    def _whose(self, rate_index: int, cap: float) -> str:
+        """On an uneven cloud, which end of the path sets ``cap`` (" of host1"), else ""."""
+        if not self.spec.uneven:
+            return ""
+        ends = [f"host{end}" for end in (self.sender, self.receiver) if self.spec.host_rates(end)[rate_index] == cap]
+        return f" of {' and '.join(ends)}" if ends else ""
+
+    def report_lines(self) -> list[str]:
         low, high = ONE_FLOW_BOUNDS
+        link, per_flow = self.spec.path_rates(self.sender, self.receiver)
+        buckets = self.many_flows_buckets
+        if link <= buckets * per_flow:
+            many_cap = f"link {link / 1e6:g} Mbit/s{self._whose(0, link)}"
+        else:
+            many_cap = f"{buckets} x per-flow cap = {buckets * per_flow / 1e6:g} Mbit/s"
+        path = f"host{self.sender} -> host{self.receiver}"
+        return [
+            f"{path}, 1 flow:  {self.one_flow_bits_per_s / 1e6:8.1f} Mbit/s = {self.one_flow_ratio:.2f} x per-flow cap"
+            f" {per_flow / 1e6:g} Mbit/s{self._whose(1, per_flow)} (want {low}-{high} x)",
+            f"{path}, {MANY_FLOWS} flows: {self.many_flows_bits_per_s / 1e6:8.1f} Mbit/s = {self.many_flows_ratio:.2f}"
+            f" x {many_cap} (want >= {MANY_FLOWS_MIN} x; {buckets} flow buckets)",
+        ]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    spec: CloudSpec
+    paths: tuple[PathResult, ...]
+    ring_bits_per_s: tuple = ()  # host i -> host i+1 for each i, when measured (informational, not judged)
+
+    @property
+    def passed(self) -> bool:
+        return all(path.passed for path in self.paths)
+
+    def _ring_lines(self) -> list[str]:
+        if not self.ring_bits_per_s:
+            return []
+        goodput = self.ring_bits_per_s
+        mean = sum(goodput) / len(goodput)
+        if not self.spec.uneven:
+            return [
+                f"ring, every host -> next with {MANY_FLOWS} flows at once: mean {mean / 1e6:.1f} Mbit/s per host"
+                f" (min {min(goodput) / 1e6:.1f}) = {mean / self.spec.link_bits_per_s:.2f}"
+                " x link: the ceiling of a ring allreduce on this machine"
+            ]
+        lines = [f"ring, every host -> next with {MANY_FLOWS} flows at once (the ceiling of a ring allreduce here):"]
+        for sender, bits in enumerate(goodput):  # measure_ring's pair i is host i -> host i+1
+            receiver = (sender + 1) % len(goodput)
+            link, per_flow = self.spec.path_rates(sender, receiver)
+            cap = min(link, MANY_FLOWS * per_flow)
+            lines.append(
+                f"  host{sender} -> host{receiver}: {bits / 1e6:8.1f} Mbit/s = {bits / cap:.2f} x {cap / 1e6:g} Mbit/s"
+            )
+        return lines
+
+    def report(self) -> str:
         return "\n".join(
             [
                 f"spec {self.spec}",
-                f"1 flow:  {self.one_flow_bits_per_s / 1e6:8.1f} Mbit/s = {self.one_flow_ratio:.2f} x per-flow cap"
-                f" {self.spec.per_flow_bits_per_s / 1e6:g} Mbit/s (want {low}-{high} x)",
-                f"{MANY_FLOWS} flows: {self.many_flows_bits_per_s / 1e6:8.1f} Mbit/s = {self.many_flows_ratio:.2f}"
-                f" x link {self.spec.link_bits_per_s / 1e6:g} Mbit/s (want >= {MANY_FLOWS_MIN} x)",
-                *(
-                    [
-                        f"ring, every host -> next with {MANY_FLOWS} flows at once: mean"
-                        f" {sum(self.ring_bits_per_s) / len(self.ring_bits_per_s) / 1e6:.1f} Mbit/s per host"
-                        f" (min {min(self.ring_bits_per_s) / 1e6:.1f}) = "
-                        f"{sum(self.ring_bits_per_s) / len(self.ring_bits_per_s) / self.spec.link_bits_per_s:.2f}"
-                        " x link: the ceiling of a ring allreduce on this machine"
-                    ]
-                    if self.ring_bits_per_s
-                    else []
-                ),
+                *(line for path in self.paths for line in path.report_lines()),
+                *self._ring_lines(),
                 "PASS" if self.passed else "FAIL",
             ]
         )
@@ -102,17 +183,26 @@ def _wait_until_listening(server: subprocess.Popen[bytes], timeout: float) -> No
 
 def measure_tcp(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> float:
     """Goodput in bit/s of ``flows`` parallel TCP flows from ``client`` to ``server`` (iperf3)."""
-    (goodput,) = _measure_pairs([(client, server)], flows, seconds)
+    goodput, _ = measure_tcp_buckets(client, server, flows, seconds)
     return goodput
+
+
+def measure_tcp_buckets(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> tuple[float, int]:
+    """``measure_tcp``, and into how many of the shaper's flow buckets the flows hashed (each bucket
+    has one per-flow cap, so ``flows`` flows can carry at most that many caps' worth)."""
+    ((goodput, port_pairs),) = _measure_pairs([(client, server)], flows, seconds)
+    return goodput, len({flow_bucket(*ports) for ports in port_pairs})
 
 
 def measure_ring(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> list:
     """Goodput in bit/s received by each host while every host i sends ``flows`` flows to host i+1."""
-    return _measure_pairs([(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))], flows, seconds)
+    pairs = [(hosts[i], hosts[(i + 1) % len(hosts)]) for i in range(len(hosts))]
+    return [goodput for goodput, _ in _measure_pairs(pairs, flows, seconds)]
 
 
 def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
-    """Runs one iperf3 test per (client, server) pair, all at the same time; each receiver's goodput."""
+    """Runs one iperf3 test per (client, server) pair, all at the same time; for each, the receiver's
+    goodput and the (client port, server port) of every flow."""
     _require_iperf3()
     client_timeout = seconds + 20
     with contextlib.ExitStack() as stack:
@@ -146,19 +236,23 @@ def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
                 ) from None
             if proc.returncode != 0:
                 raise NetemError(f"iperf3 client {client.name} -> {server.address} failed: {(out[-2000:] + err).strip()}")
-            results.append(float(json.loads(out)["end"]["sum_received"]["bits_per_second"]))
+            report = json.loads(out)
+            port_pairs = [(flow["local_port"], flow["remote_port"]) for flow in report["start"]["connected"]]
+            results.append((float(report["end"]["sum_received"]["bits_per_second"]), port_pairs))
     return results
 
 
 def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.0, ring: bool = False) -> CheckResult:
-    """Bring up ``spec``, measure 1 and ``MANY_FLOWS`` flows host0 -> host1 (and the ring), tear down."""
-    if spec.hosts < 2:
-        raise ValueError(f"check needs at least 2 hosts, spec {spec} has {spec.hosts}")
+    """Bring up ``spec``, measure 1 and ``MANY_FLOWS`` flows on each of ``check_paths(spec)`` (and the
+    ring), tear down."""
+    paths = check_paths(spec)
     _require_iperf3()
+    results = []
     with EmulatedCloud(spec, prefix) as cloud:
-        sender, receiver = cloud.hosts[0], cloud.hosts[1]
-        one_flow = measure_tcp(sender, receiver, flows=1, seconds=seconds)
-        many_flows = measure_tcp(sender, receiver, flows=MANY_FLOWS, seconds=seconds)
+        for sender, receiver in paths:
+            client, server = cloud.hosts[sender], cloud.hosts[receiver]
+            one_flow = measure_tcp(client, server, flows=1, seconds=seconds)
+            many_flows, buckets = measure_tcp_buckets(client, server, flows=MANY_FLOWS, seconds=seconds)
+            results.append(PathResult(spec, sender, receiver, one_flow, many_flows, buckets))
         ring_goodput = tuple(measure_ring(cloud.hosts, MANY_FLOWS, seconds)) if ring else ()
-    return CheckResult(spec=spec, one_flow_bits_per_s=one_flow, many_flows_bits_per_s=many_flows,
-                       ring_bits_per_s=ring_goodput)
+    return CheckResult(spec=spec, paths=tuple(results), ring_bits_per_s=ring_goodput)

@@ -304,12 +304,20 @@ class EmulatedCloud:
             _batch(["ip", "-n", host.name], host_lines)
 
     def _shape(self) -> None:
-        """Per-flow shapers on each host's egress, and on the bridge's egress toward each host."""
-        for host in self.state.hosts:
-            _batch(["tc", "-n", host.name], shaping_commands(HOST_DEVICE, self.spec))
-        ports = [_bridge_port(index) for index in range(len(self.state.hosts))]
-        bridge_lines = [line for port in ports for line in shaping_commands(port, self.spec)]
-        _batch(["tc", "-n", self.bridge_namespace], bridge_lines, timeout=DEFAULT_TIMEOUT_S + 0.5 * len(ports))
+        """Per-flow shapers on each host's egress (``eth0``: what it sends) and on the bridge's egress
+        toward each host (its port: what it receives), both at that host's own rates
+        (``spec.host_rates``). A flow from host A to host B passes A's ``eth0`` and B's port, so it
+        gets min(A's per-flow cap, B's per-flow cap), within A's link out and B's link in; a host on
+        a slow path is slow in both directions and to every other host (``spec.path_rates``)."""
+        for index, host in enumerate(self.state.hosts):
+            _batch(["tc", "-n", host.name], shaping_commands(HOST_DEVICE, *self.spec.host_rates(index)))
+        bridge_lines = [
+            line
+            for index in range(len(self.state.hosts))
+            for line in shaping_commands(_bridge_port(index), *self.spec.host_rates(index))
+        ]
+        timeout = DEFAULT_TIMEOUT_S + 0.5 * len(self.state.hosts)
+        _batch(["tc", "-n", self.bridge_namespace], bridge_lines, timeout=timeout)
 
     def _write_hosts_files(self) -> None:
         for host in self.state.hosts:

@@ -25,8 +25,6 @@ to unlucky flows too. The reverse direction of a connection (ACKs) is hashed on 
 
 from __future__ import annotations
 
-from .spec import CloudSpec
-
 BUCKET_BITS = 4  # per port: 16 x 16 = 256 leaf classes
 HASH_SIZE = 1 << BUCKET_BITS
 SOURCE_PORT_MASK = 0x001E0000  # bits 1-4 of the source port in the 32-bit word at TCP offset 0
@@ -42,16 +40,29 @@ def _bits(rate: float) -> str:
     return f"{int(rate)}bit"
 
 
+def flow_bucket(source_port: int, dest_port: int) -> tuple[int, int]:
+    """(source port bucket, destination port bucket) of a TCP flow, as the ``u32`` hash computes them:
+    the 32-bit word at TCP offset 0 (source port, destination port) masked, then shifted right by
+    the mask's lowest set bit."""
+    word = source_port << 16 | dest_port
+
+    def hashed(mask: int) -> int:
+        return (word & mask) >> ((mask & -mask).bit_length() - 1)
+
+    return hashed(SOURCE_PORT_MASK), hashed(DEST_PORT_MASK)
+
+
 def leaf_classid(source_bucket: int, dest_bucket: int) -> str:
     """The htb class of the flow bucket chosen by (source port bucket, destination port bucket)."""
     return f"1:{FIRST_LEAF_MINOR + source_bucket * HASH_SIZE + dest_bucket:x}"
 
 
-def shaping_commands(device: str, spec: CloudSpec) -> list[str]:
-    """``tc -batch`` lines that install the per-flow shaper on the egress of ``device``."""
-    link = _bits(spec.link_bits_per_s)
-    per_flow = _bits(spec.per_flow_bits_per_s)
-    guaranteed = _bits(max(spec.link_bits_per_s // (HASH_SIZE * HASH_SIZE + 1), 8))
+def shaping_commands(device: str, link_bits_per_s: float, per_flow_bits_per_s: float) -> list[str]:
+    """``tc -batch`` lines that cap the egress of ``device`` at ``link_bits_per_s`` and each TCP flow
+    through it at ``per_flow_bits_per_s`` (one host's rates: ``CloudSpec.host_rates``)."""
+    link = _bits(link_bits_per_s)
+    per_flow = _bits(per_flow_bits_per_s)
+    guaranteed = _bits(max(link_bits_per_s // (HASH_SIZE * HASH_SIZE + 1), 8))
     lines = [
         f"qdisc add dev {device} root handle 1: htb default {DEFAULT_CLASS.split(':')[1]}",
         f"class add dev {device} parent 1: classid {ROOT_CLASS} htb rate {link} ceil {link} quantum {QUANTUM_BYTES}",

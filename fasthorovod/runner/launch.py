@@ -110,7 +110,12 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
              "docs/netem.md). -np N ranks go one per host (N/HOSTS per host when N is a multiple "
              "of HOSTS; on the first N hosts when N < HOSTS), start with Horovod's rendezvous "
              "(--gloo, the default here) or mpirun (--mpi), and the network is always torn down "
-             "afterwards. Needs root; -H/--hostfile and elastic flags do not apply.")
+             "afterwards. Needs root; -H/--hostfile and elastic flags do not apply. Hosts on slower "
+             "paths (other racks or zones) are per-host overrides after commas: ,hostI=PER_FLOW sets "
+             "host I's per-flow cap, ,hostI=LINK:PER_FLOW its link and per-flow cap (I counts from 0; "
+             "host I runs ranks I*P..I*P+P-1 for P ranks per host), e.g. "
+             "5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit. A host's rates apply to what it "
+             "sends and receives, so a flow gets the smaller per-flow cap of its two hosts.")
 
 
 def _customize(parser: argparse.ArgumentParser) -> None:
