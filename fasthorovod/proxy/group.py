@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -188,6 +189,7 @@ class ProxyGroup:
         self.processes: List[subprocess.Popen] = []
         self.lane_weights = [1.0] * config.num_proxies
         self.sockets_per_lane = config.sockets_per_proxy or 1
+        self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
         self._tracing = False
         self._join_ticket: Optional[int] = None
@@ -249,13 +251,16 @@ class ProxyGroup:
         """Measures the incoming hop, exchanges the curves, and takes the sockets per lane every rank
         computes alike from them (probe.py)."""
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
+        started = time.monotonic()
         phases = path_probe.run(nxt["host"], nxt["probe"], options, self.config.timeout_seconds)
         hops = [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe")]
         self.flow_choice = probe.choose(hops, self.config.num_proxies)
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
+        self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
-                  f"({self.flow_choice.describe()}; FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
+                  f"({self.flow_choice.describe()}; measured in {self.probe_seconds:.1f} s; "
+                  f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
     def describe(self) -> dict:
@@ -268,7 +273,7 @@ class ProxyGroup:
                 "flows": self.config.num_proxies * self.sockets_per_lane, "sockets_source": source,
                 "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every}
         if self.flow_choice is not None:
-            info["probe"] = {"knee_flows": self.flow_choice.knee_flows,
+            info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
                              "curve_bytes_per_second": dict(self.flow_choice.curve),
                              "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
         return info
