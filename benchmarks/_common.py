@@ -10,8 +10,10 @@ Backends, as written on the command line (``--backends a,b,c``):
 
     horovod-gloo (alias horovod)  horovodrun --gloo, ``import horovod.torch as hvd``
     horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
-    fasthorovod[:K]               horovodrun --gloo, ``import fasthorovod.torch as hvd``,
-                                  FASTHOROVOD_NUM_PROXIES=K (FastHorovod's default without K);
+    fasthorovod[:K[xS]]           horovodrun --gloo, ``import fasthorovod.torch as hvd``,
+                                  FASTHOROVOD_NUM_PROXIES=K and FASTHOROVOD_SOCKETS_PER_PROXY=S
+                                  (each only when given: plain ``fasthorovod`` sets neither and
+                                  runs FastHorovod's defaults);
                                   a '+trace' suffix also records its DLC trace (--trace-root),
                                   an '@DIR' suffix runs the checkout DIR instead of this one
     torch-gloo                    N processes started here, torch.distributed gloo (env://)
@@ -87,11 +89,13 @@ class Backend:
     algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
     trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
     source: str = None     # fasthorovod: another checkout to run (spec suffix '@DIR', built in place)
+    sockets: int = None    # fasthorovod: TCP connections per proxy (spec 'fasthorovod:KxS')
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
-    """Parse 'kind[:count][:algorithm][+trace][@DIR]' (algorithm only for fasthorovod, only if
-    with_algorithm; +trace and @DIR only for fasthorovod). @DIR runs the fasthorovod of another
+    """Parse 'kind[:count[xsockets]][:algorithm][+trace][@DIR]' (xsockets, algorithm, +trace and @DIR
+    only for fasthorovod; algorithm only if with_algorithm). 'fasthorovod:4x2' is 4 proxies with 2
+    TCP connections each. @DIR runs the fasthorovod of another
     checkout (its extension built in place: ``setup.py build_ext --inplace``), so that two versions
     can be measured in one invocation, interleaved by --rounds."""
     body = spec.strip()
@@ -111,17 +115,24 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     max_parts = 1 + (kind in _COUNTED) + (with_algorithm and kind == "fasthorovod")
     if len(parts) > max_parts:
         raise ValueError(f"backend {spec!r} has too many ':' fields")
-    count = None
+    count = sockets = None
     if len(parts) > 1:
-        if not parts[1].isdigit() or int(parts[1]) < 1:
-            raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer")
-        count = int(parts[1])
+        match = re.fullmatch(r"(\d+)(?:x(\d+))?", parts[1])
+        if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
+            raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer"
+                             + (" (fasthorovod: K or KxS, proxies x sockets per proxy)"
+                                if kind == "fasthorovod" else ""))
+        count = int(match.group(1))
+        if match.group(2) is not None:
+            if kind != "fasthorovod":
+                raise ValueError(f"backend {spec!r}: only fasthorovod backends take sockets per proxy (KxS)")
+            sockets = int(match.group(2))
     algorithm = parts[2] if len(parts) > 2 else None
     if trace and kind != "fasthorovod":
         raise ValueError(f"backend {spec!r}: only fasthorovod backends can be traced (+trace)")
     if source and kind != "fasthorovod":
         raise ValueError(f"backend {spec!r}: only fasthorovod backends take a checkout (@DIR)")
-    return Backend(spec.strip(), kind, count, algorithm, trace, source)
+    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):
@@ -194,6 +205,8 @@ def backend_env(backend, proxy_threshold=None, trace_root="traces"):
             env["PYTHONPATH"] = os.pathsep.join(p for p in (backend.source, os.environ.get("PYTHONPATH")) if p)
         if backend.count is not None:
             env["FASTHOROVOD_NUM_PROXIES"] = str(backend.count)
+        if backend.sockets is not None:
+            env["FASTHOROVOD_SOCKETS_PER_PROXY"] = str(backend.sockets)
         if proxy_threshold is not None:
             env["FASTHOROVOD_PROXY_THRESHOLD_BYTES"] = str(proxy_threshold)
     return env
@@ -531,6 +544,41 @@ def _open_mpi_version():
         return None
     out = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
     return out.splitlines()[0] if out else None
+
+
+def inherited_fasthorovod_env():
+    """The FASTHOROVOD_* variables of this process's environment, which every job inherits: a
+    backend spelled plain ``fasthorovod`` runs FastHorovod's defaults only when this is empty."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("FASTHOROVOD_")}
+
+
+def warn_inherited_fasthorovod_env():
+    """Say on stderr which FASTHOROVOD_* variables every job inherits (they are also in the JSON's
+    ``env``); returns them."""
+    inherited = inherited_fasthorovod_env()
+    if inherited:
+        print("warning: every job inherits " + " ".join(f"{k}={v}" for k, v in inherited.items())
+              + " from this environment, so no FastHorovod job runs with FastHorovod's defaults "
+              "(unset them for that)", file=sys.stderr, flush=True)
+    return inherited
+
+
+def data_plane(hvd):
+    """What FastHorovod's data plane ran with (lanes, sockets per lane and where that number came
+    from, the start-up probe's curve): rank-local ``hvd.proxy_group().describe()``; None for
+    Horovod, without proxies, or for a FastHorovod that cannot describe it."""
+    group = getattr(hvd, "proxy_group", lambda: None)()
+    describe = getattr(group, "describe", None)
+    return describe() if describe is not None else None
+
+
+def data_plane_label(info):
+    """'4x2 (probe)' from a ``data_plane`` record: lanes x sockets per lane (where S came from)."""
+    if not info:
+        return "-"
+    source = info.get("sockets_source") or "?"
+    source = "set" if source == "FASTHOROVOD_SOCKETS_PER_PROXY" else source.split(" (")[0]
+    return f"{info['lanes']}x{info['sockets_per_lane']} ({source})"
 
 
 def relevant_env():

@@ -310,9 +310,11 @@ def worker(args):
                   f"{r['median_s'] * 1e3:.3f} ms", file=sys.stderr, flush=True)
     connections = comm.allgather_object(tcp_connections())
     if comm.rank == 0:
+        plane = common.data_plane(comm.hvd) if isinstance(comm, HorovodComm) else None
         common.write_json(args.result_file, {"np": comm.size, "op": args.op,
                                              "threads": args.threads,
-                                             "tcp_connections": connections, "results": results})
+                                             "tcp_connections": connections, "data_plane": plane,
+                                             "results": results})
     comm.close()
 
 
@@ -368,6 +370,8 @@ def print_table(entries, sizes):
         rows = [[common.format_size(size)] + [cell(r[size]) for r in by_size] for size in sizes]
         rows.append(["TCP conns/rank"]
                     + [max(e["result"]["tcp_connections"]) for e in ok])
+        if any(e["result"].get("data_plane") for e in ok):  # FastHorovod: lanes x sockets (source)
+            rows.append(["data plane"] + [common.data_plane_label(e["result"].get("data_plane")) for e in ok])
         print(common.format_table(["size"] + [e["backend"] for e in ok], rows))
     common.print_problems(entries)
 

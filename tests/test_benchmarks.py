@@ -72,9 +72,33 @@ def test_backend_specs():
     assert (other.count, other.source) == (4, repo)
     assert common.backend_env(other)["PYTHONPATH"].split(os.pathsep)[0] == repo
     for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace",
-                "horovod@" + repo, "fasthorovod:4@/nonexistent"):
+                "horovod@" + repo, "fasthorovod:4@/nonexistent", "fasthorovod:4x0", "fasthorovod:4x",
+                "fasthorovod:x2", "fasthorovod:0x2", "mpi4py:2x2", "fasthorovod:4X2"):
         with pytest.raises(ValueError):
             common.parse_backend(bad)
+
+
+def test_sockets_per_proxy_spec_and_plain_fasthorovod_sets_nothing():
+    grid = common.parse_backend("fasthorovod:4x2")
+    assert (grid.kind, grid.count, grid.sockets) == ("fasthorovod", 4, 2)
+    assert common.backend_env(grid) == {"FASTHOROVOD_NUM_PROXIES": "4",
+                                        "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
+    assert common.backend_env(common.parse_backend("fasthorovod:8")) == {"FASTHOROVOD_NUM_PROXIES": "8"}
+    # FastHorovod's defaults: no FASTHOROVOD_* variable at all
+    assert common.backend_env(common.parse_backend("fasthorovod")) == {}
+    with_algorithm = common.parse_backend("fasthorovod:2x4:odsgd+trace", with_algorithm=True)
+    assert (with_algorithm.count, with_algorithm.sockets, with_algorithm.algorithm,
+            with_algorithm.trace) == (2, 4, "odsgd", True)
+
+
+def test_data_plane_label():
+    assert common.data_plane_label(None) == "-"
+    assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 2, "sockets_source": "probe"}) == \
+        "4x2 (probe)"
+    assert common.data_plane_label({"lanes": 8, "sockets_per_lane": 1,
+                                    "sockets_source": "FASTHOROVOD_SOCKETS_PER_PROXY"}) == "8x1 (set)"
+    assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 1,
+                                    "sockets_source": "default (one host: no probe)"}) == "4x1 (default)"
 
 
 @pytest.mark.parametrize("spec, mode", [("horovod-gloo", "--gloo"), ("fasthorovod:4", "--gloo"),
