@@ -6,7 +6,7 @@ compares them. Each rank:
   1. seeds Python, NumPy and torch identically, builds the model (models.py), then reseeds per rank
      and draws one fixed synthetic batch (random images, random labels) that every step reuses;
   2. *compute only*: ``--warmup-steps`` + ``--compute-steps`` steps of forward, backward and a plain
-     local SGD step -- no communication at all;
+     local SGD step -- no communication at all (``--compute-steps 0`` skips this phase);
   3. wraps a fresh ``SGD(lr=0.01, momentum=0.9)`` in ``hvd.DistributedOptimizer(opt,
      named_parameters=...)`` (plus ``algorithm=`` for FastHorovod when it is not "ssgd"), broadcasts
      parameters and optimizer state from rank 0, and times ``--warmup-steps`` + ``--steps`` steps of
@@ -18,7 +18,8 @@ compares them. Each rank:
 Reported per backend (the slowest rank's median; ranks are in lockstep, so they barely differ):
 images/s = batch * N / median step time; compute = median compute-only step; exposed comm = step -
 compute, the communication time that backward and the optimizer did not hide (negative values are
-noise). Rank 0 prints progress to stderr (``train step 12/50 1.23 s/step``).
+noise). The JSON also holds every timed step's time (the slowest rank's) and, for FastHorovod, the
+data plane it ran with (lanes, sockets per lane and where that number came from). Rank 0 prints progress to stderr (``train step 12/50 1.23 s/step``).
 
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
@@ -49,9 +50,20 @@ def parse_args(argv=None):
                     "PNG.")
     parser.add_argument("--backends", default="horovod,fasthorovod:4",
                         help="comma-separated: horovod-gloo (or horovod), horovod-mpi, "
-                             "fasthorovod[:PROXIES[:ALGORITHM]][+trace]; the first is the "
+                             "fasthorovod[:PROXIES[xSOCKETS][:ALGORITHM]][+trace]; the first is the "
                              "speed-up baseline; '+trace' records the backend's DLC trace "
                              "(see --trace-root) (default: %(default)s)")
+    add_workload_arguments(parser)
+    common.add_driver_arguments(parser)
+    common.add_worker_arguments(parser)
+    args = parser.parse_args(argv)
+    check_workload_arguments(parser, args)
+    return args
+
+
+def add_workload_arguments(parser):
+    """The options that define one training job (model, data, steps, algorithm, seed); the drivers
+    that run train.py's workers (this one, repeat_train.py) share them."""
     parser.add_argument("--model", choices=sorted(MODELS), default="alexnet",
                         help="model to train (default: %(default)s)")
     parser.add_argument("--image-size", type=int, default=224,
@@ -67,7 +79,8 @@ def parse_args(argv=None):
                         help="untimed steps before the compute-only and before the training "
                              "phase (default: %(default)s)")
     parser.add_argument("--compute-steps", type=int, default=3,
-                        help="timed compute-only steps, without communication "
+                        help="timed compute-only steps, without communication; 0 skips that "
+                             "phase (then compute s and exposed comm s are not reported) "
                              "(default: %(default)s)")
     parser.add_argument("--algorithm", default="ssgd",
                         help="DistributedOptimizer algorithm for fasthorovod backends that do not "
@@ -84,17 +97,16 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the initial weights; rank r draws its data with seed + 1 + r "
                              "(default: %(default)s)")
-    common.add_driver_arguments(parser)
-    common.add_worker_arguments(parser)
-    args = parser.parse_args(argv)
+
+
+def check_workload_arguments(parser, args):
+    """Reject impossible values (exits through parser.error); default --threads from --np."""
     if args.image_size < MIN_IMAGE_SIZE:
         parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE}")
-    if min(args.steps, args.compute_steps, args.batch_size, args.np) < 1 or args.warmup_steps < 0:
-        parser.error("need --steps, --compute-steps, --batch-size, --np >= 1 "
-                     "and --warmup-steps >= 0")
+    if min(args.steps, args.batch_size, args.np) < 1 or min(args.warmup_steps, args.compute_steps) < 0:
+        parser.error("need --steps, --batch-size, --np >= 1 and --warmup-steps, --compute-steps >= 0")
     if args.threads is None:
         args.threads = common.default_threads(args.np)
-    return args
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,16 +182,23 @@ def sgd(model):
 
 
 def summarize(hvd, args, steps, compute, algorithm, model, digest):
-    """Rank 0's result: the slowest rank's medians and what they imply."""
-    medians = hvd.allgather_object((float(np.median(steps)), float(np.median(compute))))
+    """Rank 0's result: the slowest rank's medians and what they imply (compute and exposed
+    communication are None when the compute-only phase was skipped), the slowest rank's time of
+    every timed step, and the data plane FastHorovod ran with."""
+    medians = hvd.allgather_object((float(np.median(steps)),
+                                    float(np.median(compute)) if compute else None))
     step_s = max(m[0] for m in medians)
-    compute_s = max(m[1] for m in medians)
+    compute_s = max(m[1] for m in medians) if compute else None
+    per_step = np.max(hvd.allgather_object(steps), axis=0)  # per step, the slowest rank
     return {"np": hvd.size(), "threads": args.threads, "algorithm": algorithm,
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "images_per_s": args.batch_size * hvd.size() / step_s,
-            "step_s": step_s, "compute_s": compute_s, "exposed_comm_s": step_s - compute_s,
+            "step_s": step_s, "compute_s": compute_s,
+            "exposed_comm_s": step_s - compute_s if compute else None,
+            "step_times_s": [float(t) for t in per_step],
             "per_rank_median_step_s": [m[0] for m in medians],
             "per_rank_median_compute_s": [m[1] for m in medians],
+            "data_plane": common.data_plane(hvd),
             "weights_sha256": digest}
 
 
@@ -191,10 +210,12 @@ def worker(args):
     torch.set_num_threads(args.threads)
     model, train_step = synthetic_problem(args, rank)
 
-    local = sgd(model)
-    compute = time_steps(lambda: train_step(local), args.warmup_steps, args.compute_steps,
-                         "compute-only", rank == 0)
-    model.zero_grad(set_to_none=True)
+    compute = []
+    if args.compute_steps:
+        local = sgd(model)
+        compute = time_steps(lambda: train_step(local), args.warmup_steps, args.compute_steps,
+                             "compute-only", rank == 0)
+        model.zero_grad(set_to_none=True)
 
     kwargs = optimizer_kwargs(backend, args.algorithm, args.algorithm_warmup)
     try:
@@ -235,6 +256,11 @@ def worker_argv(backend, args):
             "--seed", str(args.seed), "--threads", str(args.threads)]
 
 
+def seconds(value):
+    """'1.234', or '-' for a figure that was not measured."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def print_table(entries, args):
     ok = [e for e in entries if e["status"] == "ok"]
     if ok:
@@ -242,7 +268,7 @@ def print_table(entries, args):
               f"{args.np} ranks, torch threads per rank: {args.threads}")
         baseline = ok[0]["result"]["images_per_s"]
         rows = [[e["backend"], f"{r['images_per_s']:.2f}", f"{r['step_s']:.3f}",
-                 f"{r['compute_s']:.3f}", f"{r['exposed_comm_s']:.3f}",
+                 seconds(r["compute_s"]), seconds(r["exposed_comm_s"]),
                  f"{r['images_per_s'] / baseline:.2f}x"]
                 for e in ok for r in [e["result"]]]
         print(common.format_table(["backend", "images/s", "s/step", "compute s", "exposed comm s",
@@ -263,10 +289,13 @@ def plot(entries, args, path):
     rate_ax.set_ylabel("images/s")
     rate_ax.set_title(f"{args.model} {args.image_size}px, batch {args.batch_size}/rank, "
                       f"{args.np} ranks")
-    compute = [r["compute_s"] for r in results]
-    exposed = [max(0.0, r["exposed_comm_s"]) for r in results]
+    compute = [r["compute_s"] or 0.0 for r in results]
+    exposed = [max(0.0, r["exposed_comm_s"]) if r["compute_s"] is not None else 0.0 for r in results]
+    unsplit = [r["step_s"] if r["compute_s"] is None else 0.0 for r in results]
     step_ax.bar(names, compute, label="compute", color="tab:green")
     step_ax.bar(names, exposed, bottom=compute, label="exposed communication", color="tab:red")
+    if any(unsplit):
+        step_ax.bar(names, unsplit, label="step (compute not measured)", color="tab:gray")
     step_ax.set_ylabel("seconds per step")
     step_ax.set_title("step time breakdown")
     if ok:

@@ -17,15 +17,27 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(name):
-    """Import benchmarks/<name>.py without putting benchmarks/ on sys.path for the whole session."""
+    """Import benchmarks/<name>.py without putting benchmarks/ on sys.path for the whole session:
+    the scripts import each other by plain name (``import _common``), so benchmarks/ is on the path
+    while one loads, and the plain names it added to sys.modules are removed afterwards."""
     spec = importlib.util.spec_from_file_location(f"_benchmarks_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    before = set(sys.modules)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for added in set(sys.modules) - before:
+            if getattr(sys.modules[added], "__file__", None) and \
+                    Path(sys.modules[added].__file__).parent == BENCHMARKS:
+                del sys.modules[added]
     return module
 
 
 models = _load("models")
 common = _load("_common")
+train = _load("train")
 
 
 @pytest.mark.parametrize("name, expected", [("alexnet", 61_100_840), ("vgg16", 138_357_544)])
@@ -46,6 +58,14 @@ def test_forward_shape_at_small_images(name, image_size):
 def test_unknown_model_is_a_clear_error():
     with pytest.raises(ValueError, match="alexnet"):
         models.build_model("resnet50")
+
+
+def test_train_compute_phase_can_be_skipped():
+    assert train.parse_args(["--compute-steps", "0"]).compute_steps == 0
+    assert train.parse_args([]).compute_steps == 3
+    for bad in (["--compute-steps", "-1"], ["--steps", "0"], ["--image-size", "16"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
 
 
 def test_sizes_parse_and_format():
