@@ -477,7 +477,7 @@ def default_threads(np):
 
 def add_driver_arguments(parser):
     """Options both drivers share."""
-    parser.add_argument("--np", type=int, default=2, help="number of ranks (default: 2)")
+    parser.add_argument("--np", type=int, default=2, help="number of ranks (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds one backend's job may take before it is killed "
                              "(default: %(default)s)")

@@ -239,3 +239,91 @@ def test_convergence_driver_end_to_end(tmp_path):
                                           "threshold": 0.005}
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "time to target" in stdout
+
+
+# --------------------------------------------------------------------------------------------
+# repeat_train.py
+
+repeat_train = _load("repeat_train")
+
+
+def test_repeat_train_defaults():
+    args = repeat_train.parse_args([])
+    assert (args.jobs, args.np, args.model, args.batch_size, args.image_size) == (10, 4, "alexnet", 16, 224)
+    assert (args.warmup_steps, args.steps, args.compute_steps) == (2, 5, 0)
+    assert (args.backend, args.peer, args.peer_every) == ("fasthorovod", "horovod", 5)
+    assert args.out == "results/repeat_train.json" and args.plot is None
+    main, peer = repeat_train.backends(args)
+    assert common.backend_env(main) == {}  # FastHorovod's defaults: nothing set
+    assert peer.kind == "horovod-gloo"
+    # the worker command is train.py's own, with these settings
+    argv = train.worker_argv(main, args)
+    assert argv[2].endswith("train.py") and argv[argv.index("--steps") + 1] == "5"
+    assert argv[argv.index("--compute-steps") + 1] == "0"
+
+
+def test_repeat_train_options():
+    args = repeat_train.parse_args(
+        ["--jobs", "3", "--peer-every", "0", "--backend", "fasthorovod:4x2", "--steps", "7",
+         "--launcher-prefix", ".venv/bin/fasthorovodrun --emulate-cloud 4:1gbit:200mbit"])
+    assert args.launcher_prefix == [".venv/bin/fasthorovodrun", "--emulate-cloud", "4:1gbit:200mbit"]
+    assert (args.jobs, args.peer_every, args.steps) == (3, 0, 7)
+    assert repeat_train.backends(args)[0].sockets == 2
+    for bad in (["--jobs", "0"], ["--peer-every", "-1"], ["--backend", "torch-gloo"],
+                ["--peer", "fasthorovod:0"], ["--steps", "0"]):
+        with pytest.raises(SystemExit):
+            repeat_train.parse_args(bad)
+
+
+@pytest.mark.parametrize("jobs, every, expected", [
+    (10, 5, "MMMMMP" * 2), (2, 5, "MMP"), (7, 5, "MMMMMPMMP"), (3, 1, "MP" * 3), (4, 0, "MMMM")])
+def test_repeat_train_order(jobs, every, expected):
+    order = repeat_train.job_order(jobs, every)
+    assert "".join(role[0].upper() for role in order) == expected
+
+
+def _job(job, role, rate=None, status="ok"):
+    entry = {"job": job, "role": role, "status": status, "backend": role}
+    if status == "ok":
+        entry["result"] = {"images_per_s": rate}
+    else:
+        entry["reason"] = "timed out after 600 s"
+    return entry
+
+
+def test_repeat_train_summary():
+    entries = [_job(1, "main", 12.0), _job(2, "main", 6.0), _job(3, "main", 10.0),
+               _job(4, "peer", 3.0), _job(5, "main", status="failed"), _job(6, "main", 11.0),
+               _job(7, "peer", 5.0)]
+    summary = repeat_train.summarize(entries)
+    main = summary["main"]
+    assert main["images_per_s"] == [12.0, 6.0, 10.0, 11.0] and main["n"] == 4
+    assert (main["min"], main["median"], main["max"]) == (6.0, 10.5, 12.0)
+    assert main["slowest_over_fastest"] == pytest.approx(0.5)
+    assert summary["peer"]["median"] == 4.0
+    assert summary["median_ratio_vs_peer"] == pytest.approx(10.5 / 4.0)
+    assert [bad["job"] for bad in summary["not_ok"]] == [5]
+    no_peer = repeat_train.summarize([_job(1, "main", 2.0)])
+    assert no_peer["peer"] is None and no_peer["median_ratio_vs_peer"] is None
+    assert no_peer["main"]["slowest_over_fastest"] == 1.0
+
+
+@pytest.mark.multiproc
+def test_repeat_train_driver_end_to_end(tmp_path):
+    _require_horovod()
+    report, plot, stdout = _run_driver(
+        "repeat_train.py", ["--jobs", "2", "--backend", "horovod", "--peer-every", "0", "--np", "2",
+                            "--model", "alexnet", "--image-size", "32", "--batch-size", "2",
+                            "--num-classes", "10", "--steps", "2", "--warmup-steps", "0",
+                            "--timeout", "100"], tmp_path)
+    assert report["order"] == ["main", "main"]
+    assert [(e["job"], e["role"], e["status"]) for e in report["backends"]] == [(1, "main", "ok"),
+                                                                                (2, "main", "ok")]
+    rates = [e["result"]["images_per_s"] for e in report["backends"]]
+    assert all(rate > 0 for rate in rates)
+    assert all(len(e["result"]["step_times_s"]) == 2 and e["result"]["compute_s"] is None
+               for e in report["backends"])
+    assert report["summary"]["main"]["images_per_s"] == rates and report["summary"]["peer"] is None
+    assert report["args"]["backend"] == "horovod"
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert "job 2/2 horovod" in stdout and "slowest/fastest" in stdout
