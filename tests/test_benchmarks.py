@@ -38,6 +38,7 @@ def _load(name):
 models = _load("models")
 common = _load("_common")
 train = _load("train")
+allreduce = _load("allreduce")
 
 
 @pytest.mark.parametrize("name, expected", [("alexnet", 61_100_840), ("vgg16", 138_357_544)])
@@ -327,3 +328,96 @@ def test_repeat_train_driver_end_to_end(tmp_path):
     assert report["args"]["backend"] == "horovod"
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "job 2/2 horovod" in stdout and "slowest/fastest" in stdout
+
+
+# --------------------------------------------------------------------------------------------
+# sweep.py
+
+sweep = _load("sweep")
+
+
+def test_sweep_defaults_and_grid_expansion():
+    args = sweep.parse_args([])
+    assert (args.np, args.size, args.rounds, args.out) == (4, 64 << 20, 3, "results/sweep.json")
+    assert args.grid == [(k, s) for k in (1, 2, 4, 8) for s in (1, 2, 4)] and args.peers == []
+    assert args.ring and args.clouds is None
+    plan = sweep.round_plan(args.grid, args.peers, args.ring)
+    assert plan[:3] == ["tcp-ring", "fasthorovod", "fasthorovod:1x1"] and plan[-1] == "fasthorovod:8x4"
+    assert len(plan) == 2 + 12
+    envs = {label: common.backend_env(common.parse_backend(label)) for label in plan[1:]}
+    assert envs["fasthorovod"] == {}  # the defaults: no FASTHOROVOD_* variable
+    assert envs["fasthorovod:8x2"] == {"FASTHOROVOD_NUM_PROXIES": "8", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
+    # the allreduce jobs are allreduce.py's worker at the one size
+    worker = allreduce.worker_argv(common.parse_backend("fasthorovod:2x2"), sweep.allreduce_settings(args))
+    assert worker[2].endswith("allreduce.py")
+    assert worker[worker.index("--sizes") + 1] == str(64 << 20) and worker[worker.index("--iters") + 1] == "5"
+
+
+def test_sweep_options():
+    args = sweep.parse_args(["--grid", "1x1,2x2", "--peers", "horovod", "--size", "4MiB", "--rounds", "1",
+                             "--clouds", "4:1gbit:200mbit", "3:1gbit:100mbit", "--iters", "2"])
+    assert args.grid == [(1, 1), (2, 2)] and args.peers == ["horovod"] and args.size == 4 << 20
+    nets = sweep.networks(args)
+    assert [label for label, _ in nets] == ["4:1gbit:200mbit", "3:1gbit:100mbit"]
+    assert nets[1][1] == ["fasthorovodrun", "--emulate-cloud", "3:1gbit:100mbit"]
+    args = sweep.parse_args(["--clouds", "5:800mbit:200mbit", "--launcher-prefix", ".venv/bin/fasthorovodrun -v"])
+    assert sweep.networks(args) == [("5:800mbit:200mbit", [".venv/bin/fasthorovodrun", "-v", "--emulate-cloud",
+                                                          "5:800mbit:200mbit"])]
+    args = sweep.parse_args(["--launcher-prefix", "fasthorovodrun --emulate-cloud 4:1gbit:200mbit"])
+    assert sweep.networks(args)[0][0] == "4:1gbit:200mbit"
+    assert sweep.network_label(None) == "loopback"
+    assert sweep.network_label(["fasthorovodrun", "--emulate-cloud=2:1gbit:200mbit"]) == "2:1gbit:200mbit"
+    for bad in (["--grid", "2"], ["--grid", "0x1"], ["--grid", "2x"], ["--grid", "1x1,1x1"],
+                ["--size", "6"], ["--rounds", "0"], ["--peers", "nccl"],
+                ["--clouds", "4:1gbit:200mbit", "--launcher-prefix", "fasthorovodrun --emulate-cloud 2:1gbit:1gbit"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
+
+
+def test_sweep_interleaves_rounds():
+    plan = sweep.round_plan([(1, 1), (2, 2)], ["horovod"])
+    assert plan == ["tcp-ring", "fasthorovod", "fasthorovod:1x1", "fasthorovod:2x2", "horovod"]
+    assert sweep.round_plan([(4, 1)], [], ring=False) == ["fasthorovod", "fasthorovod:4x1"]
+    order = sweep.run_order(plan, 2)
+    assert order == [(1, label) for label in plan] + [(2, label) for label in plan]
+
+
+def _allreduce_entry(label, seconds, status="ok", np_=4, nbytes=64 << 20):
+    if status != "ok":
+        return {"backend": label, "status": status, "reason": "exit status 1"}
+    return {"backend": label, "status": "ok",
+            "result": {"np": np_, "tcp_connections": [1], "results": [{
+                "bytes": nbytes, "iters": 5, "median_s": seconds, "p90_s": seconds,
+                "busbw_gbps": allreduce.bus_bandwidth_gbps(nbytes, seconds, np_), "verified": True}]}}
+
+
+def test_sweep_summary_math():
+    rounds = [[_allreduce_entry("fasthorovod", 1.0), _allreduce_entry("fasthorovod:1x1", 4.0),
+               _allreduce_entry("fasthorovod:4x2", 0.9), _allreduce_entry("fasthorovod:8x4", 1.0, "failed")],
+              [_allreduce_entry("fasthorovod", 2.0), _allreduce_entry("fasthorovod:1x1", 4.2),
+               _allreduce_entry("fasthorovod:4x2", 1.0), _allreduce_entry("fasthorovod:8x4", 0.5)],
+              [_allreduce_entry("fasthorovod", 1.2), _allreduce_entry("fasthorovod:1x1", 3.8),
+               _allreduce_entry("fasthorovod:4x2", 1.1), _allreduce_entry("fasthorovod:8x4", 0.5)]]
+    configs = allreduce.merge_rounds(rounds)
+    # median of the rounds' medians: 1.2 s for the defaults, 1.0 s for 4x2
+    assert configs[0]["result"]["results"][0]["median_s"] == pytest.approx(1.2)
+    assert sweep.round_rates(configs[0], 4) == pytest.approx(
+        [allreduce.bus_bandwidth_gbps(64 << 20, t, 4) for t in (1.0, 2.0, 1.2)])
+    assert configs[3]["status"] == "failed"  # failed in one round: not ranked
+    ceiling = sweep.merge_ring([
+        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.9, "min_gbps": 0.8}},
+        {"backend": "tcp-ring", "status": "failed", "reason": "exit status 1"},
+        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.7, "min_gbps": 0.6}}])
+    assert (ceiling["mean_gbps"], ceiling["min_gbps"], ceiling["rounds_measured"]) == (0.8, 0.7, 2)
+    summary = sweep.summarize(configs, ceiling, ["fasthorovod:1x1", "fasthorovod:4x2", "fasthorovod:8x4"])
+    defaults = allreduce.bus_bandwidth_gbps(64 << 20, 1.2, 4)
+    best = allreduce.bus_bandwidth_gbps(64 << 20, 1.0, 4)
+    assert summary["best_grid"] == "fasthorovod:4x2"
+    assert summary["defaults_gbps"] == pytest.approx(defaults)
+    assert summary["defaults_over_best_grid"] == pytest.approx(1.0 / 1.2)
+    assert summary["defaults_over_ceiling"] == pytest.approx(defaults / 0.8)
+    assert summary["best_grid_over_ceiling"] == pytest.approx(best / 0.8)
+    # nothing to compare with: ratios are None, not errors
+    none = sweep.summarize(configs[:1], sweep.merge_ring([]), [])
+    assert none["best_grid"] is None and none["defaults_over_best_grid"] is None
+    assert none["defaults_over_ceiling"] is None and none["ceiling_gbps"] is None
