@@ -180,6 +180,19 @@ def unavailable_reason(backend, launcher_prefix=None):
     return None
 
 
+_AVAILABILITY = {}
+
+
+def unavailable_reason_once(backend, launcher_prefix=None):
+    """``unavailable_reason``, checked once per backend and launcher in this driver: drivers that
+    start the same backend many times (--rounds, repeat_train.py, sweep.py) pay for one import
+    check, not one per job."""
+    key = (backend, tuple(launcher_prefix or ()))
+    if key not in _AVAILABILITY:
+        _AVAILABILITY[key] = unavailable_reason(backend, launcher_prefix)
+    return _AVAILABILITY[key]
+
+
 # --------------------------------------------------------------------------------------------
 # Launch commands: one function per backend family.
 
@@ -435,7 +448,7 @@ def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
     and its last lines as ``tail``).
     """
     entry = {"backend": backend.spec}
-    reason = unavailable_reason(backend, args.launcher_prefix)
+    reason = unavailable_reason_once(backend, args.launcher_prefix)
     if reason:
         return dict(entry, status="skipped", reason=reason)
     processes = build_launch(backend, np, worker + ["--result-file", result_file],

@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import _common as common
 import train
@@ -166,6 +167,7 @@ def plot(entries, summary, args, path):
 
 def driver(args):
     common.warn_inherited_fasthorovod_env()
+    start = time.monotonic()
     order = job_order(args.jobs, args.peer_every)
     main_backend, peer_backend = backends(args)
     trace_root = args.trace_root or "traces"
@@ -183,8 +185,9 @@ def driver(args):
             entries.append(entry)
             print(job_line(entry, len(order)), flush=True)
     args.trace_root = trace_root
-    summary = summarize(entries)
+    summary = dict(summarize(entries), seconds=round(time.monotonic() - start, 1))
     print_summary(entries, summary, args)
+    print(f"{len(order)} jobs in {summary['seconds']:.0f} s")
     if args.out:
         doc = common.report("repeat_train", args, entries)
         doc["args"]["backend"] = args.backend  # report() leaves out the workers' --backend

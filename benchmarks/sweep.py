@@ -34,6 +34,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 
 import _common as common
 import allreduce
@@ -379,14 +380,17 @@ def driver(args):
         for index, (label, prefix) in enumerate(networks(args)):
             directory = os.path.join(scratch, str(index))
             os.makedirs(directory)
+            start = time.monotonic()
             rounds = run_network(label, prefix, args, plan, directory)
             ring = [e for r in rounds for e in r if e["backend"] == RING]
             configs = allreduce.merge_rounds([[e for e in r if e["backend"] != RING] for r in rounds])
             ceiling = merge_ring(ring)
             network = {"network": label, "launcher_prefix": prefix, "plan": plan, "ceiling": ceiling,
-                       "configs": configs, "summary": summarize(configs, ceiling, grid_labels)}
+                       "configs": configs, "summary": summarize(configs, ceiling, grid_labels),
+                       "seconds": round(time.monotonic() - start, 1)}
             results.append(network)
             print_network(network, args)
+            print(f"{label}: {len(plan) * args.rounds} jobs in {network['seconds']:.0f} s")
             if args.out:  # after every network, so a long sweep keeps what it measured
                 doc = common.report("sweep", args, [])
                 del doc["backends"]

@@ -292,7 +292,7 @@ def _job(job, role, rate=None, status="ok"):
     return entry
 
 
-def test_repeat_train_summary():
+def test_repeat_train_summary(capsys):
     entries = [_job(1, "main", 12.0), _job(2, "main", 6.0), _job(3, "main", 10.0),
                _job(4, "peer", 3.0), _job(5, "main", status="failed"), _job(6, "main", 11.0),
                _job(7, "peer", 5.0)]
@@ -304,6 +304,14 @@ def test_repeat_train_summary():
     assert summary["peer"]["median"] == 4.0
     assert summary["median_ratio_vs_peer"] == pytest.approx(10.5 / 4.0)
     assert [bad["job"] for bad in summary["not_ok"]] == [5]
+    for entry in entries:
+        if entry["status"] == "ok":
+            entry["result"].update(step_s=1.0, data_plane=None)
+    repeat_train.print_summary(entries, summary, repeat_train.parse_args([]))
+    printed = capsys.readouterr().out
+    assert "min 6.00  median 10.50  max 12.00  slowest/fastest 0.50" in printed
+    assert "median fasthorovod / median horovod: 2.62x" in printed
+    assert "job 5 (main): failed: timed out after 600 s" in printed
     no_peer = repeat_train.summarize([_job(1, "main", 2.0)])
     assert no_peer["peer"] is None and no_peer["median_ratio_vs_peer"] is None
     assert no_peer["main"]["slowest_over_fastest"] == 1.0
@@ -391,7 +399,7 @@ def _allreduce_entry(label, seconds, status="ok", np_=4, nbytes=64 << 20):
                 "busbw_gbps": allreduce.bus_bandwidth_gbps(nbytes, seconds, np_), "verified": True}]}}
 
 
-def test_sweep_summary_math():
+def test_sweep_summary_math(capsys):
     rounds = [[_allreduce_entry("fasthorovod", 1.0), _allreduce_entry("fasthorovod:1x1", 4.0),
                _allreduce_entry("fasthorovod:4x2", 0.9), _allreduce_entry("fasthorovod:8x4", 1.0, "failed")],
               [_allreduce_entry("fasthorovod", 2.0), _allreduce_entry("fasthorovod:1x1", 4.2),
@@ -417,6 +425,13 @@ def test_sweep_summary_math():
     assert summary["defaults_over_best_grid"] == pytest.approx(1.0 / 1.2)
     assert summary["defaults_over_ceiling"] == pytest.approx(defaults / 0.8)
     assert summary["best_grid_over_ceiling"] == pytest.approx(best / 0.8)
+    network = {"network": "4:1gbit:200mbit", "ceiling": ceiling, "configs": configs, "summary": summary}
+    sweep.print_network(network, sweep.parse_args([]))
+    printed = capsys.readouterr().out
+    assert "0.800 Gbit/s per host (min 0.700)" in printed
+    assert "defaults / best grid cell (fasthorovod:4x2" in printed and "0.83x" in printed
+    assert f"defaults / ceiling: {defaults / 0.8:.2f}x" in printed
+    assert "fasthorovod:8x4: failed" in printed
     # nothing to compare with: ratios are None, not errors
     none = sweep.summarize(configs[:1], sweep.merge_ring([]), [])
     assert none["best_grid"] is None and none["defaults_over_best_grid"] is None
