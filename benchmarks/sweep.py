@@ -5,7 +5,8 @@ on each of ``--clouds`` in turn, one invocation measures at one message size (``
 64 MiB), ``--rounds`` times. Every round runs, in this order (so that drift in the machine hits every
 configuration alike):
 
-  1. **the ring ceiling** (``tcp-ring``): a job of ``--np`` ranks started by the same launcher;
+  1. **the ring ceiling** (``tcp-ring``): a job of the sweep's ranks (``--np``; by default one per
+     emulated host, so HOSTS of each cloud spec, else 4) started by the same launcher;
      each rank finds its emulated host, the ranks exchange them, Horovod shuts down and rank 0 runs
      iperf3 with every host sending ``--ring-flows`` flows to the next one at once
      (``fasthorovod.netem.check.measure_ring``, what ``python -m fasthorovod.netem check --ring``
@@ -25,7 +26,7 @@ median over the rounds of those medians and gives it as bus bandwidth, with ever
 then defaults / best grid cell and defaults / ceiling. The data plane each FastHorovod job ran with
 (lanes x sockets, and whether S came from the probe) is recorded and printed.
 
-    python benchmarks/sweep.py --np 4 --clouds 4:1gbit:200mbit 3:1gbit:100mbit --rounds 3
+    python benchmarks/sweep.py --clouds 4:1gbit:200mbit 3:1gbit:100mbit --rounds 3
 """
 import argparse
 import os
@@ -42,6 +43,7 @@ import allreduce
 RING = "tcp-ring"  # the label of the ceiling job in tables and JSON
 RING_BACKEND = common.Backend(RING, "horovod-gloo")  # started like a Horovod job; see ring_worker
 DEFAULTS = "fasthorovod"  # FastHorovod, no FASTHOROVOD_* variable set
+DEFAULT_NP = 4  # ranks on a network that is not an emulated cloud spec (loopback)
 DEFAULT_GRID = ",".join(f"{k}x{s}" for k in (1, 2, 4, 8) for s in (1, 2, 4))
 
 
@@ -77,8 +79,10 @@ def parse_args(argv=None):
     parser.add_argument("--clouds", nargs="+", metavar="HOSTS:LINK:PER_FLOW",
                         help="run the whole sweep on each of these emulated clouds in turn, e.g. "
                              "4:1gbit:200mbit 3:1gbit:100mbit: the launcher is --launcher-prefix "
-                             "(default: fasthorovodrun) followed by --emulate-cloud SPEC. Without "
-                             "it, one sweep on the network of --launcher-prefix")
+                             "(default: fasthorovodrun) followed by --emulate-cloud SPEC, with one "
+                             "rank per emulated host unless --np is given. Without it, one sweep on "
+                             "the network of --launcher-prefix (ranks: --np, else the HOSTS of its "
+                             "--emulate-cloud, else 4)")
     parser.add_argument("--size", type=parse_message_size, default="64MiB",
                         help="allreduce size, a multiple of 4 bytes; below FastHorovod's threshold "
                              "(1 MiB across hosts) every configuration would go through Horovod "
@@ -105,11 +109,11 @@ def parse_args(argv=None):
                         help="length of the ceiling's iperf3 test (default: %(default)s)")
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
-    parser.set_defaults(np=4, out="results/sweep.json")
+    parser.set_defaults(np=None, out="results/sweep.json")
     args = parser.parse_args(argv)
     if args.worker:
         return args
-    if min(args.rounds, args.iters, args.np, args.ring_flows) < 1 or args.warmup < 0 or args.ring_seconds <= 0:
+    if min(args.rounds, args.iters, 1 if args.np is None else args.np, args.ring_flows) < 1 or args.warmup < 0 or args.ring_seconds <= 0:
         parser.error("need --rounds, --iters, --np, --ring-flows >= 1, --warmup >= 0 and --ring-seconds > 0")
     if args.clouds and args.launcher_prefix and any(a.startswith("--emulate-cloud") for a in args.launcher_prefix):
         parser.error("--clouds adds --emulate-cloud to the launcher prefix; leave it out of --launcher-prefix")
@@ -117,8 +121,6 @@ def parse_args(argv=None):
         args.peers = [b.spec for b in common.parse_backends(args.peers)]
     except ValueError as err:
         parser.error(str(err))
-    if args.threads is None:
-        args.threads = common.default_threads(args.np)
     return args
 
 
@@ -199,11 +201,20 @@ def worker(args):
 
 
 def networks(args):
-    """[(label, launcher prefix)]: one per --clouds spec, else the --launcher-prefix network."""
+    """[(label, launcher prefix, ranks)]: one per --clouds spec, else the --launcher-prefix network.
+    Ranks: --np, else one per emulated host (HOSTS of the spec), else DEFAULT_NP."""
     if args.clouds:
         base = args.launcher_prefix or ["fasthorovodrun"]
-        return [(spec, base + ["--emulate-cloud", spec]) for spec in args.clouds]
-    return [(network_label(args.launcher_prefix), args.launcher_prefix)]
+        nets = [(spec, base + ["--emulate-cloud", spec]) for spec in args.clouds]
+    else:
+        nets = [(network_label(args.launcher_prefix), args.launcher_prefix)]
+    return [(label, prefix, args.np or cloud_hosts(label) or DEFAULT_NP) for label, prefix in nets]
+
+
+def cloud_hosts(label):
+    """HOSTS of a 'HOSTS:LINK:PER_FLOW' cloud spec, else None."""
+    match = re.fullmatch(r"(\d+):[^:\s]+:[^:\s]+", label)
+    return int(match.group(1)) if match else None
 
 
 def network_label(prefix):
@@ -252,10 +263,18 @@ def job_line(entry):
     return line
 
 
-def run_network(label, prefix, args, plan, scratch):
-    """Every round on one network; the rounds' entries (lists in plan order)."""
+def network_args(args, prefix, np_):
+    """The driver's options as one network's jobs see them: its launcher, ranks and threads."""
     net_args = argparse.Namespace(**vars(args))
-    net_args.launcher_prefix = prefix
+    net_args.launcher_prefix, net_args.np = prefix, np_
+    if net_args.threads is None:
+        net_args.threads = common.default_threads(np_)
+    return net_args
+
+
+def run_network(label, net_args, plan, scratch):
+    """Every round on one network; the rounds' entries (lists in plan order)."""
+    args = net_args
     settings = allreduce_settings(args)
     rounds = [[] for _ in range(args.rounds)]
     for number, spec in run_order(plan, args.rounds):
@@ -263,11 +282,11 @@ def run_network(label, prefix, args, plan, scratch):
             print(f"== {label}: round {number}/{args.rounds}", file=sys.stderr, flush=True)
         result_file = os.path.join(scratch, f"{number}-{len(rounds[number - 1])}.json")
         if spec == RING:
-            entry = common.run_backend(RING_BACKEND, args.np, ring_worker_argv(args), result_file, net_args)
+            entry = common.run_backend(RING_BACKEND, args.np, ring_worker_argv(args), result_file, args)
         else:
             backend = common.parse_backend(spec)
             entry = common.run_backend(backend, args.np, allreduce.worker_argv(backend, settings),
-                                       result_file, net_args)
+                                       result_file, args)
         rounds[number - 1].append(entry)
         print(f"[{label} round {number}/{args.rounds}] {job_line(entry)}", flush=True)
     return rounds
@@ -323,7 +342,7 @@ def fmt(value, digits=3, suffix=""):
 
 def print_network(network, args):
     ceiling, summary = network["ceiling"], network["summary"]
-    print(f"\n{network['network']}: {common.format_size(args.size)} allreduce, {args.np} ranks, "
+    print(f"\n{network['network']}: {common.format_size(args.size)} allreduce, {network['np']} ranks, "
           f"median of {args.rounds} round{'s' if args.rounds != 1 else ''}")
     if ceiling["status"] == "ok":
         print(f"ring ceiling ({RING}, iperf3, {args.ring_flows} flows from every host to the next at once): "
@@ -365,7 +384,7 @@ def plot(result_networks, args, path):
             ax.legend(loc="lower right")
         ax.invert_yaxis()
         ax.set_xlabel("bus bandwidth (Gbit/s), median of the rounds")
-        ax.set_title(f"{network['network']}, {common.format_size(args.size)}, {args.np} ranks")
+        ax.set_title(f"{network['network']}, {common.format_size(args.size)}, {network['np']} ranks")
         ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     common.save_figure(fig, path)
@@ -377,15 +396,16 @@ def driver(args):
     grid_labels = round_plan(args.grid, [], ring=False)[1:]
     results = []
     with tempfile.TemporaryDirectory(prefix="fasthorovod-sweep-") as scratch:
-        for index, (label, prefix) in enumerate(networks(args)):
+        for index, (label, prefix, np_) in enumerate(networks(args)):
             directory = os.path.join(scratch, str(index))
             os.makedirs(directory)
             start = time.monotonic()
-            rounds = run_network(label, prefix, args, plan, directory)
+            rounds = run_network(label, network_args(args, prefix, np_), plan, directory)
             ring = [e for r in rounds for e in r if e["backend"] == RING]
             configs = allreduce.merge_rounds([[e for e in r if e["backend"] != RING] for r in rounds])
             ceiling = merge_ring(ring)
-            network = {"network": label, "launcher_prefix": prefix, "plan": plan, "ceiling": ceiling,
+            network = {"network": label, "launcher_prefix": prefix, "np": np_,
+                       "threads": network_args(args, prefix, np_).threads, "plan": plan, "ceiling": ceiling,
                        "configs": configs, "summary": summarize(configs, ceiling, grid_labels),
                        "seconds": round(time.monotonic() - start, 1)}
             results.append(network)

@@ -346,7 +346,8 @@ sweep = _load("sweep")
 
 def test_sweep_defaults_and_grid_expansion():
     args = sweep.parse_args([])
-    assert (args.np, args.size, args.rounds, args.out) == (4, 64 << 20, 3, "results/sweep.json")
+    assert (args.np, args.size, args.rounds, args.out) == (None, 64 << 20, 3, "results/sweep.json")
+    assert sweep.networks(args) == [("loopback", None, 4)]
     assert args.grid == [(k, s) for k in (1, 2, 4, 8) for s in (1, 2, 4)] and args.peers == []
     assert args.ring and args.clouds is None
     plan = sweep.round_plan(args.grid, args.peers, args.ring)
@@ -365,18 +366,22 @@ def test_sweep_options():
     args = sweep.parse_args(["--grid", "1x1,2x2", "--peers", "horovod", "--size", "4MiB", "--rounds", "1",
                              "--clouds", "4:1gbit:200mbit", "3:1gbit:100mbit", "--iters", "2"])
     assert args.grid == [(1, 1), (2, 2)] and args.peers == ["horovod"] and args.size == 4 << 20
-    nets = sweep.networks(args)
-    assert [label for label, _ in nets] == ["4:1gbit:200mbit", "3:1gbit:100mbit"]
+    nets = sweep.networks(args)  # one rank per emulated host
+    assert [(label, np_) for label, _, np_ in nets] == [("4:1gbit:200mbit", 4), ("3:1gbit:100mbit", 3)]
     assert nets[1][1] == ["fasthorovodrun", "--emulate-cloud", "3:1gbit:100mbit"]
-    args = sweep.parse_args(["--clouds", "5:800mbit:200mbit", "--launcher-prefix", ".venv/bin/fasthorovodrun -v"])
+    net_args = sweep.network_args(args, nets[1][1], 3)
+    assert (net_args.np, net_args.launcher_prefix, net_args.threads) == (3, nets[1][1], common.default_threads(3))
+    assert args.np is None and args.launcher_prefix is None  # the driver's own options stay as given
+    args = sweep.parse_args(["--clouds", "5:800mbit:200mbit", "--launcher-prefix", ".venv/bin/fasthorovodrun -v",
+                             "--np", "10"])
     assert sweep.networks(args) == [("5:800mbit:200mbit", [".venv/bin/fasthorovodrun", "-v", "--emulate-cloud",
-                                                          "5:800mbit:200mbit"])]
-    args = sweep.parse_args(["--launcher-prefix", "fasthorovodrun --emulate-cloud 4:1gbit:200mbit"])
-    assert sweep.networks(args)[0][0] == "4:1gbit:200mbit"
+                                                          "5:800mbit:200mbit"], 10)]
+    args = sweep.parse_args(["--launcher-prefix", "fasthorovodrun --emulate-cloud 2:1gbit:200mbit"])
+    assert sweep.networks(args)[0][0::2] == ("2:1gbit:200mbit", 2)
     assert sweep.network_label(None) == "loopback"
     assert sweep.network_label(["fasthorovodrun", "--emulate-cloud=2:1gbit:200mbit"]) == "2:1gbit:200mbit"
     for bad in (["--grid", "2"], ["--grid", "0x1"], ["--grid", "2x"], ["--grid", "1x1,1x1"],
-                ["--size", "6"], ["--rounds", "0"], ["--peers", "nccl"],
+                ["--size", "6"], ["--rounds", "0"], ["--peers", "nccl"], ["--np", "0"],
                 ["--clouds", "4:1gbit:200mbit", "--launcher-prefix", "fasthorovodrun --emulate-cloud 2:1gbit:1gbit"]):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
@@ -425,7 +430,8 @@ def test_sweep_summary_math(capsys):
     assert summary["defaults_over_best_grid"] == pytest.approx(1.0 / 1.2)
     assert summary["defaults_over_ceiling"] == pytest.approx(defaults / 0.8)
     assert summary["best_grid_over_ceiling"] == pytest.approx(best / 0.8)
-    network = {"network": "4:1gbit:200mbit", "ceiling": ceiling, "configs": configs, "summary": summary}
+    network = {"network": "4:1gbit:200mbit", "np": 4, "ceiling": ceiling, "configs": configs,
+               "summary": summary}
     sweep.print_network(network, sweep.parse_args([]))
     printed = capsys.readouterr().out
     assert "0.800 Gbit/s per host (min 0.700)" in printed
