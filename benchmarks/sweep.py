@@ -212,8 +212,8 @@ def networks(args):
 
 
 def cloud_hosts(label):
-    """HOSTS of a 'HOSTS:LINK:PER_FLOW' cloud spec, else None."""
-    match = re.fullmatch(r"(\d+):[^:\s]+:[^:\s]+", label)
+    """HOSTS of a 'HOSTS:LINK:PER_FLOW[,hostI=...]' cloud spec, else None."""
+    match = re.match(r"(\d+):[^:\s]+:\S+$", label)
     return int(match.group(1)) if match else None
 
 

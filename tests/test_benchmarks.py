@@ -378,6 +378,8 @@ def test_sweep_options():
                                                           "5:800mbit:200mbit"], 10)]
     args = sweep.parse_args(["--launcher-prefix", "fasthorovodrun --emulate-cloud 2:1gbit:200mbit"])
     assert sweep.networks(args)[0][0::2] == ("2:1gbit:200mbit", 2)
+    assert sweep.cloud_hosts("5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit") == 5
+    assert sweep.cloud_hosts("loopback") is None and sweep.cloud_hosts("horovodrun -v") is None
     assert sweep.network_label(None) == "loopback"
     assert sweep.network_label(["fasthorovodrun", "--emulate-cloud=2:1gbit:200mbit"]) == "2:1gbit:200mbit"
     for bad in (["--grid", "2"], ["--grid", "0x1"], ["--grid", "2x"], ["--grid", "1x1,1x1"],
