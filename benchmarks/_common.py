@@ -35,6 +35,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,7 +96,8 @@ class Backend:
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     """Parse 'kind[:count[xsockets]][:algorithm][+trace][@DIR]' (xsockets, algorithm, +trace and @DIR
     only for fasthorovod; algorithm only if with_algorithm). 'fasthorovod:4x2' is 4 proxies with 2
-    TCP connections each. @DIR runs the fasthorovod of another
+    TCP connections each; plain 'fasthorovod' sets neither (FastHorovod's defaults), and so do
+    'fasthorovod:ssd-sgd' and 'fasthorovod::ssd-sgd' (defaults, one algorithm). @DIR runs the fasthorovod of another
     checkout (its extension built in place: ``setup.py build_ext --inplace``), so that two versions
     can be measured in one invocation, interleaved by --rounds."""
     body = spec.strip()
@@ -112,11 +114,16 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     kind = _ALIASES.get(parts[0], parts[0])
     if kind not in kinds:
         raise ValueError(f"unknown backend {spec!r}; choose from {', '.join(kinds)}")
+    if (with_algorithm and kind == "fasthorovod" and len(parts) == 2 and parts[1]
+            and not parts[1][0].isdigit()):
+        parts.insert(1, "")  # 'fasthorovod:ssd-sgd': FastHorovod's defaults, one algorithm
+    if kind == "fasthorovod" and len(parts) == 3 and parts[1] == "" and parts[2]:
+        parts[1] = None  # 'fasthorovod::ssd-sgd' is the same
     max_parts = 1 + (kind in _COUNTED) + (with_algorithm and kind == "fasthorovod")
     if len(parts) > max_parts:
         raise ValueError(f"backend {spec!r} has too many ':' fields")
     count = sockets = None
-    if len(parts) > 1:
+    if len(parts) > 1 and parts[1] is not None:
         match = re.fullmatch(r"(\d+)(?:x(\d+))?", parts[1])
         if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer"
@@ -426,6 +433,215 @@ _ERROR_LINE = re.compile(r"\w*(Error|Exception): ")
 def first_error(lines):
     """The first line that names an exception: the root cause, before the launcher's own report."""
     return next((line for line in lines if _ERROR_LINE.search(line)), None)
+
+
+# --------------------------------------------------------------------------------------------
+# Interleaved rounds, their spread, and progress
+
+
+def interleave(plan, rounds):
+    """(round, item) of every job in the order they run: the whole plan once per round, rounds one
+    after another (A B C A B C ...), so that drift in the machine hits every item alike."""
+    return [(number, item) for number in range(1, rounds + 1) for item in plan]
+
+
+def spread(values):
+    """{"median", "min", "max", "n"} of the numbers in ``values`` (None entries left out): the
+    figure reported and its spread over rounds; None when there is none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def paired_ratios(numerators, denominators):
+    """Round by round a / b (rounds where either is missing or b is 0 left out): ratios of two
+    things measured in the same round, whose spread says how far one round's ratio can be from
+    another's."""
+    return [a / b for a, b in zip(numerators, denominators) if a is not None and b]
+
+
+def format_spread(stats, digits=2, suffix=""):
+    """'0.78 [0.75-0.80]' (median [min-max]); just the median when there is one value; '-' for None."""
+    if stats is None:
+        return "-"
+    text = f"{stats['median']:.{digits}f}{suffix}"
+    if stats["n"] > 1:
+        text += f" [{stats['min']:.{digits}f}-{stats['max']:.{digits}f}]"
+    return text
+
+
+def clock(seconds):
+    """'12:05' (minutes:seconds)."""
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def entry_line(entry, describe):
+    """A job's outcome in one line: ``describe(entry)`` when ok, else its status and reason."""
+    if entry["status"] != "ok":
+        return f"{entry['status']}: {entry['reason']}"
+    return describe(entry)
+
+
+def run_rounds(kind, plan, args, describe, proxy_threshold=None):
+    """Run ``plan`` ([(backend, worker argv)]) ``args.rounds`` times, interleaved (``interleave``);
+    returns the rounds, each a list of entries in plan order. Prints a line as each job starts (on
+    stderr, with the job's own output) and ``round i/R, backend b: <describe(entry)>`` with the
+    elapsed time as it ends. With several rounds, '+trace' backends keep each round's trace under
+    TRACE_ROOT/roundI."""
+    start = time.monotonic()
+    rounds = [[] for _ in range(args.rounds)]
+    order = interleave(plan, args.rounds)
+    trace_root = getattr(args, "trace_root", None) or "traces"
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"fasthorovod-{kind}-") as scratch:
+            for index, (number, (backend, worker)) in enumerate(order, 1):
+                if args.rounds > 1:
+                    args.trace_root = os.path.join(trace_root, f"round{number}")
+                head = f"round {number}/{args.rounds}, backend {backend.spec}"
+                print(f"== {head}: job {index}/{len(order)} starts (elapsed {clock(time.monotonic() - start)})",
+                      file=sys.stderr, flush=True)
+                entry = run_backend(backend, args.np, worker, os.path.join(scratch, f"{index}.json"), args,
+                                    proxy_threshold)
+                rounds[number - 1].append(entry)
+                print(f"{head}: {entry_line(entry, describe)} (job {entry.get('seconds', 0):.0f} s, "
+                      f"elapsed {clock(time.monotonic() - start)})", flush=True)
+    finally:
+        args.trace_root = trace_root
+    return rounds
+
+
+# --------------------------------------------------------------------------------------------
+# The raw-TCP ring ceiling: iperf3 between the emulated hosts a job's ranks run on
+
+
+RING = "tcp-ring"  # the label of the ceiling job in tables and JSON
+RING_BACKEND = Backend(RING, "horovod-gloo")  # started like a Horovod job; see ring_worker
+
+
+def add_ring_arguments(parser):
+    parser.add_argument("--ring-flows", type=int, default=8,
+                        help="TCP flows each host sends to the next in the ceiling's iperf3 test "
+                             "(default: %(default)s, as netem check --ring)")
+    parser.add_argument("--ring-seconds", type=float, default=3.0,
+                        help="length of the ceiling's iperf3 test (default: %(default)s)")
+
+
+def ring_worker_argv(script, args):
+    """The ceiling job's rank: ``script --worker --backend tcp-ring``; the script's worker hands a
+    tcp-ring backend to ``ring_worker``."""
+    return [sys.executable, "-u", os.path.abspath(script), "--worker", "--backend", RING,
+            "--ring-flows", str(args.ring_flows), "--ring-seconds", str(args.ring_seconds)]
+
+
+def own_host():
+    """This process's emulated host (a ``fasthorovod.netem.Host``): the recorded host whose network
+    namespace is this process's (the comparison ``ip netns identify`` makes); None outside them."""
+    from fasthorovod.netem import list_instances
+
+    mine = os.stat("/proc/self/ns/net")
+    for state in list_instances():
+        for host in state.hosts:
+            try:
+                theirs = os.stat(f"/run/netns/{host.name}")
+            except OSError:
+                continue
+            if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
+                return host
+    return None
+
+
+def ring_worker(args):
+    """Every rank reports its emulated host; after Horovod has shut down (so that no rank's
+    threads share the CPUs with the test), rank 0 measures the ring between those hosts
+    (``fasthorovod.netem.check.measure_ring``: every host sends ``--ring-flows`` flows to the next
+    at once, the traffic pattern of a ring allreduce) and writes the goodput each host received."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    try:
+        host = own_host()
+    except ImportError:  # no fasthorovod.netem here: not an emulated cloud either
+        host = None
+    hosts = hvd.allgather_object(host)
+    rank = hvd.rank()
+    hvd.shutdown()
+    if rank != 0:
+        return
+    outside = [r for r, h in enumerate(hosts) if h is None]
+    distinct = list(dict.fromkeys(h for h in hosts if h is not None))  # one per host, in rank order
+    if outside:
+        result = {"skipped": f"ranks {outside} are not in an emulated cloud's host (the ceiling is "
+                             "measured on clouds of fasthorovodrun --emulate-cloud)"}
+    elif len(distinct) < 2:
+        result = {"skipped": "every rank is on one emulated host: there is no ring to measure"}
+    else:
+        from fasthorovod.netem import NetemError
+        from fasthorovod.netem.check import measure_ring
+
+        try:
+            received = measure_ring(distinct, args.ring_flows, args.ring_seconds)
+        except NetemError as err:
+            if "iperf3 not found" not in str(err):
+                raise
+            result = {"skipped": str(err)}
+        else:
+            result = {"hosts": [h.name for h in distinct], "addresses": [h.address for h in distinct],
+                      "flows": args.ring_flows, "seconds": args.ring_seconds,
+                      "received_bits_per_s": received,
+                      "mean_gbps": statistics.fmean(received) / 1e9, "min_gbps": min(received) / 1e9}
+    write_json(args.result_file, result)
+
+
+def ring_line(entry):
+    """One ceiling job's result in a line."""
+    result = entry["result"]
+    return (f"{result['mean_gbps']:.3f} Gbit/s per host (min {result['min_gbps']:.3f}), "
+            f"{result['flows']} flows each to the next host")
+
+
+def merge_ring(entries):
+    """The ceiling over the rounds: the median of the rounds' mean (and minimum) per-host goodput,
+    from the rounds that measured it, with every round's mean and their spread."""
+    ok = [e["result"] for e in entries if e["status"] == "ok"]
+    if not ok:
+        first = entries[0] if entries else {"status": "skipped", "reason": "not measured (--no-ring)"}
+        return {"status": first["status"], "reason": first.get("reason"), "rounds": entries}
+    return {"status": "ok", "mean_gbps": statistics.median(r["mean_gbps"] for r in ok),
+            "min_gbps": statistics.median(r["min_gbps"] for r in ok),
+            "round_mean_gbps": [r["mean_gbps"] for r in ok], "rounds_measured": len(ok),
+            "spread": spread([r["mean_gbps"] for r in ok]), "rounds": entries}
+
+
+def round_ceilings(entries):
+    """Each round's ceiling (mean Gbit/s per host), None where that round did not measure it."""
+    return [e["result"]["mean_gbps"] if e["status"] == "ok" else None for e in entries]
+
+
+def settings_note(specs, proxy_threshold=None):
+    """A line saying which FastHorovod backends run with hand-set FASTHOROVOD_* variables (their
+    spec's KxS, the driver's --proxy-threshold) and which with FastHorovod's defaults, and what
+    they inherit from this environment; None when no fasthorovod backend is among ``specs``."""
+    notes = []
+    for spec in dict.fromkeys(specs):
+        try:
+            backend = parse_backend(spec, with_algorithm=True)
+        except ValueError:
+            continue
+        if backend.kind != "fasthorovod":
+            continue
+        env = {k: v for k, v in backend_env(backend, proxy_threshold).items()
+               if k in ("FASTHOROVOD_NUM_PROXIES", "FASTHOROVOD_SOCKETS_PER_PROXY",
+                        "FASTHOROVOD_PROXY_THRESHOLD_BYTES")}
+        inherited = {k: v for k, v in inherited_fasthorovod_env().items() if k not in env}
+        if env:
+            note = f"{spec}: hand-set " + " ".join(f"{k}={v}" for k, v in env.items())
+        else:
+            note = f"{spec}: FastHorovod's defaults" + ("" if inherited else " (no FASTHOROVOD_* set)")
+        if inherited:
+            note += ", inheriting " + " ".join(f"{k}={v}" for k, v in inherited.items())
+        notes.append(note)
+    return "; ".join(notes) or None
 
 
 def run_backends(kind, backends, args, worker_argv):

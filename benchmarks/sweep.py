@@ -32,7 +32,6 @@ import argparse
 import os
 import re
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -40,8 +39,7 @@ import time
 import _common as common
 import allreduce
 
-RING = "tcp-ring"  # the label of the ceiling job in tables and JSON
-RING_BACKEND = common.Backend(RING, "horovod-gloo")  # started like a Horovod job; see ring_worker
+RING = common.RING  # the ceiling job (_common.ring_worker), as in allreduce.py --ceiling
 DEFAULTS = "fasthorovod"  # FastHorovod, no FASTHOROVOD_* variable set
 DEFAULT_NP = 4  # ranks on a network that is not an emulated cloud spec (loopback)
 DEFAULT_GRID = ",".join(f"{k}x{s}" for k in (1, 2, 4, 8) for s in (1, 2, 4))
@@ -102,11 +100,7 @@ def parse_args(argv=None):
                         help="untimed allreduces before them (default: %(default)s)")
     parser.add_argument("--no-ring", dest="ring", action="store_false",
                         help="do not measure the ring ceiling")
-    parser.add_argument("--ring-flows", type=int, default=8,
-                        help="TCP flows each host sends to the next in the ceiling's iperf3 test "
-                             "(default: %(default)s, as netem check --ring)")
-    parser.add_argument("--ring-seconds", type=float, default=3.0,
-                        help="length of the ceiling's iperf3 test (default: %(default)s)")
+    common.add_ring_arguments(parser)
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     parser.set_defaults(np=None, out="results/sweep.json")
@@ -125,75 +119,13 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------------------------
-# Worker: the ring ceiling (the allreduce jobs run allreduce.py's worker)
-
-
-def own_host():
-    """This process's emulated host (a ``fasthorovod.netem.Host``): the recorded host whose network
-    namespace is this process's (the comparison ``ip netns identify`` makes); None outside them."""
-    from fasthorovod.netem import list_instances
-
-    mine = os.stat("/proc/self/ns/net")
-    for state in list_instances():
-        for host in state.hosts:
-            try:
-                theirs = os.stat(f"/run/netns/{host.name}")
-            except OSError:
-                continue
-            if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
-                return host
-    return None
-
-
-def ring_worker(args):
-    """Every rank reports its emulated host; after Horovod has shut down (so that no rank's
-    threads share the CPUs with the test), rank 0 measures the ring between those hosts."""
-    import horovod.torch as hvd
-
-    hvd.init()
-    try:
-        host = own_host()
-    except ImportError:  # no fasthorovod.netem here: not an emulated cloud either
-        host = None
-    hosts = hvd.allgather_object(host)
-    rank = hvd.rank()
-    hvd.shutdown()
-    if rank != 0:
-        return
-    outside = [r for r, h in enumerate(hosts) if h is None]
-    distinct = list(dict.fromkeys(h for h in hosts if h is not None))  # one per host, in rank order
-    if outside:
-        result = {"skipped": f"ranks {outside} are not in an emulated cloud's host (the ceiling is "
-                             "measured on clouds of fasthorovodrun --emulate-cloud)"}
-    elif len(distinct) < 2:
-        result = {"skipped": "every rank is on one emulated host: there is no ring to measure"}
-    else:
-        from fasthorovod.netem import NetemError
-        from fasthorovod.netem.check import measure_ring
-
-        try:
-            received = measure_ring(distinct, args.ring_flows, args.ring_seconds)
-        except NetemError as err:
-            if "iperf3 not found" not in str(err):
-                raise
-            result = {"skipped": str(err)}
-        else:
-            result = {"hosts": [h.name for h in distinct], "addresses": [h.address for h in distinct],
-                      "flows": args.ring_flows, "seconds": args.ring_seconds,
-                      "received_bits_per_s": received,
-                      "mean_gbps": statistics.fmean(received) / 1e9, "min_gbps": min(received) / 1e9}
-    common.write_json(args.result_file, result)
-
-
-def ring_worker_argv(args):
-    return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", RING,
-            "--ring-flows", str(args.ring_flows), "--ring-seconds", str(args.ring_seconds)]
+# Worker: the ring ceiling (_common.ring_worker; the allreduce jobs run allreduce.py's worker)
 
 
 def worker(args):
     if args.backend != RING:
         raise SystemExit(f"sweep.py --worker runs the {RING} job only, not {args.backend!r}")
-    ring_worker(args)
+    common.ring_worker(args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,7 +168,7 @@ def round_plan(grid, peers, ring=True):
 
 def run_order(plan, rounds):
     """(round, label) of every job of the sweep on one network, in the order they run."""
-    return [(number, label) for number in range(1, rounds + 1) for label in plan]
+    return common.interleave(plan, rounds)
 
 
 def allreduce_settings(args):
@@ -255,8 +187,7 @@ def job_line(entry):
         return f"{entry['backend']}: {entry['status']}: {entry['reason']}"
     result = entry["result"]
     if entry["backend"] == RING:
-        return (f"{RING}: {result['mean_gbps']:.3f} Gbit/s per host (min {result['min_gbps']:.3f}), "
-                f"{result['flows']} flows each to the next host")
+        return f"{RING}: {common.ring_line(entry)}"
     line = f"{entry['backend']}: {busbw(entry):.3f} Gbit/s ({result['results'][0]['median_s'] * 1e3:.1f} ms)"
     if result.get("data_plane"):
         line += f", data plane {common.data_plane_label(result['data_plane'])}"
@@ -282,7 +213,8 @@ def run_network(label, net_args, plan, scratch):
             print(f"== {label}: round {number}/{args.rounds}", file=sys.stderr, flush=True)
         result_file = os.path.join(scratch, f"{number}-{len(rounds[number - 1])}.json")
         if spec == RING:
-            entry = common.run_backend(RING_BACKEND, args.np, ring_worker_argv(args), result_file, args)
+            entry = common.run_backend(common.RING_BACKEND, args.np, common.ring_worker_argv(__file__, args),
+                                       result_file, args)
         else:
             backend = common.parse_backend(spec)
             entry = common.run_backend(backend, args.np, allreduce.worker_argv(backend, settings),
@@ -292,17 +224,7 @@ def run_network(label, net_args, plan, scratch):
     return rounds
 
 
-def merge_ring(entries):
-    """The ceiling over the rounds: the median of the rounds' mean (and minimum) per-host goodput,
-    from the rounds that measured it."""
-    ok = [e["result"] for e in entries if e["status"] == "ok"]
-    if not ok:
-        first = entries[0] if entries else {"status": "skipped", "reason": "not measured (--no-ring)"}
-        return {"status": first["status"], "reason": first.get("reason"), "rounds": entries}
-    return {"status": "ok", "mean_gbps": statistics.median(r["mean_gbps"] for r in ok),
-            "min_gbps": statistics.median(r["min_gbps"] for r in ok),
-            "round_mean_gbps": [r["mean_gbps"] for r in ok], "rounds_measured": len(ok),
-            "rounds": entries}
+merge_ring = common.merge_ring
 
 
 def ratio(a, b):
