@@ -19,6 +19,13 @@ timed region, as Horovod does). Rank 0 also records how many established TCP con
 rank's processes hold after the sweep (control connections included), which shows how many flows a
 backend really opened.
 
+The driver runs the list of backends ``--rounds`` times, interleaved (A B C A B C ...), so that
+drift in the machine hits every backend alike, and reports per backend and size the median over the
+rounds of their median latencies with the spread (min-max over the rounds). With ``--ceiling``
+every round starts with the raw-TCP ring ceiling (iperf3 between the emulated hosts the ranks run
+on, as ``sweep.py`` and ``python -m fasthorovod.netem check --ring`` measure it); the table gives
+each backend's fraction of it and the plot draws it as a line.
+
 With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
 random order on every rank, and waits for all of them (the Horovod-API backends only: the others
 cannot match collectives issued in different orders); the bus bandwidth counts the whole batch.
@@ -55,6 +62,11 @@ def parse_sizes(text):
     return sizes
 
 
+def parse_threshold(text):
+    """A size, or 'default' (None: FASTHOROVOD_PROXY_THRESHOLD_BYTES is not set)."""
+    return None if text.strip().lower() == "default" else common.parse_size(text)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="Allreduce latency and bus bandwidth per size, for several backends side by "
@@ -80,16 +92,26 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the whole list of backends this many times, one after another "
                              "(A B C A B C ...), and report per backend and size the median of the "
-                             "rounds' medians; every round is kept in the JSON. Use it on a noisy "
-                             "machine (default: %(default)s)")
-    parser.add_argument("--proxy-threshold", type=common.parse_size, default="64KiB",
+                             "rounds' medians with their spread (min-max); every round is kept in "
+                             "the JSON. Use it on a noisy machine (default: %(default)s)")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="start every round with the raw-TCP ring ceiling: iperf3 between the "
+                             "emulated hosts of the ranks (needs a --launcher-prefix with "
+                             "--emulate-cloud; skipped elsewhere), shown as a line in the plot and "
+                             "as each backend's fraction in the table")
+    common.add_ring_arguments(parser)
+    parser.add_argument("--proxy-threshold", type=parse_threshold, default="64KiB",
                         help="FASTHOROVOD_PROXY_THRESHOLD_BYTES for fasthorovod backends: tensors "
-                             "this large or larger go through the proxies (default: %(default)s)")
+                             "this large or larger go through the proxies; 'default' sets nothing "
+                             "(FastHorovod's own: 1 MiB across hosts, 8 MiB on one) "
+                             "(default: %(default)s)")
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1 or args.batch < 1:
         parser.error("need --iters >= 1, --warmup >= 0, --np >= 1, --rounds >= 1 and --batch >= 1")
+    if args.ring_flows < 1 or args.ring_seconds <= 0:
+        parser.error("need --ring-flows >= 1 and --ring-seconds > 0")
     if args.threads is None:
         args.threads = common.default_threads(args.np)
     return args
@@ -292,6 +314,9 @@ def tcp_connections():
 
 
 def worker(args):
+    if args.backend == common.RING:
+        common.ring_worker(args)
+        return
     backend = common.parse_backend(args.backend)
     torch.set_num_threads(args.threads)
     comm = open_comm(backend, args.rendezvous)
@@ -331,9 +356,11 @@ def worker_argv(backend, args):
 
 def merge_rounds(rounds):
     """One entry per backend from several rounds: per size, the median over the rounds of their
-    median and p90 latencies (bus bandwidth from that median); the rounds' own entries are kept
-    under "rounds". A backend that failed or was skipped in any round is reported as that round's
-    entry."""
+    median and p90 latencies (bus bandwidth from that median), and the spread over the rounds:
+    the fastest and slowest round's median latency (``min_s``, ``max_s``) and the bus bandwidths
+    they give (``busbw_max_gbps``, ``busbw_min_gbps``), every round's median latency and bus
+    bandwidth; the rounds' own entries are kept under "rounds". A backend that failed or was
+    skipped in any round is reported as that round's entry."""
     merged = []
     for index, first in enumerate(rounds[0]):
         entries = [r[index] for r in rounds]
@@ -346,64 +373,157 @@ def merge_rounds(rounds):
         for per_size in zip(*(e["result"]["results"] for e in entries)):
             medians = [r["median_s"] for r in per_size]
             median = float(np.median(medians))
+            nbytes = per_size[0]["bytes"] * per_size[0].get("batch", 1)
             results.append({"bytes": per_size[0]["bytes"], "iters": per_size[0]["iters"],
                             "rounds": len(per_size), "median_s": median,
+                            "min_s": min(medians), "max_s": max(medians),
                             "p90_s": float(np.median([r["p90_s"] for r in per_size])),
-                            "busbw_gbps": bus_bandwidth_gbps(per_size[0]["bytes"], median, size),
+                            "busbw_gbps": bus_bandwidth_gbps(nbytes, median, size),
+                            "busbw_min_gbps": bus_bandwidth_gbps(nbytes, max(medians), size),
+                            "busbw_max_gbps": bus_bandwidth_gbps(nbytes, min(medians), size),
                             "round_medians_s": medians,
+                            "round_busbw_gbps": [bus_bandwidth_gbps(nbytes, t, size) for t in medians],
                             "verified": all(r["verified"] for r in per_size)})
+            if "batch" in per_size[0]:
+                results[-1].update(batch=per_size[0]["batch"], order=per_size[0]["order"])
         result = dict(entries[0]["result"], results=results)
         merged.append(dict(first, result=result, rounds=entries,
                            seconds=round(sum(e.get("seconds", 0) for e in entries), 1)))
     return merged
 
 
-def cell(result):
-    return f"{result['busbw_gbps']:.2f} ({result['median_s'] * 1e3:.3f})"
-
-
-def print_table(entries, sizes):
+def summarize(entries, ceiling, ceiling_rounds=()):
+    """Per size, every ok backend against the ceiling and against the first ok backend: the ratio
+    of the medians and the spread of the round-by-round ratios (each round's bus bandwidth over the
+    same round's ceiling, or the first backend's). {size: {backend: {...}}}."""
     ok = [e for e in entries if e["status"] == "ok"]
+    ceiling_gbps = ceiling.get("mean_gbps") if ceiling and ceiling.get("status") == "ok" else None
+    summary = {}
+    if not ok:
+        return summary
+    for index, size in enumerate(r["bytes"] for r in ok[0]["result"]["results"]):
+        first = ok[0]["result"]["results"][index]
+        per_backend = {}
+        for entry in ok:
+            result = entry["result"]["results"][index]
+            rounds = result.get("round_busbw_gbps", [result["busbw_gbps"]])
+            per_backend[entry["backend"]] = {
+                "busbw": common.spread(rounds),
+                "of_ceiling": (result["busbw_gbps"] / ceiling_gbps) if ceiling_gbps else None,
+                "of_ceiling_rounds": common.spread(common.paired_ratios(rounds, list(ceiling_rounds))),
+                "vs_first": result["busbw_gbps"] / first["busbw_gbps"],
+                "vs_first_rounds": common.spread(common.paired_ratios(
+                    rounds, first.get("round_busbw_gbps", [first["busbw_gbps"]])))}
+        summary[size] = per_backend
+    return summary
+
+
+def ratio_cell(median, rounds, suffix="x"):
+    """'0.87x [0.80-0.90]': a ratio of medians and the spread of the round-by-round ratios."""
+    if median is None:
+        return "-"
+    if rounds is None or rounds["n"] < 2:
+        return f"{median:.2f}{suffix}"
+    return f"{median:.2f}{suffix} [{rounds['min']:.2f}-{rounds['max']:.2f}]"
+
+
+def print_table(entries, sizes, ceiling=None, summary=None, proxy_threshold=None):
+    ok = [e for e in entries if e["status"] == "ok"]
+    if ceiling is not None:
+        if ceiling["status"] == "ok":
+            print(f"raw-TCP ring ceiling ({common.RING}, iperf3, every host to the next at once): "
+                  f"{common.format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
+                  f"{ceiling['rounds_measured']} round{'s' if ceiling['rounds_measured'] != 1 else ''})")
+        else:
+            print(f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}")
     if ok:
-        print("bus bandwidth Gbit/s (median latency ms)")
-        by_size = [{r["bytes"]: r for r in e["result"]["results"]} for e in ok]
-        rows = [[common.format_size(size)] + [cell(r[size]) for r in by_size] for size in sizes]
-        rows.append(["TCP conns/rank"]
-                    + [max(e["result"]["tcp_connections"]) for e in ok])
-        if any(e["result"].get("data_plane") for e in ok):  # FastHorovod: lanes x sockets (source)
-            rows.append(["data plane"] + [common.data_plane_label(e["result"].get("data_plane")) for e in ok])
-        print(common.format_table(["size"] + [e["backend"] for e in ok], rows))
+        rounds = max(len(e.get("rounds", [e])) for e in ok)
+        print(f"bus bandwidth Gbit/s and latency ms: median [min-max] over {rounds} round"
+              f"{'s' if rounds != 1 else ''} of each job's median")
+        summary = summary if summary is not None else summarize(ok, ceiling)
+        first = ok[0]["backend"]
+        rows = []
+        for index, size in enumerate(sizes):
+            for entry in ok:
+                r = entry["result"]["results"][index]
+                s = summary[r["bytes"]][entry["backend"]]
+                latency = common.spread([t * 1e3 for t in r.get("round_medians_s", [r["median_s"]])])
+                rows.append([common.format_size(size), entry["backend"],
+                             common.data_plane_label(entry["result"].get("data_plane")),
+                             common.format_spread(dict(s["busbw"], median=r["busbw_gbps"]), 2),
+                             common.format_spread(dict(latency, median=r["median_s"] * 1e3), 1),
+                             ratio_cell(s["of_ceiling"], s["of_ceiling_rounds"]),
+                             ratio_cell(s["vs_first"], s["vs_first_rounds"]),
+                             max(entry["result"]["tcp_connections"])])
+        print(common.format_table(["size", "backend", "data plane", "busbw Gbit/s", "latency ms",
+                                   "x ceiling", f"vs {first}", "TCP conns/rank"], rows))
+        note = common.settings_note((e["backend"] for e in ok), proxy_threshold)
+        if note:
+            print(note)
     common.print_problems(entries)
 
 
-def plot(entries, args, path):
+def plot_data(entries, ceiling=None):
+    """What the plot draws: per ok backend its sizes, median bus bandwidth and latency with their
+    spread over the rounds (as error bars), and the ceiling line (Gbit/s, None when not measured)."""
+    series = []
+    for entry in entries:
+        if entry["status"] != "ok":
+            continue
+        results = entry["result"]["results"]
+        series.append({
+            "label": entry["backend"], "x": [r["bytes"] for r in results],
+            "busbw": [r["busbw_gbps"] for r in results],
+            "busbw_err": [[r["busbw_gbps"] - r.get("busbw_min_gbps", r["busbw_gbps"]) for r in results],
+                          [r.get("busbw_max_gbps", r["busbw_gbps"]) - r["busbw_gbps"] for r in results]],
+            "latency_ms": [r["median_s"] * 1e3 for r in results],
+            "latency_err": [[(r["median_s"] - r.get("min_s", r["median_s"])) * 1e3 for r in results],
+                            [(r.get("max_s", r["median_s"]) - r["median_s"]) * 1e3 for r in results]]})
+    ceiling_gbps = ceiling.get("mean_gbps") if ceiling and ceiling.get("status") == "ok" else None
+    return {"series": series, "ceiling_gbps": ceiling_gbps}
+
+
+def plot(entries, args, path, ceiling=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (bw_ax, lat_ax) = plt.subplots(1, 2, figsize=(13, 5))
     sizes = args.sizes
-    for entry in entries:
-        if entry["status"] != "ok":
-            continue
-        results = entry["result"]["results"]
-        x = [r["bytes"] for r in results]
-        bw_ax.plot(x, [r["busbw_gbps"] for r in results], marker="o", label=entry["backend"])
-        lat_ax.plot(x, [r["median_s"] * 1e3 for r in results], marker="o", label=entry["backend"])
+    data = plot_data(entries, ceiling)
+    for series in data["series"]:
+        bw_ax.errorbar(series["x"], series["busbw"], yerr=series["busbw_err"], marker="o", capsize=4,
+                       label=series["label"])
+        lat_ax.errorbar(series["x"], series["latency_ms"], yerr=series["latency_err"], marker="o",
+                        capsize=4, label=series["label"])
+    if data["ceiling_gbps"]:
+        bw_ax.axhline(data["ceiling_gbps"], color="tab:red", linestyle="--",
+                      label=f"raw-TCP ring ceiling {data['ceiling_gbps']:.2f}")
     for ax in (bw_ax, lat_ax):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [common.format_size(s) for s in sizes], rotation=45)
         ax.minorticks_off()
         ax.set_xlabel("message size")
         ax.grid(True, which="both", alpha=0.3)
+    rounds = args.rounds
     bw_ax.set_ylabel("bus bandwidth (Gbit/s)")
-    bw_ax.set_title("allreduce bus bandwidth, 2(n-1)/n * bytes / median time")
+    bw_ax.set_ylim(bottom=0)
+    bw_ax.set_title(f"allreduce bus bandwidth, median of {rounds} round{'s' if rounds != 1 else ''}"
+                    + (" (bars: min-max)" if rounds > 1 else ""))
     lat_ax.set_yscale("log")
     lat_ax.set_ylabel("median latency (ms)")
     lat_ax.set_title("allreduce latency")
-    if bw_ax.lines:
+    if data["series"] or data["ceiling_gbps"]:
         bw_ax.legend(fontsize="small")
     fig.tight_layout()
     common.save_figure(fig, path)
+
+
+def job_line(entry):
+    """A finished job in one line (progress)."""
+    if entry["backend"] == common.RING:
+        return common.ring_line(entry)
+    return ", ".join(f"{common.format_size(r['bytes'])} {r['busbw_gbps']:.2f} Gbit/s ({r['median_s'] * 1e3:.0f} ms)"
+                     for r in entry["result"]["results"])
 
 
 def driver(args):
@@ -411,20 +531,29 @@ def driver(args):
         backends = common.parse_backends(args.backends)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    rounds = []
-    trace_root = args.trace_root or "traces"
-    for number in range(args.rounds):
-        if args.rounds > 1:
-            print(f"== round {number + 1}/{args.rounds}", file=sys.stderr, flush=True)
-            args.trace_root = os.path.join(trace_root, f"round{number + 1}")  # each round's traces kept
-        rounds.append(common.run_backends("allreduce", backends, args, worker_argv))
-    entries = merge_rounds(rounds) if args.rounds > 1 else rounds[0]
-    print_table(entries, args.sizes)
+    common.warn_inherited_fasthorovod_env()
+    start = time.monotonic()
+    plan = ([(common.RING_BACKEND, common.ring_worker_argv(__file__, args))] if args.ceiling else []) \
+        + [(backend, worker_argv(backend, args)) for backend in backends]
+    rounds = common.run_rounds("allreduce", plan, args, job_line, args.proxy_threshold)
+    ring = [e for r in rounds for e in r if e["backend"] == common.RING]
+    entries = merge_rounds([[e for e in r if e["backend"] != common.RING] for r in rounds])
+    ceiling = common.merge_ring(ring) if args.ceiling else None
+    summary = summarize(entries, ceiling, common.round_ceilings(ring))
+    print()
+    print_table(entries, args.sizes, ceiling, summary, args.proxy_threshold)
+    seconds = time.monotonic() - start
+    print(f"{len(plan) * args.rounds} jobs in {common.clock(seconds)}")
     if args.out:
-        common.write_json(args.out, common.report("allreduce", args, entries))
+        doc = common.report("allreduce", args, entries)
+        doc.update(ceiling=ceiling, seconds=round(seconds, 1),
+                   summary={common.format_size(size): per for size, per in summary.items()},
+                   settings=common.settings_note((b.spec for b in backends), args.proxy_threshold))
+        common.write_json(args.out, doc)
     if args.plot:
-        plot(entries, args, args.plot)
-    return 1 if any(e["status"] == "failed" for e in entries) else 0
+        plot(entries, args, args.plot, ceiling)
+    failed = any(e["status"] == "failed" for e in entries + ring)
+    return 1 if failed else 0
 
 
 def main(argv=None):
