@@ -1,25 +1,42 @@
 """Training throughput on synthetic data: AlexNet or VGG16, data-parallel, per backend side by side.
 
-The driver runs every backend in turn as a separate job of N ranks (launchers as in _common.py) and
-compares them. Each rank:
+The driver runs the list of backends ``--rounds`` times, interleaved (A B C A B C ...: every round
+runs each backend once, as a separate job of N ranks; launchers as in _common.py), so that drift in
+the machine hits every backend alike. Each rank:
 
   1. seeds Python, NumPy and torch identically, builds the model (models.py), then reseeds per rank
      and draws one fixed synthetic batch (random images, random labels) that every step reuses;
-  2. *compute only*: ``--warmup-steps`` + ``--compute-steps`` steps of forward, backward and a plain
-     local SGD step -- no communication at all (``--compute-steps 0`` skips this phase);
-  3. wraps a fresh ``SGD(lr=0.01, momentum=0.9)`` in ``hvd.DistributedOptimizer(opt,
-     named_parameters=...)`` (plus ``algorithm=`` for FastHorovod when it is not "ssgd"), broadcasts
-     parameters and optimizer state from rank 0, and times ``--warmup-steps`` + ``--steps`` steps of
-     forward, backward (gradients are allreduced as they become ready) and optimizer step (which
-     waits for the allreduces);
+  2. wraps ``SGD(lr=0.01, momentum=0.9)`` in ``hvd.DistributedOptimizer(opt,
+     named_parameters=...)`` (plus ``algorithm=`` for FastHorovod when it is not "ssgd") and
+     broadcasts parameters and optimizer state from rank 0;
+  3. runs ``--warmup-steps`` untimed and ``--steps`` timed *training steps* -- forward, backward
+     (gradients are allreduced as they become ready) and optimizer step (which waits for the
+     allreduces) -- and, interleaved with them in the same job, *compute-only steps* (one next to
+     each warm-up step and next to ``--compute-steps`` of the timed steps, spread evenly; before
+     the training step in even pairs, after it in odd ones): forward, backward with
+     ``torch.autograd.grad`` (so no gradient hook fires and nothing is communicated) and SGD's
+     momentum arithmetic on a scratch buffer (the weights do not change). Both kinds of step thus
+     see the same machine, the same background load and the same drift;
+     A compute-only step shares the CPUs with whatever is still running when it starts: for
+     the delayed algorithms (SSD-SGD, OD-SGD), the communication their previous step left in flight,
+     as that step's successor does;
   4. checks that all ranks end with bitwise-identical weights (SHA-256 of every parameter,
      allgathered) and fails the job if they do not.
 
-Reported per backend (the slowest rank's median; ranks are in lockstep, so they barely differ):
-images/s = batch * N / median step time; compute = median compute-only step; exposed comm = step -
-compute, the communication time that backward and the optimizer did not hide (negative values are
-noise). The JSON also holds every timed step's time (the slowest rank's) and, for FastHorovod, the
-data plane it ran with (lanes, sockets per lane and where that number came from). Rank 0 prints progress to stderr (``train step 12/50 1.23 s/step``).
+Per job (the slowest rank's medians; ranks are in lockstep, so they barely differ): images/s = batch
+* N / median step time; compute = median compute-only step; per pair of a training step and its
+compute-only step (the slowest rank's time of each), step - compute. Per backend over the rounds:
+the median of the jobs' figures and their spread (min-max over the rounds); speed-up over the first
+backend, with the spread of the round-by-round ratios. *Exposed communication* (the communication
+time that backward and the optimizer did not hide) is the median of every pair's step - compute,
+reported only when it is measurable: when at least three quarters of the pairs show the training
+step longer than its compute-only step (the lower quartile of the differences is above zero).
+Otherwise it is "not measurable (within noise)" -- the step is as fast as computing alone, to
+within this machine's noise -- and is never printed as a negative time. The JSON also holds every
+timed step's and compute-only step's time (the slowest rank's) and, for FastHorovod, the data plane
+it ran with (lanes, sockets per lane and where that number came from). Rank 0 prints each step to
+stderr (``train step 12/50 1.23 s/step``), the driver a line per finished job (``round 2/3, backend
+fasthorovod: ...``) with the elapsed time.
 
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
@@ -48,16 +65,23 @@ def parse_args(argv=None):
                     "by side. Prints a table (images/s, s/step, compute-only s/step, exposed "
                     "communication s/step, speed-up over the first backend), writes JSON and a "
                     "PNG.")
-    parser.add_argument("--backends", default="horovod,fasthorovod:4",
+    parser.add_argument("--backends", default="horovod,fasthorovod",
                         help="comma-separated: horovod-gloo (or horovod), horovod-mpi, "
-                             "fasthorovod[:PROXIES[xSOCKETS][:ALGORITHM]][+trace]; the first is the "
-                             "speed-up baseline; '+trace' records the backend's DLC trace "
-                             "(see --trace-root) (default: %(default)s)")
+                             "fasthorovod[:PROXIES[xSOCKETS]][:ALGORITHM][+trace] (plain fasthorovod "
+                             "and fasthorovod:ALGORITHM run FastHorovod's defaults: no FASTHOROVOD_* "
+                             "set); the first is the speed-up baseline; '+trace' records the "
+                             "backend's DLC trace (see --trace-root) (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the whole list of backends this many times, interleaved (A B C A B "
+                             "C ...), and report per backend the median over the rounds with the "
+                             "spread (min-max) (default: %(default)s)")
     add_workload_arguments(parser)
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
     check_workload_arguments(parser, args)
+    if args.rounds < 1:
+        parser.error("need --rounds >= 1")
     return args
 
 
@@ -76,11 +100,12 @@ def add_workload_arguments(parser):
     parser.add_argument("--steps", type=int, default=10,
                         help="timed training steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=2,
-                        help="untimed steps before the compute-only and before the training "
-                             "phase (default: %(default)s)")
+                        help="untimed training steps before the timed ones (each with an untimed "
+                             "compute-only step when --compute-steps > 0) (default: %(default)s)")
     parser.add_argument("--compute-steps", type=int, default=3,
-                        help="timed compute-only steps, without communication; 0 skips that "
-                             "phase (then compute s and exposed comm s are not reported) "
+                        help="timed compute-only steps (no communication), at most --steps, each "
+                             "next to one of the timed training steps in the same job; 0: none "
+                             "(then compute s and exposed comm s are not reported) "
                              "(default: %(default)s)")
     parser.add_argument("--algorithm", default="ssgd",
                         help="DistributedOptimizer algorithm for fasthorovod backends that do not "
@@ -105,6 +130,9 @@ def check_workload_arguments(parser, args):
         parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE}")
     if min(args.steps, args.batch_size, args.np) < 1 or min(args.warmup_steps, args.compute_steps) < 0:
         parser.error("need --steps, --batch-size, --np >= 1 and --warmup-steps, --compute-steps >= 0")
+    if args.compute_steps > args.steps:
+        parser.error("--compute-steps pairs each compute-only step with a timed training step: "
+                     "at most --steps")
     if args.threads is None:
         args.threads = common.default_threads(args.np)
 
@@ -119,20 +147,48 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def time_steps(step, warmup, count, label, verbose):
-    """Run ``warmup`` + ``count`` steps; return the durations of the last ``count``."""
-    times = []
-    for i in range(1, warmup + count + 1):
+def step_schedule(warmup, steps, compute_steps):
+    """The order of one job's steps: [(kind, timed, pair)], kind "train" or "compute". Every
+    warm-up training step has an untimed compute-only step next to it (when ``compute_steps``), and
+    ``compute_steps`` of the timed training steps (spread evenly over them) a timed one; ``pair``
+    numbers the timed pairs. The compute-only step comes first in even pairs and second in odd ones
+    (ABBA), so that a steady drift does not favour either kind."""
+    paired = {j * steps // compute_steps for j in range(compute_steps)} if compute_steps else set()
+    schedule, pair = [], 0
+    for index in range(warmup + steps):
+        timed = index >= warmup
+        if (timed and index - warmup in paired) or (not timed and compute_steps):
+            kinds = ("compute", "train") if pair % 2 == 0 else ("train", "compute")
+            schedule += [(kind, timed, pair if timed else None) for kind in kinds]
+            pair += timed
+        else:
+            schedule.append(("train", timed, None))
+    return schedule
+
+
+def run_schedule(schedule, train_step, compute_step, verbose):
+    """Run the steps of ``schedule`` (``step_schedule``); returns the timed training steps'
+    durations, the timed compute-only steps' durations (in pair order) and, per pair, the index of
+    its training step among the timed ones."""
+    train, compute, paired = [], [], []
+    totals = {kind: sum(1 for k, _, _ in schedule if k == kind) for kind in ("train", "compute")}
+    done = {"train": 0, "compute": 0}
+    for kind, timed, pair in schedule:
         start = time.perf_counter()
-        step()
+        (train_step if kind == "train" else compute_step)()
         elapsed = time.perf_counter() - start
-        if i > warmup:
-            times.append(elapsed)
+        done[kind] += 1
+        if timed and kind == "train":
+            train.append(elapsed)
+            if pair is not None:
+                paired.append(len(train) - 1)
+        elif timed:
+            compute.append(elapsed)
         if verbose:
-            note = " (warm-up)" if i <= warmup else ""
-            print(f"{label} step {i}/{warmup + count} {elapsed:.2f} s/step{note}",
-                  file=sys.stderr, flush=True)
-    return times
+            label = "train" if kind == "train" else "compute-only"
+            print(f"{label} step {done[kind]}/{totals[kind]} {elapsed:.2f} s/step"
+                  f"{'' if timed else ' (warm-up)'}", file=sys.stderr, flush=True)
+    return train, compute, paired
 
 
 def optimizer_kwargs(backend, default_algorithm, algorithm_warmup=0):
@@ -161,45 +217,82 @@ def check_identical_weights(hvd, model):
 
 
 def synthetic_problem(args, rank):
-    """The model (same initial weights on every rank) and a training step on this rank's batch."""
+    """The model (same initial weights on every rank), a training step on this rank's batch and a
+    compute-only step on it: forward, backward with ``torch.autograd.grad`` (gradients are returned,
+    not accumulated, so the DistributedOptimizer's hooks do not fire and nothing is communicated)
+    and SGD's momentum arithmetic (buf = 0.9 buf + grad) on a scratch buffer, leaving the weights
+    as they are."""
     seed_everything(args.seed)
     model = build_model(args.model, args.num_classes)
     seed_everything(args.seed + 1 + rank)  # distinct data and dropout per rank
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     labels = torch.randint(args.num_classes, (args.batch_size,))
     loss_fn = nn.CrossEntropyLoss()
+    params = [p for p in model.parameters() if p.requires_grad]
+    momentum = []
 
     def train_step(optimizer):
         optimizer.zero_grad()
         loss_fn(model(images), labels).backward()
         optimizer.step()
 
-    return model, train_step
+    def compute_step():
+        grads = torch.autograd.grad(loss_fn(model(images), labels), params)
+        if not momentum:
+            momentum.extend(torch.zeros_like(p) for p in params)
+        torch._foreach_mul_(momentum, 0.9)
+        torch._foreach_add_(momentum, grads)
+
+    return model, train_step, compute_step
 
 
 def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def summarize(hvd, args, steps, compute, algorithm, model, digest):
-    """Rank 0's result: the slowest rank's medians and what they imply (compute and exposed
-    communication are None when the compute-only phase was skipped), the slowest rank's time of
-    every timed step, and the data plane FastHorovod ran with."""
+def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
+    """Rank 0's result: the slowest rank's medians and what they imply (compute figures are None
+    without compute-only steps), the slowest rank's time of every timed step and compute-only step,
+    each pair's step - compute (the slowest rank's times), and the data plane FastHorovod ran
+    with."""
     medians = hvd.allgather_object((float(np.median(steps)),
                                     float(np.median(compute)) if compute else None))
     step_s = max(m[0] for m in medians)
     compute_s = max(m[1] for m in medians) if compute else None
     per_step = np.max(hvd.allgather_object(steps), axis=0)  # per step, the slowest rank
+    per_compute = np.max(hvd.allgather_object(compute), axis=0) if compute else []
+    differences = [float(per_step[i] - c) for i, c in zip(paired, per_compute)]
+    exposed = exposed_comm(differences) if compute else None
     return {"np": hvd.size(), "threads": args.threads, "algorithm": algorithm,
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "images_per_s": args.batch_size * hvd.size() / step_s,
             "step_s": step_s, "compute_s": compute_s,
-            "exposed_comm_s": step_s - compute_s if compute else None,
+            "exposed_comm_s": exposed["exposed_comm_s"] if exposed else None,
+            "exposed_comm": exposed,
             "step_times_s": [float(t) for t in per_step],
+            "compute_times_s": [float(t) for t in per_compute],
+            "paired_steps": list(paired),
             "per_rank_median_step_s": [m[0] for m in medians],
             "per_rank_median_compute_s": [m[1] for m in medians],
             "data_plane": common.data_plane(hvd),
             "weights_sha256": digest}
+
+
+def exposed_comm(differences):
+    """Exposed communication from each pair's training step - compute-only step (seconds): the
+    median, reported (``exposed_comm_s``) only when ``measurable``: when the lower quartile of the
+    differences is above zero, i.e. at least three quarters of the pairs show the step longer than
+    computing alone. Otherwise ``exposed_comm_s`` is None and ``note`` says it is within noise, with
+    ``bound_s``, the upper quartile (at least 0): what the pairs allow it to be at most. Never
+    negative."""
+    if not differences:
+        return None
+    q1, median, q3 = (float(v) for v in np.percentile(differences, [25, 50, 75]))
+    measurable = q1 > 0
+    return {"pairs": len(differences), "median_s": median, "q1_s": q1, "q3_s": q3,
+            "measurable": measurable, "exposed_comm_s": median if measurable else None,
+            "bound_s": None if measurable else max(0.0, q3),
+            "note": None if measurable else "not measurable (within noise)"}
 
 
 def worker(args):
@@ -208,14 +301,7 @@ def worker(args):
     hvd.init()
     rank = hvd.rank()
     torch.set_num_threads(args.threads)
-    model, train_step = synthetic_problem(args, rank)
-
-    compute = []
-    if args.compute_steps:
-        local = sgd(model)
-        compute = time_steps(lambda: train_step(local), args.warmup_steps, args.compute_steps,
-                             "compute-only", rank == 0)
-        model.zero_grad(set_to_none=True)
+    model, train_step, compute_step = synthetic_problem(args, rank)
 
     kwargs = optimizer_kwargs(backend, args.algorithm, args.algorithm_warmup)
     try:
@@ -231,12 +317,12 @@ def worker(args):
         return
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    steps = time_steps(lambda: train_step(optimizer), args.warmup_steps, args.steps, "train",
-                       rank == 0)
+    schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
+    steps, compute, paired = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0)
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
     digest = check_identical_weights(hvd, model)
-    result = summarize(hvd, args, steps, compute, kwargs.get("algorithm", "ssgd"), model, digest)
+    result = summarize(hvd, args, steps, compute, paired, kwargs.get("algorithm", "ssgd"), model, digest)
     if rank == 0:
         common.write_json(args.result_file, result)
     hvd.shutdown()
@@ -256,24 +342,133 @@ def worker_argv(backend, args):
             "--seed", str(args.seed), "--threads", str(args.threads)]
 
 
-def seconds(value):
-    """'1.234', or '-' for a figure that was not measured."""
-    return "-" if value is None else f"{value:.3f}"
+def pair_differences(result):
+    """A job's training step - compute-only step, pair by pair (the slowest rank's times)."""
+    return [result["step_times_s"][i] - c for i, c in zip(result.get("paired_steps", []),
+                                                          result.get("compute_times_s", []))]
+
+
+def merge_rounds(rounds):
+    """One entry per backend from the rounds' jobs (lists in backend order): images/s, s/step and
+    compute s as the median over the rounds of each job's figure, with their spread (``spread``:
+    median, min, max over the rounds); exposed communication from every pair of every round
+    (``exposed_comm``; its spread is the interquartile range of the pairs). The rounds' own entries
+    are kept under "rounds". A backend that failed or was skipped in any round is reported as that
+    round's entry."""
+    merged = []
+    for index, first in enumerate(rounds[0]):
+        entries = [r[index] for r in rounds]
+        bad = next((e for e in entries if e["status"] != "ok"), None)
+        if bad is not None:
+            merged.append(dict(bad, rounds=entries))
+            continue
+        results = [e["result"] for e in entries]
+        spreads = {key: common.spread([r[key] for r in results])
+                   for key in ("images_per_s", "step_s", "compute_s")}
+        differences = [d for r in results for d in pair_differences(r)]
+        exposed = exposed_comm(differences)
+        result = {key: results[0][key] for key in ("np", "threads", "algorithm", "gradient_bytes",
+                                                   "data_plane")}
+        result.update({key: spreads[key]["median"] if spreads[key] else None for key in spreads},
+                      rounds=len(results), spread=spreads,
+                      exposed_comm_s=exposed["exposed_comm_s"] if exposed else None, exposed_comm=exposed,
+                      round_images_per_s=[r["images_per_s"] for r in results],
+                      data_planes=[r.get("data_plane") for r in results])
+        merged.append(dict(first, result=result, rounds=entries,
+                           seconds=round(sum(e.get("seconds", 0) for e in entries), 1)))
+    return merged
+
+
+def speedups(entries):
+    """Per ok backend, its images/s over the first ok backend's: the ratio of the medians and the
+    spread of the round-by-round ratios. {backend: {"ratio", "rounds"}}."""
+    ok = [e for e in entries if e["status"] == "ok"]
+    if not ok:
+        return {}
+    base = ok[0]["result"]
+    return {e["backend"]: {"ratio": e["result"]["images_per_s"] / base["images_per_s"],
+                           "rounds": common.spread(common.paired_ratios(
+                               e["result"].get("round_images_per_s", [e["result"]["images_per_s"]]),
+                               base.get("round_images_per_s", [base["images_per_s"]])))}
+            for e in ok}
+
+
+def exposed_cell(exposed):
+    """The table's exposed communication: 'median [q1-q3]' of the pairs, or why it is not given."""
+    if exposed is None:
+        return "-"
+    if not exposed["measurable"]:
+        return "not measurable (within noise)"
+    if exposed["pairs"] < 2:
+        return f"{exposed['median_s']:.3f}"
+    return f"{exposed['median_s']:.3f} [{exposed['q1_s']:.3f}-{exposed['q3_s']:.3f}]"
+
+
+def planes(entry):
+    """The data planes the rounds of a merged entry ran with ('4x2 (probe)'; several if they differ)."""
+    labels = [common.data_plane_label(e["result"].get("data_plane")) for e in entry.get("rounds", [entry])
+              if e["status"] == "ok"]
+    return " / ".join(dict.fromkeys(labels)) or "-"
 
 
 def print_table(entries, args):
     ok = [e for e in entries if e["status"] == "ok"]
     if ok:
+        rounds = max(e["result"].get("rounds", 1) for e in ok)
         print(f"{args.model}, {args.image_size} px, batch {args.batch_size} per rank, "
-              f"{args.np} ranks, torch threads per rank: {args.threads}")
-        baseline = ok[0]["result"]["images_per_s"]
-        rows = [[e["backend"], f"{r['images_per_s']:.2f}", f"{r['step_s']:.3f}",
-                 seconds(r["compute_s"]), seconds(r["exposed_comm_s"]),
-                 f"{r['images_per_s'] / baseline:.2f}x"]
-                for e in ok for r in [e["result"]]]
-        print(common.format_table(["backend", "images/s", "s/step", "compute s", "exposed comm s",
-                                   f"speed-up vs {ok[0]['backend']}"], rows))
+              f"{args.np} ranks, torch threads per rank: {args.threads}; {rounds} round"
+              f"{'s' if rounds != 1 else ''} of {args.warmup_steps} untimed + {args.steps} timed steps"
+              + (f" ({args.compute_steps} with a compute-only step)" if args.compute_steps else ""))
+        print("images/s, s/step, compute s: median [min-max] over the rounds of each job's median; "
+              "exposed comm s: median [interquartile range] of step - compute over every pair")
+        ratios = speedups(ok)
+        rows = []
+        for e in ok:
+            r, spread = e["result"], e["result"].get("spread", {})
+            rows.append([e["backend"], planes(e),
+                         common.format_spread(spread.get("images_per_s") or common.spread([r["images_per_s"]]), 2),
+                         common.format_spread(spread.get("step_s") or common.spread([r["step_s"]]), 3),
+                         common.format_spread(spread.get("compute_s") or common.spread([r["compute_s"]]), 3),
+                         exposed_cell(r.get("exposed_comm")),
+                         common.format_spread(dict(ratios[e["backend"]]["rounds"],
+                                                   median=ratios[e["backend"]]["ratio"]), 2, "x")])
+        print(common.format_table(["backend", "data plane", "images/s", "s/step", "compute s",
+                                   "exposed comm s", f"speed-up vs {ok[0]['backend']}"], rows))
+        if any(r["result"].get("exposed_comm") and not r["result"]["exposed_comm"]["measurable"] for r in ok):
+            print("not measurable (within noise): fewer than three quarters of the pairs show the training "
+                  "step longer than computing alone, so the step runs at compute speed to within this "
+                  "machine's noise")
+        slower = [e["backend"] for e in ok if (e["result"].get("compute_s") or 0) > e["result"]["step_s"]]
+        if slower:
+            print(f"compute-only steps took longer than training steps for {', '.join(slower)}: they share "
+                  "the CPUs with whatever is still running when they start (the communication a delayed "
+                  "algorithm leaves in flight past its step, other load), so the step runs at compute "
+                  "speed; the breakdown plot draws its compute part as the whole step")
+        note = common.settings_note((e["backend"] for e in ok), args.proxy_threshold)
+        if note:
+            print(note)
     common.print_problems(entries)
+
+
+def breakdown(result):
+    """The step-time bar of one backend: {"compute", "exposed", "unsplit"} seconds that add up to
+    the median step. The compute part is the measured compute-only time but never more than the
+    step; the rest is exposed communication where that is measurable, else "unsplit" (within
+    noise, or no compute-only steps)."""
+    step = result["step_s"]
+    if result.get("compute_s") is None:
+        return {"compute": 0.0, "exposed": 0.0, "unsplit": step}
+    compute = min(result["compute_s"], step)
+    measurable = bool(result.get("exposed_comm") and result["exposed_comm"]["measurable"])
+    rest = step - compute
+    return {"compute": compute, "exposed": rest if measurable else 0.0, "unsplit": 0.0 if measurable else rest}
+
+
+def error_bars(values, spreads):
+    """Matplotlib's yerr ([below], [above]) from medians and their spreads (0 without one)."""
+    below = [v - s["min"] if s else 0.0 for v, s in zip(values, spreads)]
+    above = [s["max"] - v if s else 0.0 for v, s in zip(values, spreads)]
+    return [[max(0.0, b) for b in below], [max(0.0, a) for a in above]]
 
 
 def plot(entries, args, path):
@@ -284,26 +479,48 @@ def plot(entries, args, path):
     names = [e["backend"] for e in ok]
     results = [e["result"] for e in ok]
     fig, (rate_ax, step_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    bars = rate_ax.bar(names, [r["images_per_s"] for r in results], color="tab:blue")
-    rate_ax.bar_label(bars, fmt="%.1f")
+    rates = [r["images_per_s"] for r in results]
+    bars = rate_ax.bar(names, rates, color="tab:blue",
+                       yerr=error_bars(rates, [r.get("spread", {}).get("images_per_s") for r in results]),
+                       capsize=5)
+    rate_ax.bar_label(bars, fmt="%.1f", label_type="center", color="white")
     rate_ax.set_ylabel("images/s")
+    rounds = max((r.get("rounds", 1) for r in results), default=1)
     rate_ax.set_title(f"{args.model} {args.image_size}px, batch {args.batch_size}/rank, "
-                      f"{args.np} ranks")
-    compute = [r["compute_s"] or 0.0 for r in results]
-    exposed = [max(0.0, r["exposed_comm_s"]) if r["compute_s"] is not None else 0.0 for r in results]
-    unsplit = [r["step_s"] if r["compute_s"] is None else 0.0 for r in results]
-    step_ax.bar(names, compute, label="compute", color="tab:green")
+                      f"{args.np} ranks; median of {rounds} round{'s' if rounds != 1 else ''}"
+                      + (", bars: min-max" if rounds > 1 else ""), fontsize="medium")
+    parts = [breakdown(r) for r in results]
+    compute = [p["compute"] for p in parts]
+    exposed = [p["exposed"] for p in parts]
+    unsplit = [p["unsplit"] for p in parts]
+    bottom = [c + x for c, x in zip(compute, exposed)]
+    step_ax.bar(names, compute, label="compute (compute-only steps)", color="tab:green")
     step_ax.bar(names, exposed, bottom=compute, label="exposed communication", color="tab:red")
     if any(unsplit):
-        step_ax.bar(names, unsplit, label="step (compute not measured)", color="tab:gray")
-    step_ax.set_ylabel("seconds per step")
+        step_ax.bar(names, unsplit, bottom=bottom, label="not separable (within noise / not measured)",
+                    color="tab:gray")
+    steps = [r["step_s"] for r in results]
+    step_ax.errorbar(names, steps, yerr=error_bars(steps, [r.get("spread", {}).get("step_s") for r in results]),
+                     fmt="none", ecolor="black", capsize=5, label="step: min-max over rounds")
+    step_ax.set_ylabel("seconds per step (median)")
     step_ax.set_title("step time breakdown")
     if ok:
-        step_ax.legend()
+        step_ax.legend(fontsize="small")
     for ax in (rate_ax, step_ax):
         ax.tick_params(axis="x", labelrotation=20)
     fig.tight_layout()
     common.save_figure(fig, path)
+
+
+def job_line(entry):
+    """A finished job in one line (progress)."""
+    r = entry["result"]
+    line = f"{r['images_per_s']:.2f} images/s, {r['step_s']:.2f} s/step"
+    if r.get("compute_s") is not None:
+        line += f", compute {r['compute_s']:.2f} s"
+    if r.get("data_plane"):
+        line += f", data plane {common.data_plane_label(r['data_plane'])}"
+    return line
 
 
 def driver(args):
@@ -311,10 +528,20 @@ def driver(args):
         backends = common.parse_backends(args.backends, KINDS, with_algorithm=True)
     except ValueError as err:
         sys.exit(f"error: {err}")
-    entries = common.run_backends("train", backends, args, worker_argv)
+    common.warn_inherited_fasthorovod_env()
+    start = time.monotonic()
+    plan = [(backend, worker_argv(backend, args)) for backend in backends]
+    rounds = common.run_rounds("train", plan, args, job_line, args.proxy_threshold)
+    entries = merge_rounds(rounds)
+    seconds = time.monotonic() - start
+    print()
     print_table(entries, args)
+    print(f"{len(plan) * args.rounds} jobs in {common.clock(seconds)}")
     if args.out:
-        common.write_json(args.out, common.report("train", args, entries))
+        doc = common.report("train", args, entries)
+        doc.update(seconds=round(seconds, 1), speedups=speedups(entries),
+                   settings=common.settings_note((b.spec for b in backends), args.proxy_threshold))
+        common.write_json(args.out, doc)
     if args.plot:
         plot(entries, args, args.plot)
     return 1 if any(e["status"] == "failed" for e in entries) else 0
