@@ -6,6 +6,7 @@ FastHorovod itself is not needed here: the benchmarks exercise its backends, the
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -203,10 +204,17 @@ def test_train_driver_end_to_end(tmp_path):
     (entry,) = report["backends"]
     assert entry["status"] == "ok", entry
     result = entry["result"]
-    assert result["np"] == 2 and result["images_per_s"] > 0 and len(result["weights_sha256"]) == 64
-    assert result["exposed_comm_s"] == pytest.approx(result["step_s"] - result["compute_s"])
+    assert result["np"] == 2 and result["images_per_s"] > 0 and result["rounds"] == 1
+    (job,) = entry["rounds"]
+    assert len(job["result"]["weights_sha256"]) == 64
+    assert len(job["result"]["step_times_s"]) == 1 and len(job["result"]["compute_times_s"]) == 1
+    exposed = result["exposed_comm"]
+    assert exposed["pairs"] == 1
+    difference = job["result"]["step_times_s"][0] - job["result"]["compute_times_s"][0]
+    assert exposed["measurable"] == (difference > 0)
+    assert result["exposed_comm_s"] is None or result["exposed_comm_s"] == pytest.approx(difference) > 0
     assert plot.read_bytes().startswith(b"\x89PNG")
-    assert "1.00x" in stdout
+    assert "1.00x" in stdout and "round 1/1, backend horovod:" in stdout
 
 
 @pytest.mark.multiproc
@@ -444,3 +452,195 @@ def test_sweep_summary_math(capsys):
     none = sweep.summarize(configs[:1], sweep.merge_ring([]), [])
     assert none["best_grid"] is None and none["defaults_over_best_grid"] is None
     assert none["defaults_over_ceiling"] is None and none["ceiling_gbps"] is None
+
+
+# --------------------------------------------------------------------------------------------
+# make bench: rounds, spread, ceiling, exposed communication (issue 18)
+
+
+def test_spread_and_paired_ratios():
+    assert common.spread([3.0, 1.0, 2.0, None]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert common.spread([2.0, 4.0])["median"] == 3.0
+    assert common.spread([]) is None and common.spread([None]) is None
+    assert common.format_spread(common.spread([0.75, 0.8, 0.78])) == "0.78 [0.75-0.80]"
+    assert common.format_spread(common.spread([1.5]), 3, "x") == "1.500x"
+    assert common.format_spread(None) == "-"
+    # round by round; a round without a denominator is left out
+    assert common.paired_ratios([4.0, 6.0, 9.0], [2.0, None, 3.0]) == [2.0, 3.0]
+    assert common.paired_ratios([1.0], [0.0]) == []
+    assert common.clock(125) == "2:05"
+
+
+def test_rounds_interleave_backends():
+    assert common.interleave(["a", "b", "c"], 2) == [(1, "a"), (1, "b"), (1, "c"),
+                                                     (2, "a"), (2, "b"), (2, "c")]
+    assert common.interleave(["a"], 0) == []
+    assert sweep.run_order(["x", "y"], 2) == common.interleave(["x", "y"], 2)
+
+
+def test_fasthorovod_algorithm_without_count_runs_defaults():
+    for spec in ("fasthorovod:ssd-sgd", "fasthorovod::ssd-sgd"):
+        backend = common.parse_backend(spec, train.KINDS, with_algorithm=True)
+        assert (backend.count, backend.sockets, backend.algorithm) == (None, None, "ssd-sgd")
+        assert common.backend_env(backend) == {}
+    with pytest.raises(ValueError):
+        common.parse_backend("fasthorovod:ssd-sgd")  # allreduce.py: no algorithms
+    with pytest.raises(ValueError):
+        common.parse_backend("fasthorovod::", with_algorithm=True)
+
+
+def test_settings_note_labels_hand_set_variants(monkeypatch):
+    for key in [k for k in os.environ if k.startswith("FASTHOROVOD_")]:
+        monkeypatch.delenv(key)
+    note = common.settings_note(["horovod", "fasthorovod", "fasthorovod:4x2"])
+    assert "fasthorovod: FastHorovod's defaults (no FASTHOROVOD_* set)" in note
+    assert ("fasthorovod:4x2: hand-set FASTHOROVOD_NUM_PROXIES=4 FASTHOROVOD_SOCKETS_PER_PROXY=2"
+            in note)
+    assert "hand-set FASTHOROVOD_PROXY_THRESHOLD_BYTES=65536" in common.settings_note(["fasthorovod"], 65536)
+    assert common.settings_note(["horovod"]) is None
+    monkeypatch.setenv("FASTHOROVOD_SOCKETS_PER_PROXY", "2")
+    assert "inheriting FASTHOROVOD_SOCKETS_PER_PROXY=2" in common.settings_note(["fasthorovod"])
+
+
+def _rounds_of(label_seconds):
+    """Rounds of allreduce entries from {label: [seconds per round]} (64 MiB, 4 ranks)."""
+    labels = list(label_seconds)
+    count = len(label_seconds[labels[0]])
+    return [[_allreduce_entry(label, label_seconds[label][i]) for label in labels] for i in range(count)]
+
+
+def test_allreduce_merge_reports_spread_ceiling_fraction_and_plot_line(capsys):
+    merged = allreduce.merge_rounds(_rounds_of({"horovod": [4.0, 4.4, 4.2], "fasthorovod": [1.0, 1.5, 1.1]}))
+    fast = merged[1]["result"]["results"][0]
+    bw = lambda t: allreduce.bus_bandwidth_gbps(64 << 20, t, 4)  # noqa: E731
+    assert (fast["median_s"], fast["min_s"], fast["max_s"]) == (1.1, 1.0, 1.5)
+    assert fast["busbw_gbps"] == pytest.approx(bw(1.1))
+    assert (fast["busbw_min_gbps"], fast["busbw_max_gbps"]) == (pytest.approx(bw(1.5)), pytest.approx(bw(1.0)))
+    assert fast["round_busbw_gbps"] == pytest.approx([bw(1.0), bw(1.5), bw(1.1)])
+    ring = [{"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": g, "min_gbps": g}}
+            for g in (0.9, 0.8, 1.0)]
+    ceiling = common.merge_ring(ring)
+    assert ceiling["spread"] == {"median": 0.9, "min": 0.8, "max": 1.0, "n": 3}
+    summary = allreduce.summarize(merged, ceiling, common.round_ceilings(ring))
+    cell = summary[64 << 20]["fasthorovod"]
+    assert cell["of_ceiling"] == pytest.approx(bw(1.1) / 0.9)
+    assert cell["of_ceiling_rounds"]["min"] == pytest.approx(min(bw(1.0) / 0.9, bw(1.5) / 0.8, bw(1.1) / 1.0))
+    assert cell["vs_first"] == pytest.approx(4.2 / 1.1)
+    assert cell["vs_first_rounds"]["max"] == pytest.approx(4.0 / 1.0)  # round 1: 4.0 s / 1.0 s
+    assert summary[64 << 20]["horovod"]["vs_first_rounds"]["min"] == pytest.approx(1.0)
+    data = allreduce.plot_data(merged, ceiling)
+    assert data["ceiling_gbps"] == 0.9
+    series = data["series"][1]
+    assert series["label"] == "fasthorovod" and series["busbw"] == [pytest.approx(bw(1.1))]
+    low, high = series["busbw_err"]
+    assert low == [pytest.approx(bw(1.1) - bw(1.5))] and high == [pytest.approx(bw(1.0) - bw(1.1))]
+    assert min(low + high) >= 0
+    assert allreduce.plot_data(merged, {"status": "skipped", "reason": "loopback"})["ceiling_gbps"] is None
+    allreduce.print_table(merged, [64 << 20], ceiling, summary)
+    printed = capsys.readouterr().out
+    assert "0.900 [0.800-1.000] Gbit/s per host" in printed
+    assert f"{bw(1.1) / 0.9:.2f}x [" in printed and "3.82x [" in printed
+    # a backend that failed in one round is not merged, and is listed
+    failed = allreduce.merge_rounds([[_allreduce_entry("fasthorovod", 1.0)],
+                                     [_allreduce_entry("fasthorovod", 1.0, "failed")]])
+    assert failed[0]["status"] == "failed" and len(failed[0]["rounds"]) == 2
+
+
+def test_allreduce_ceiling_option_and_bench_command_lines():
+    args = allreduce.parse_args(["--ceiling", "--proxy-threshold", "default", "--rounds", "3"])
+    assert args.ceiling and args.proxy_threshold is None and (args.ring_flows, args.ring_seconds) == (8, 3.0)
+    assert allreduce.parse_args([]).proxy_threshold == 64 << 10 and not allreduce.parse_args([]).ceiling
+    argv = common.ring_worker_argv(allreduce.__file__, args)
+    assert argv[2].endswith("allreduce.py") and argv[argv.index("--backend") + 1] == common.RING
+    with pytest.raises(SystemExit):
+        allreduce.parse_args(["--ring-flows", "0"])
+    # what scripts/bench.sh runs parses, with FastHorovod's defaults
+    bench = (BENCHMARKS.parent / "scripts" / "bench.sh").read_text()
+    assert "FASTHOROVOD_SOCKETS_PER_PROXY=" not in bench and "--ceiling" in bench
+    train_args = train.parse_args(["--np", "4", "--steps", "4", "--warmup-steps", "1", "--compute-steps", "2",
+                                   "--rounds", "3", "--backends", "horovod,fasthorovod,fasthorovod:ssd-sgd"])
+    assert [common.backend_env(b) for b in common.parse_backends(train_args.backends, train.KINDS, True)] == [{}] * 3
+    with pytest.raises(SystemExit):
+        train.parse_args(["--steps", "2", "--compute-steps", "3"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--rounds", "0"])
+
+
+def test_train_step_schedule_pairs_compute_with_training_steps():
+    schedule = train.step_schedule(1, 4, 2)
+    assert [(kind[0], timed) for kind, timed, _ in schedule] == [
+        ("c", False), ("t", False), ("c", True), ("t", True), ("t", True), ("t", True), ("c", True), ("t", True)]
+    # timed training steps 0 and 2 have partners; compute first in pair 0, second in pair 1 (ABBA)
+    assert [(kind, pair) for kind, timed, pair in schedule if pair is not None] == [
+        ("compute", 0), ("train", 0), ("train", 1), ("compute", 1)]
+    assert sum(1 for kind, timed, _ in train.step_schedule(2, 3, 3) if kind == "compute" and timed) == 3
+    assert all(kind == "train" for kind, _, _ in train.step_schedule(2, 5, 0))
+    calls = []
+    steps, compute, paired = train.run_schedule(schedule, lambda: calls.append("t"), lambda: calls.append("c"),
+                                                verbose=False)
+    assert "".join(calls) == "ctctttct"  # the schedule's order
+    assert (len(steps), len(compute), paired) == (4, 2, [0, 2])
+
+
+def test_exposed_comm_is_never_negative_and_flags_noise():
+    clear = train.exposed_comm([1.6, 1.4, 1.9, 1.7, 1.5, 1.8])
+    assert clear["measurable"] and clear["exposed_comm_s"] == pytest.approx(1.65) and clear["note"] is None
+    assert 0 < clear["q1_s"] <= clear["exposed_comm_s"] <= clear["q3_s"]
+    # SSD-SGD-like: the step is as fast as computing alone; some pairs come out negative
+    noisy = train.exposed_comm([0.2, -0.3, 0.1, -0.1, 0.05, -4.2])
+    assert not noisy["measurable"] and noisy["exposed_comm_s"] is None
+    assert noisy["note"] == "not measurable (within noise)" and noisy["bound_s"] >= 0
+    assert train.exposed_comm([-1.0, -2.0])["bound_s"] == 0.0
+    assert train.exposed_comm([]) is None
+    for values in ([0.1] * 3 + [-1] * 3, [0.01, 0.02, -0.5, 0.03], [-0.1], [0.3]):
+        result = train.exposed_comm(values)
+        assert result["exposed_comm_s"] is None or result["exposed_comm_s"] > 0
+    assert train.exposed_cell(noisy) == "not measurable (within noise)"
+    assert train.exposed_cell(clear) == "1.650 [1.525-1.775]"
+
+
+def _train_job(steps, compute, paired=None, rate_scale=1.0):
+    paired = list(range(len(compute))) if paired is None else paired
+    step_s = float(sorted(steps)[len(steps) // 2])
+    return {"backend": "x", "status": "ok", "seconds": 10.0, "result": {
+        "np": 4, "threads": 1, "algorithm": "ssgd", "gradient_bytes": 1, "data_plane": None,
+        "images_per_s": 64 / step_s * rate_scale, "step_s": step_s,
+        "compute_s": float(sorted(compute)[len(compute) // 2]) if compute else None,
+        "step_times_s": steps, "compute_times_s": compute, "paired_steps": paired}}
+
+
+def test_train_merge_rounds_and_breakdown(capsys):
+    horovod = [_train_job([17.0, 17.5, 17.2], [3.1, 3.0, 3.2]), _train_job([18.0, 17.8, 18.2], [3.3, 3.1, 3.2]),
+               _train_job([16.9, 17.0, 17.1], [3.0, 3.0, 3.1])]
+    ssd = [_train_job([3.0, 2.9, 3.1], [3.2, 2.8, 3.3]), _train_job([3.1, 3.0, 3.0], [3.6, 3.1, 3.3]),
+           _train_job([2.8, 3.0, 2.9], [3.2, 3.1, 2.7])]
+    rounds = [[dict(h, backend="horovod"), dict(s, backend="fasthorovod:ssd-sgd")] for h, s in zip(horovod, ssd)]
+    merged = train.merge_rounds(rounds)
+    h, s = merged[0]["result"], merged[1]["result"]
+    assert h["rounds"] == 3 and h["step_s"] == 17.2 and h["spread"]["step_s"] == {
+        "median": 17.2, "min": 17.0, "max": 18.0, "n": 3}
+    assert h["images_per_s"] == pytest.approx(64 / 17.2) and h["round_images_per_s"][1] == pytest.approx(64 / 18.0)
+    assert h["exposed_comm"]["measurable"] and h["exposed_comm"]["pairs"] == 9 and h["exposed_comm_s"] > 13
+    assert not s["exposed_comm"]["measurable"] and s["exposed_comm_s"] is None
+    assert s["compute_s"] > s["step_s"]  # compute-only slower than the step: noise or shared CPUs
+    for result in (h, s):
+        parts = train.breakdown(result)
+        assert sum(parts.values()) == pytest.approx(result["step_s"])
+        assert parts["compute"] <= result["step_s"] and min(parts.values()) >= 0
+    assert train.breakdown(s) == {"compute": s["step_s"], "exposed": 0.0, "unsplit": 0.0}
+    assert train.breakdown({"step_s": 5.0, "compute_s": None}) == {"compute": 0.0, "exposed": 0.0, "unsplit": 5.0}
+    within = {"step_s": 5.0, "compute_s": 4.5, "exposed_comm": train.exposed_comm([0.5, -0.4, 0.6, -0.2])}
+    assert train.breakdown(within) == {"compute": 4.5, "exposed": 0.0, "unsplit": pytest.approx(0.5)}
+    ratios = train.speedups(merged)
+    assert ratios["fasthorovod:ssd-sgd"]["ratio"] == pytest.approx(s["images_per_s"] / h["images_per_s"])
+    assert ratios["fasthorovod:ssd-sgd"]["rounds"]["n"] == 3
+    assert train.error_bars([2.0, 5.0], [{"min": 1.5, "max": 2.5}, None]) == [[0.5, 0.0], [0.5, 0.0]]
+    args = train.parse_args(["--np", "4", "--steps", "3", "--compute-steps", "3", "--rounds", "3"])
+    train.print_table(merged, args)
+    printed = capsys.readouterr().out
+    assert "not measurable (within noise)" in printed and "17.200 [17.000-18.000]" in printed
+    assert "compute-only steps took longer than training steps for fasthorovod:ssd-sgd" in printed
+    assert not re.search(r"(^|[\s\[(])-\d", printed, re.M)  # no negative number printed
+    failed = train.merge_rounds([[dict(horovod[0], backend="horovod")],
+                                 [{"backend": "horovod", "status": "failed", "reason": "timed out"}]])
+    assert failed[0]["status"] == "failed" and len(failed[0]["rounds"]) == 2
