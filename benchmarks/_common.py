@@ -454,6 +454,14 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def backend_rounds(rounds):
+    """Per backend (its place in every round's list): its first round's entry, every round's entry,
+    and the first entry that is not ok (None when all are)."""
+    for index, first in enumerate(rounds[0]):
+        entries = [r[index] for r in rounds]
+        yield first, entries, next((e for e in entries if e["status"] != "ok"), None)
+
+
 def paired_ratios(numerators, denominators):
     """Round by round a / b (rounds where either is missing or b is 0 left out): ratios of two
     things measured in the same round, whose spread says how far one round's ratio can be from

@@ -362,9 +362,7 @@ def merge_rounds(rounds):
     bandwidth; the rounds' own entries are kept under "rounds". A backend that failed or was
     skipped in any round is reported as that round's entry."""
     merged = []
-    for index, first in enumerate(rounds[0]):
-        entries = [r[index] for r in rounds]
-        bad = next((e for e in entries if e["status"] != "ok"), None)
+    for first, entries, bad in common.backend_rounds(rounds):
         if bad is not None:
             merged.append(dict(bad, rounds=entries))
             continue
