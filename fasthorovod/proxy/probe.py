@@ -4,10 +4,15 @@ At start-up every rank measures its incoming ring hop with 1, 2, 4, ... parallel
 (``_C.PathProbe``, csrc/transport/probe.h) and the ranks exchange their curves. Every rank then
 runs :func:`choose` on the same curves, so they agree without another round:
 
-* a ring runs at its slowest hop's pace, so the job's curve is, at each flow count, the lowest
-  aggregate of any hop (a hop that stopped doubling at its knee is taken as flat beyond it);
-* the *knee* is the fewest flows whose aggregate reaches ``KNEE`` (95%) of the best aggregate
-  measured: more flows stop paying there;
+* a hop's *knee* is the fewest flows whose aggregate reaches ``KNEE`` (95%) of that hop's best:
+  more flows stop paying there. The job's knee is the largest of the hops' knees: the hop that
+  needs the most flows to fill its link decides (a ring runs at its slowest hop's pace). Taking
+  each hop's knee, rather than the knee of the lowest aggregate at each flow count, keeps one
+  disturbed phase (a CPU stall on one rank during its 8-flow phase, seen under load as
+  ``4: 726, 8: 742, 16: 397`` on a cloud whose knee is 8) from pulling the choice down: noise
+  only ever lowers a phase, and a lower later phase lowers only that hop's knee. The job's curve
+  (the lowest aggregate of any hop at each flow count, a hop that stopped doubling taken as flat
+  beyond it) is what rank 0 prints;
 * the lanes are fixed (FASTHOROVOD_NUM_PROXIES), so the sockets per lane are the knee's flows
   spread over them, times ``HEADROOM``: with just enough flows to fill the link, every flow must
   get its full per-flow share, and one flow that gets less (two flows hashed onto one bucket of
@@ -63,12 +68,17 @@ def ring_curve(hops: Sequence[Dict[int, float]]) -> Dict[int, float]:
     return {n: min(at(hop, n) for hop in hops) for n in counts}
 
 
+def hop_knee(hop: Dict[int, float]) -> int:
+    """The fewest flows whose aggregate on this hop reaches ``KNEE`` of the hop's best."""
+    best = max(hop.values())
+    return min(n for n, rate in hop.items() if rate >= KNEE * best)
+
+
 def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) -> FlowChoice:
     """The sockets per lane for `lanes` lanes from every hop's curve (the same on every rank)."""
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
     curve = ring_curve(hops)
-    best = max(curve.values())
-    knee = min(n for n, rate in curve.items() if rate >= KNEE * best)
+    knee = max(hop_knee(hop) for hop in hops)
     sockets = max(1, math.ceil(knee * HEADROOM / lanes)) if knee > 1 else 1
     return FlowChoice(sockets_per_lane=min(sockets, max_sockets), knee_flows=knee, curve=curve, hops=list(hops))

@@ -41,6 +41,19 @@ def test_the_slowest_hop_decides_and_a_hop_that_stopped_early_counts_as_flat():
     assert probe.choose([slow, fast], lanes=4) == probe.choose([slow, fast], lanes=4)
 
 
+def test_one_disturbed_phase_does_not_pull_the_choice_down():
+    # measured under CPU load on 4:1gbit:200mbit (knee 8): one hop lost its 8-flow phase, another
+    # its 16-flow phase; the lowest-aggregate curve reads 4: 726, 8: 742, 16: 397
+    good = {1: 189 * MBIT, 2: 377 * MBIT, 4: 730 * MBIT, 8: 921 * MBIT, 16: 925 * MBIT}
+    stalled_at_8 = {**good, 8: 742 * MBIT}
+    stalled_at_8.pop(16)  # that hop stopped doubling: 8 flows gained too little
+    stalled_at_16 = {**good, 16: 397 * MBIT}
+    choice = probe.choose([good, stalled_at_8, stalled_at_16, good], lanes=4)
+    assert (choice.knee_flows, choice.sockets_per_lane) == (8, 2)
+    assert choice.curve[16] == pytest.approx(397 * MBIT)  # the printed curve still shows it
+    assert probe.hop_knee(stalled_at_8) == 4
+
+
 def test_sockets_are_bounded_and_bad_input_is_refused():
     assert probe.choose([capped(1, 950, counts=(1, 2, 4, 8, 16, 32))], lanes=1, max_sockets=8).sockets_per_lane == 8
     with pytest.raises(ValueError, match="lanes must be >= 1"):
