@@ -369,12 +369,22 @@ def _pump(stream, prefix, tail):
         sys.stderr.flush()
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run_job(processes, timeout, extra_env):
     """Start ``processes``; wait for all to exit, for the first failure, or for the timeout.
 
-    On failure or timeout every process tree of the job is killed. Output is echoed to stderr
-    (prefixed by process index when the job has several) and the last lines are returned.
+    On failure or timeout every process tree of the job is killed, and so it is when the driver
+    itself is interrupted or terminated (a SIGTERM, e.g. from ``timeout``, becomes SystemExit so
+    that the clean-up runs and no job is left running, holding its emulated network). Output is
+    echoed to stderr (prefixed by process index when the job has several) and the last lines are
+    returned.
     """
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     tail = deque(maxlen=200)
     start = time.monotonic()
     procs, pumps = [], []

@@ -9,8 +9,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -644,3 +646,30 @@ def test_train_merge_rounds_and_breakdown(capsys):
     failed = train.merge_rounds([[dict(horovod[0], backend="horovod")],
                                  [{"backend": "horovod", "status": "failed", "reason": "timed out"}]])
     assert failed[0]["status"] == "failed" and len(failed[0]["rounds"]) == 2
+
+
+def test_a_terminated_driver_leaves_no_job_running(tmp_path):
+    """`timeout` SIGTERMs a driver: its job (here a sleeping process tree) must go with it."""
+    marker = tmp_path / "job.pid"
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(BENCHMARKS)!r})\n"
+        "import _common as common\n"
+        "job = common.Process(['sh', '-c', 'echo $$ > " + str(marker) + "; exec sleep 120'], {})\n"
+        "common.run_job([job], timeout=100, extra_env={})\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        job_pid = int(marker.read_text())
+        proc.terminate()
+        assert proc.wait(timeout=20) != 0
+        gone = time.monotonic() + 10
+        while psutil.pid_exists(job_pid) and psutil.Process(job_pid).status() != psutil.STATUS_ZOMBIE \
+                and time.monotonic() < gone:
+            time.sleep(0.1)
+        assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        proc.kill()
