@@ -11,6 +11,7 @@ Every subprocess has a timeout; on expiry its whole process group is killed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -387,3 +388,40 @@ def test_mpi_job_on_the_emulated_cloud(tmp_path: Path) -> None:
     for rank in (0, 1):
         assert f"[1,{rank}]<stdout>:MPI rank={rank} mpi=True address={addresses[rank]}" in result.stdout
     assert _leftovers(_cloud_id(result.stderr)) == []
+
+
+PROBE_SCRIPT = """
+import json, torch
+import fasthorovod.torch as hvd
+hvd.init()
+info = hvd.proxy_group().describe()
+x = torch.full((1 << 20,), float(hvd.rank() + 1))                 # 4 MiB: through the proxies
+hvd.allreduce_(x, op=hvd.Sum, name="x")
+assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+print("PROBE", hvd.rank(), json.dumps({k: info[k] for k in ("sockets_per_lane", "sockets_source")}),
+      info["probe"]["knee_flows"], flush=True)
+hvd.shutdown()
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_the_probe_picks_more_flows_when_the_per_flow_cap_is_lower_and_the_ranks_agree(tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_SCRIPT)
+    chosen = {}
+    for spec in ("2:400mbit:200mbit", "2:400mbit:50mbit"):  # the link fills with 2 flows, with 8
+        result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", "--proxies", "2",
+                       sys.executable, str(script)])
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        lines = re.findall(r"PROBE (\d) (\{.*\}) (\d+)", result.stdout)
+        assert sorted(rank for rank, _, _ in lines) == ["0", "1"], result.stdout[-3000:]
+        assert len({(info, knee) for _, info, knee in lines}) == 1, f"ranks disagree: {lines}"  # they agree
+        info, knee = json.loads(lines[0][1]), int(lines[0][2])
+        assert info["sockets_source"] == "probe"
+        assert "[fasthorovod] data plane: 2 lanes x" in result.stdout + result.stderr
+        chosen[spec] = (knee, info["sockets_per_lane"])
+    (knee_fast, sockets_fast), (knee_slow, sockets_slow) = chosen.values()
+    assert knee_fast <= 4 and sockets_fast <= 2, chosen
+    assert knee_slow >= 8 and sockets_slow >= 4, chosen
