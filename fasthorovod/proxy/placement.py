@@ -376,6 +376,28 @@ def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], 
     return load, spread
 
 
+def _sibling_occupancy(affinity: CpuSet, siblings: Mapping[int, CpuSet], cpu_load: Mapping[int, float],
+                       spread: Mapping[int, float], demand: float) -> float:
+    """How busy a thread's SMT siblings are, in [0, 1]. Pinned away from its siblings: their load,
+    weighted by where the thread runs. Allowed on whole cores (e.g. unpinned): the scheduler puts
+    busy threads on idle cores first, so siblings are busy only for the load beyond one thread per
+    core of the pool."""
+    aset = set(affinity)
+    cores = {tuple(sorted({c} | set(siblings.get(c, ())))) for c in aset}
+    if any(len(core) > 1 and set(core) <= aset for core in cores):
+        pool = set().union(*map(set, cores))
+        load = sum(cpu_load.get(c, 0.0) for c in pool)
+        return min(1.0, max(0.0, load - len(cores)) / len(cores))
+    total = 0.0
+    for c in aset:
+        sib = [x for x in siblings.get(c, ()) if x != c and x in cpu_load]
+        if not sib:
+            continue
+        weight = spread.get(c, 0.0) / demand if demand > 0 else 1.0 / len(aset)
+        total += weight * min(1.0, sum(cpu_load[x] for x in sib) / len(sib))
+    return min(1.0, total)
+
+
 def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float) -> Prediction:
     universe = tuple(sorted(pl.cpus))
     if not universe:
@@ -417,8 +439,7 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
         else:
             m = sum(cpu_load[c] for c in a) / len(a)
         m = max(1.0, m)
-        sib = sorted(set(c for cpu in a for c in pl.siblings.get(cpu, ()) if c not in a and c in cpu_load))
-        occ = min(1.0, sum(cpu_load[c] for c in sib) / len(sib)) if sib else 0.0
+        occ = _sibling_occupancy(a, pl.siblings, cpu_load, spread[i], d)
         kap.append(kappa * (1.0 + gamma * (m - 1.0) + beta * occ))
 
     # progressive filling over a level lam (CPU-time a thread may take): lane l runs at
@@ -568,6 +589,10 @@ def plan(topology: Topology, compute_cpus: int, net_rate: Optional[float], model
         for d in range(1, min(k, len(cpus)) + 1):
             dedicated = tuple(order[:d])
             rest = tuple(c for c in cpus if c not in dedicated)
+            # the compute keeps off the proxies' physical cores when the other cores suffice
+            apart = tuple(c for c in rest if not set(siblings[c]) & set(dedicated))
+            if apart and len(apart) >= compute_cpus:
+                rest = apart
             proxy_cpus = [(dedicated[j % d],) for j in range(k)]
             workers = [rest] if len(rest) >= compute_cpus and rest else []
             if len(rest) < compute_cpus or not rest:
