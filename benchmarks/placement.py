@@ -1,0 +1,568 @@
+"""Calibrates and validates the CPU placement model (fasthorovod/proxy/placement.py) on this host.
+
+What it measures is the real data plane: two local ranks, each a ProxyGroup with k real proxy
+processes (``python -m fasthorovod.proxy``), lane j of rank 0 and lane j of rank 1 forming a ring
+over loopback TCP with one socket per lane. The rendezvous Horovod would do (broadcast the token,
+allgather the ports) is done by this driver through pipes. Every rank allreduces (Average) a
+32 MiB float32 tensor that lives in the proxies' shared memory (no staging copies, as with
+DistributedOptimizer's buckets) and checks the result after every window (rank r holds r+1, so
+every element must be 1.5).
+
+For each *placement* the driver pins every proxy (all of its threads) with
+``os.sched_setaffinity`` to the CPUs the placement names (or leaves it on every usable CPU), and
+starts or stops a *compute* thread: one process running a single-threaded torch matmul loop,
+pinned to a CPU, busy all the time or a duty cycle of each 10 ms. The workers stay unpinned (they
+sleep on a futex while the proxies work). Then:
+
+  1. a short run with the previous weights measures each lane's pace (bytes sent per busy
+     second) and sets the lane weights in proportion, as the default rebalancing would;
+  2. a window of about ``--seconds`` runs the allreduces; each lane's rate is its wire bytes sent
+     over the window (the lanes finish together, so this is the rate it carries concurrently), and
+     the aggregate is their sum.
+
+It also records each process's CPU time (``/proc/PID/task/*/schedstat``, nanoseconds) so the
+proxies' own CPU-seconds per byte are known, and each CPU's busy time from ``/proc/stat``, which
+shows how much of the CPUs something else used (this host is shared: "other" in the table).
+
+Unit costs are measured first, on one pinned CPU, with thread CPU time: float32 reduction (the
+proxies' ``reduce_sum``, 1 MiB segments into a 64 MiB shard), memcpy (64 MiB), and loopback TCP
+(one byte sent by one thread and received by another; the kernel's softirq time on that CPU is
+added from /proc/stat).
+
+The model is then fitted on the placements marked "fit" and asked to predict the others; the
+table shows measured and predicted aggregate rates and the error. The whole list runs twice (the
+second pass in reverse order) and each placement's rate is the mean of the two passes; the spread
+is reported. Results go to ``--out`` (default results/placement.json).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/placement.py --out results/placement.json
+"""
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
+
+from fasthorovod.proxy.placement import Busy, Placement, PlacementModel, ProxySpec, plan, read_topology  # noqa: E402
+
+MIB = 1 << 20
+EXPECTED = 1.5  # mean of rank 0's 1.0 and rank 1's 2.0
+
+
+# -- /proc helpers ----------------------------------------------------------------------------------
+
+
+def tids(pid):
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def cpu_ns(pid):
+    """(CPU time, time runnable but waiting for a CPU) of every thread of `pid`, nanoseconds
+    (schedstat's first two fields)."""
+    run = wait = 0
+    for tid in tids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            run += int(fields[0])
+            wait += int(fields[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return run, wait
+
+
+def procs_running():
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 0
+
+
+class RunnableSampler:
+    """Samples the host's runnable threads (/proc/stat procs_running) every 20 ms in a thread;
+    ``mean()`` excludes the sampler itself. Minus our own threads' demand (run + wait time from
+    their schedstat), it is how many threads of *other* jobs wanted a CPU on average."""
+
+    def __init__(self):
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.samples.append(procs_running() - 1)
+            self._stop.wait(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self):
+        return statistics.mean(self.samples) if self.samples else 0.0
+
+
+def wait_for_quiet(threshold, limit):
+    """Waits (up to `limit` s) until other jobs' runnable threads average below `threshold` over
+    0.2 s (ours are idle now); returns what the last probe saw."""
+    deadline = time.monotonic() + limit
+    while True:
+        with RunnableSampler() as s:
+            time.sleep(0.2)
+        if s.mean() < threshold or time.monotonic() > deadline:
+            return s.mean()
+        time.sleep(0.3)
+
+
+def pin(pid, cpus):
+    for tid in tids(pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
+def proc_stat():
+    """{cpu: (busy_seconds, softirq_seconds)} from /proc/stat (busy = all but idle and iowait)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                parts = line.split()
+                v = [int(x) for x in parts[1:9]]
+                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                out[int(parts[0][3:])] = (busy / hz, v[6] / hz)
+    return out
+
+
+# -- processes --------------------------------------------------------------------------------------
+
+
+def rank_main(rank, k, count, conn):
+    """One rank: a ProxyGroup of k real proxies; serves the driver's commands."""
+    import torch
+
+    torch.set_num_threads(1)
+    from fasthorovod.config import Config
+    from fasthorovod.proxy.group import ProxyGroup
+
+    def broadcast_object(obj, root, name=None):
+        conn.send(("bcast", obj))
+        return conn.recv()
+
+    def allgather_object(obj, name=None):
+        conn.send(("gather", obj))
+        return conn.recv()
+
+    cfg = Config(num_proxies=k, sockets_per_proxy=1, probe="0", iface="lo", timeout_seconds=60.0,
+                 rebalance_every=0)
+    group = ProxyGroup.start(cfg, rank, 2, broadcast_object, allgather_object)
+    tensor = group.alloc(count, torch.float32)
+    tensor.fill_(rank + 1.0)
+    conn.send(("ready", [p.pid for p in group.processes]))
+    try:
+        while True:
+            cmd = conn.recv()
+            if cmd[0] == "run":
+                _, iters, weights = cmd
+                group.set_lane_weights(weights)
+                before = group.lane_stats()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    group.allreduce([tensor], [tensor], "placement", True, 1.0, 1.0).wait()
+                dt = time.perf_counter() - t0
+                after = group.lane_stats()
+                ok = bool((tensor == EXPECTED).all())
+                conn.send(("done", dt, [a["bytes_sent"] - b["bytes_sent"] for a, b in zip(after, before)],
+                           [a["busy_ns"] - b["busy_ns"] for a, b in zip(after, before)], ok))
+            elif cmd[0] == "close":
+                break
+    finally:
+        group.close()
+        conn.send(("closed",))
+
+
+def hog_main(duty, stop):
+    """The compute: a single-threaded float32 matmul loop, busy `duty` of every 10 ms (0: sleeps)."""
+    import torch
+
+    torch.set_num_threads(1)
+    a = torch.randn(192, 192)
+    b = torch.randn(192, 192)
+    period = 0.010
+    while not stop.is_set():
+        d = duty.value
+        if d <= 0:
+            time.sleep(0.005)
+            continue
+        start = time.perf_counter()
+        while time.perf_counter() - start < d * period:
+            a = torch.mm(a, b)
+            a.mul_(1e-3)
+        rest = period - (time.perf_counter() - start)
+        if d < 1.0 and rest > 0:
+            time.sleep(rest)
+
+
+class LoopbackRing:
+    """Two local ranks with k lanes each, started through pipes instead of Horovod."""
+
+    def __init__(self, ctx, k, count):
+        self.k = k
+        self.conns, self.procs = [], []
+        for rank in range(2):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=rank_main, args=(rank, k, count, child), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.proxy_pids = None
+        while self.proxy_pids is None:
+            msgs = [self._recv(c) for c in self.conns]
+            kind = msgs[0][0]
+            if kind == "bcast":
+                for c in self.conns:
+                    c.send(msgs[0][1])
+            elif kind == "gather":
+                for c in self.conns:
+                    c.send([m[1] for m in msgs])
+            elif kind == "ready":
+                self.proxy_pids = [m[1] for m in msgs]  # [rank][lane]
+        self.worker_pids = [p.pid for p in self.procs]
+
+    @staticmethod
+    def _recv(conn, timeout=120.0):
+        if not conn.poll(timeout):
+            raise TimeoutError("a rank did not answer")
+        return conn.recv()
+
+    def run(self, iters, weights):
+        for c in self.conns:
+            c.send(("run", iters, weights))
+        res = [self._recv(c) for c in self.conns]
+        if not all(r[4] for r in res):
+            raise RuntimeError("allreduce result is wrong (expected every element == 1.5)")
+        return res
+
+    def close(self):
+        for c in self.conns:
+            c.send(("close",))
+        for c in self.conns:
+            try:
+                self._recv(c, 30.0)
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(10)
+
+
+# -- unit costs -------------------------------------------------------------------------------------
+
+
+def unit_costs(cpu):
+    """CPU-seconds per byte of reduce, memcpy and loopback TCP on one pinned CPU."""
+    import numpy as np
+
+    from fasthorovod import _C, _C_testing
+
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        f32 = _C.DTYPES["float32"]
+        shard = np.ones(64 * MIB // 4, dtype=np.float32)
+        temp = np.ones(MIB // 4, dtype=np.float32)
+        seg = MIB // 4
+        best = {}
+        dst = np.zeros_like(shard)
+        for name in ("reduce", "copy"):
+            samples = []
+            for _ in range(3):
+                t0 = time.thread_time()
+                if name == "reduce":
+                    for i in range(0, shard.size, seg):
+                        _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
+                else:
+                    np.copyto(dst, shard)
+                samples.append((time.thread_time() - t0) / shard.nbytes)
+            best[name] = min(samples)
+        # loopback TCP: a receiver thread and a sender thread on the same CPU
+        total = 256 * MIB
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        cli = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+        recv_cpu = []
+
+        def receiver():
+            buf = bytearray(MIB)
+            view = memoryview(buf)
+            got, t0 = 0, time.thread_time()
+            while got < total:
+                n = conn.recv_into(view)
+                if n == 0:
+                    break
+                got += n
+            recv_cpu.append(time.thread_time() - t0)
+
+        payload = bytes(MIB)
+        th = threading.Thread(target=receiver)
+        s0 = proc_stat()[cpu][1]
+        th.start()
+        t0 = time.thread_time()
+        for _ in range(total // MIB):
+            cli.sendall(payload)
+        send_cpu = time.thread_time() - t0
+        th.join()
+        softirq = proc_stat()[cpu][1] - s0
+        for s in (cli, conn, srv):
+            s.close()
+        best["socket_send"] = send_cpu / total
+        best["socket_recv"] = recv_cpu[0] / total
+        best["socket_softirq"] = softirq / total
+        best["socket"] = (send_cpu + recv_cpu[0] + softirq) / total
+        return best
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+# -- placements -------------------------------------------------------------------------------------
+
+# name, role, lanes [(rank 0's CPUs, rank 1's CPUs) per lane; None = unpinned], compute (CPUs, duty) or None
+PLACEMENTS = [
+    ("k1 separated", "fit", [((0,), (1,))], None),
+    ("k1 clustered", "fit", [((0,), (0,))], None),
+    ("k2 two per CPU", "fit", [((0,), (1,))] * 2, None),
+    ("k1 separated, compute on 0", "fit", [((0,), (1,))], ((0,), 1.0)),
+    ("k4 four per CPU", "fit", [((0,), (1,))] * 4, None),
+    ("k2 a lane per CPU", "validate", [((0,), (0,)), ((1,), (1,))], None),
+    ("k2 all on CPU 0", "validate", [((0,), (0,))] * 2, None),
+    ("k3 three per CPU", "validate", [((0,), (1,))] * 3, None),
+    ("k1 separated, compute 50% on 0", "validate", [((0,), (1,))], ((0,), 0.5)),
+    ("k2 two per CPU, compute on 1", "validate", [((0,), (1,))] * 2, ((1,), 1.0)),
+    ("k1 clustered on 1, compute on 0", "validate", [((1,), (1,))], ((0,), 1.0)),
+    ("k1 clustered with compute on 0", "validate", [((0,), (0,))], ((0,), 1.0)),
+    ("k1 unpinned", "validate", [(None, None)], None),
+    ("k2 unpinned", "validate", [(None, None)] * 2, None),
+    ("k2 unpinned, compute on 0", "validate", [(None, None)] * 2, ((0,), 1.0)),
+]
+
+
+def model_placement(cpus, lanes, compute, other_runnable=0.0):
+    """The model's view of a measured placement: the proxies, the compute thread, and other jobs'
+    runnable threads as unpinned busy threads (whole ones, then the fraction as a duty cycle)."""
+    proxies = tuple(ProxySpec(j, c) for j, ends in enumerate(lanes) for c in ends)
+    busy = [Busy(compute[0], compute[1])] if compute else []
+    whole = int(other_runnable)
+    busy += [Busy(None, 1.0) for _ in range(whole)]
+    if other_runnable - whole > 0.02:
+        busy.append(Busy(None, other_runnable - whole))
+    return Placement(tuple(cpus), proxies, tuple(busy))
+
+
+def measure(ring, cpus, lanes, compute, hog, seconds, weights):
+    """Pins, balances the lanes, and measures one window; returns a dict."""
+    allcpus = set(cpus)
+    for j, ends in enumerate(lanes):
+        for rank in range(2):
+            pin(ring.proxy_pids[rank][j], set(ends[rank]) if ends[rank] is not None else allcpus)
+    hog_proc, duty = hog
+    duty.value = 0.0
+    quiet = wait_for_quiet(0.3, 6.0)
+    if compute:
+        pin(hog_proc.pid, set(compute[0]))
+        duty.value = compute[1]
+    else:
+        pin(hog_proc.pid, allcpus)
+        duty.value = 0.0
+    time.sleep(0.05)
+    # 1. pace and weights
+    res = ring.run(3, weights)
+    paces = [b / max(ns, 1) for b, ns in zip(res[0][2], res[0][3])]
+    weights = [p / sum(paces) for p in paces]
+    n = max(2, int(0.25 / (res[0][1] / 3)))
+    res = ring.run(n, weights)
+    paces = [b / max(ns, 1) for b, ns in zip(res[0][2], res[0][3])]
+    weights = [p / sum(paces) for p in paces]
+    per_iter = res[0][1] / n
+    iters = max(3, int(seconds / per_iter))
+    # 2. the window
+    pids = [p for r in ring.proxy_pids for p in r]
+    ours_pids = pids + ring.worker_pids + [hog_proc.pid, os.getpid()]
+    both0 = {p: cpu_ns(p) for p in ours_pids}
+    st0 = proc_stat()
+    t0 = time.perf_counter()
+    with RunnableSampler() as sampler:
+        res = ring.run(iters, weights)
+    wall = time.perf_counter() - t0
+    st1 = proc_stat()
+    both1 = {p: cpu_ns(p) for p in ours_pids}
+    cpu0 = {p: v[0] for p, v in both0.items()}
+    cpu1 = {p: v[0] for p, v in both1.items()}
+    dt = max(r[1] for r in res)
+    lane_bytes = res[0][2]
+    ours = sum(cpu1[p] - cpu0[p] for p in cpu0) / 1e9
+    ours_demand = sum(sum(both1[p]) - sum(both0[p]) for p in ours_pids) / 1e9 / wall
+    foreign = max(0.0, sampler.mean() - ours_demand)
+    busy = sum(st1[c][0] - st0[c][0] for c in cpus)
+    softirq = sum(st1[c][1] - st0[c][1] for c in cpus)
+    return {
+        "seconds": dt, "iterations": iters, "weights": weights,
+        "lane_rates": [b / dt for b in lane_bytes],
+        "aggregate": sum(lane_bytes) / dt,
+        "proxy_cpu": [[(cpu1[p] - cpu0[p]) / 1e9 / dt for p in r] for r in ring.proxy_pids],
+        "proxy_cpu_per_byte": [[(cpu1[p] - cpu0[p]) / 1e9 / max(1, res[rank][2][j])
+                                for j, p in enumerate(r)] for rank, r in enumerate(ring.proxy_pids)],
+        "worker_cpu": [(cpu1[p] - cpu0[p]) / 1e9 / dt for p in ring.worker_pids],
+        "compute_cpu": (cpu1[hog_proc.pid] - cpu0[hog_proc.pid]) / 1e9 / dt,
+        "softirq_cpu": softirq / dt,
+        "other_cpu": max(0.0, (busy - softirq - ours) / dt),
+        "other_runnable": foreign, "other_runnable_before": quiet,
+    }, weights
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/placement.json")
+    parser.add_argument("--seconds", type=float, default=1.0, help="measured window per placement and pass")
+    parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
+    parser.add_argument("--passes", type=int, default=2, help="passes over the placements (2nd reversed)")
+    parser.add_argument("--only", default="", help="|-separated placement names (development)")
+    parser.add_argument("--no-account-other", dest="account_other", action="store_false",
+                        help="do not give the model other jobs' runnable threads")
+    args = parser.parse_args(argv)
+
+    topo = read_topology()
+    cpus = list(topo.cpus)
+    if len(cpus) < 2:
+        sys.exit("needs at least 2 usable CPUs")
+    if cpus[:2] != [0, 1]:  # the placements name CPUs 0 and 1: map them onto the first two usable
+        remap = {0: cpus[0], 1: cpus[1]}
+    else:
+        remap = {0: 0, 1: 1}
+    cpus2 = (remap[0], remap[1])
+
+    def rm(cs):
+        return None if cs is None else tuple(remap[c] for c in cs)
+
+    chosen = [p for p in PLACEMENTS if not args.only or p[0] in args.only.split("|")]
+    placements = [(name, role, [(rm(a), rm(b)) for a, b in lanes], (rm(c[0]), c[1]) if c else None)
+                  for name, role, lanes, c in chosen]
+    started = time.monotonic()
+    print(f"[placement] {topo.describe()}; using CPUs {list(cpus2)}", flush=True)
+    components = unit_costs(cpus2[0])
+    print("[placement] unit costs (ns per byte): " +
+          ", ".join(f"{k} {v * 1e9:.3f}" for k, v in components.items()), flush=True)
+
+    ctx = mp.get_context("spawn")
+    duty = ctx.Value("d", 0.0)
+    stop = ctx.Event()
+    hog_proc = ctx.Process(target=hog_main, args=(duty, stop), daemon=True)
+    hog_proc.start()
+    count = args.mib * MIB // 4
+    runs = {name: [] for name, _, _, _ in placements}
+    try:
+        for p in range(args.passes):
+            order = placements if p % 2 == 0 else list(reversed(placements))
+            by_k = {}
+            for item in order:
+                by_k.setdefault(len(item[2]), []).append(item)
+            for k, items in by_k.items():
+                ring = LoopbackRing(ctx, k, count)
+                weights = [1.0] * k
+                try:
+                    for name, role, lanes, compute in items:
+                        m, weights = measure(ring, cpus2, lanes, compute, (hog_proc, duty), args.seconds, weights)
+                        runs[name].append(m)
+                        print(f"[placement] pass {p + 1} {name:34s} {m['aggregate'] / 1e6:7.0f} MB/s  lanes "
+                              f"{[round(x / 1e6) for x in m['lane_rates']]}  other jobs: {m['other_cpu']:.2f} CPU, "
+                              f"{m['other_runnable']:.2f} runnable (before {m['other_runnable_before']:.2f})",
+                              flush=True)
+                finally:
+                    ring.close()
+    finally:
+        stop.set()
+        hog_proc.join(5)
+
+    # -- fit and validate --
+    rows = []
+    samples = []
+    for name, role, lanes, compute in placements:
+        ms = runs[name]
+        lane_rates = [statistics.mean(m["lane_rates"][j] for m in ms) for j in range(len(lanes))]
+        agg = statistics.mean(m["aggregate"] for m in ms)
+        spread = (max(m["aggregate"] for m in ms) - min(m["aggregate"] for m in ms)) / agg if len(ms) > 1 else 0.0
+        other = statistics.mean(m["other_runnable"] for m in ms)
+        pl = model_placement(cpus2, lanes, compute, other if args.account_other else 0.0)
+        rows.append({"name": name, "role": role, "placement": pl.to_json(), "measured": agg,
+                     "measured_lanes": lane_rates, "pass_spread": spread, "runs": ms})
+        if role == "fit":
+            samples.append((pl, dict(enumerate(lane_rates))))
+    model = PlacementModel.fit(samples, components=components)
+    proc_kappa = [c for r in rows if r["role"] == "fit" for m in r["runs"] for rank in m["proxy_cpu_per_byte"]
+                  for c in rank]
+    model.fit_info["proxy_process_cpu_per_byte_median"] = statistics.median(proc_kappa)
+    errors = {"fit": [], "validate": []}
+    for r in rows:
+        pred = model.predict(Placement.from_json(r["placement"]))
+        r["predicted"] = pred.aggregate
+        r["predicted_lanes"] = [pred.lane_rates[j] for j in sorted(pred.lane_rates)]
+        r["predicted_compute_cpu"] = pred.busy_cpu
+        r["error"] = (pred.aggregate - r["measured"]) / r["measured"]
+        r["lane_errors"] = [(p - m) / m for p, m in zip(r["predicted_lanes"], r["measured_lanes"])]
+        errors[r["role"]].append(abs(r["error"]))
+
+    print()
+    print(f"model: kappa {model.kappa * 1e9:.3f} ns/B (alone {model.alone_rate() / 1e6:.0f} MB/s), "
+          f"eta {model.eta:.3f}, gamma {model.gamma:.3f}, beta {model.beta} (prior, no SMT here); "
+          f"bottom-up kappa {model.bottom_up_kappa() * 1e9:.3f} ns/B; proxy process CPU "
+          f"{model.fit_info['proxy_process_cpu_per_byte_median'] * 1e9:.3f} ns/B")
+    print(f"{'placement':36s} {'role':9s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'spread':>7s} "
+          f"{'compute':>8s} {'other':>6s} {'runnable':>8s}")
+    for r in rows:
+        other = statistics.mean(m["other_cpu"] for m in r["runs"])
+        comp = statistics.mean(m["compute_cpu"] for m in r["runs"])
+        runnable = statistics.mean(m["other_runnable"] for m in r["runs"])
+        print(f"{r['name']:36s} {r['role']:9s} {r['measured'] / 1e6:9.0f} {r['predicted'] / 1e6:9.0f} "
+              f"{r['error'] * 100:+6.1f}% {r['pass_spread'] * 100:6.1f}% {comp:8.2f} {other:6.2f} {runnable:8.2f}")
+    summary = {role: {"mean_abs_error": statistics.mean(e) if e else None, "max_abs_error": max(e) if e else None}
+               for role, e in errors.items()}
+    for role, label in (("validate", "validation (not fitted)"), ("fit", "fit placements")):
+        if errors[role]:
+            print(f"{label}: mean |error| {summary[role]['mean_abs_error'] * 100:.1f}%, "
+                  f"max {summary[role]['max_abs_error'] * 100:.1f}%")
+
+    plans = {}
+    for compute_cpus in (0, 1, 2):
+        for net in (None, 125e6, 1.25e9):
+            pl = plan(topo, compute_cpus, net, model)
+            key = f"compute={compute_cpus} net={'none' if net is None else f'{net * 8 / 1e9:g}Gbit/s'}"
+            plans[key] = {k: v for k, v in pl.to_json().items() if k != "candidates"}
+            print(f"plan {key:30s} {pl.reason}")
+    out = {"date": datetime.date.today().isoformat(), "topology": topo.describe(), "cpus_used": list(cpus2),
+           "allreduce_bytes": count * 4, "seconds_per_window": args.seconds, "passes": args.passes,
+           "components": components, "model": model.to_json(), "errors": summary, "placements": rows,
+           "plans": plans, "wall_seconds": time.monotonic() - started}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"[placement] wrote {args.out} ({time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
