@@ -37,6 +37,7 @@ is reported. Results go to ``--out`` (default results/placement.json).
     PYTHONPATH=. .venv/bin/python benchmarks/placement.py --out results/placement.json
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import multiprocessing as mp
@@ -116,19 +117,8 @@ class RunnableSampler:
         return statistics.mean(self.samples) if self.samples else 0.0
 
 
-def wait_for_quiet(threshold, limit):
-    """Waits (up to `limit` s) until other jobs' runnable threads average below `threshold` over
-    0.2 s (ours are idle now); returns what the last probe saw."""
-    deadline = time.monotonic() + limit
-    while True:
-        with RunnableSampler() as s:
-            time.sleep(0.2)
-        if s.mean() < threshold or time.monotonic() > deadline:
-            return s.mean()
-        time.sleep(0.3)
-
-
 def pin(pid, cpus):
+    """Pins every thread of `pid` to `cpus`."""
     for tid in tids(pid):
         try:
             os.sched_setaffinity(tid, cpus)
@@ -363,35 +353,32 @@ PLACEMENTS = [
 ]
 
 
-def model_placement(cpus, lanes, compute, other_runnable=0.0):
-    """The model's view of a measured placement: the proxies, the compute thread, and other jobs'
-    runnable threads as unpinned busy threads (whole ones, then the fraction as a duty cycle)."""
+def model_placement(cpus, lanes, compute):
+    """The model's view of a placement: both ranks' proxies of every lane and the compute thread."""
     proxies = tuple(ProxySpec(j, c) for j, ends in enumerate(lanes) for c in ends)
-    busy = [Busy(compute[0], compute[1])] if compute else []
-    whole = int(other_runnable)
-    busy += [Busy(None, 1.0) for _ in range(whole)]
-    if other_runnable - whole > 0.02:
-        busy.append(Busy(None, other_runnable - whole))
-    return Placement(tuple(cpus), proxies, tuple(busy))
+    busy = (Busy(compute[0], compute[1]),) if compute else ()
+    return Placement(tuple(cpus), proxies, busy)
 
 
-def measure(ring, cpus, lanes, compute, hog, seconds, weights):
-    """Pins, balances the lanes, and measures one window; returns a dict."""
+def measure(ring, cpus, lanes, compute, hog, seconds, weights, windows):
+    """Pins, balances the lanes as the rebalancing would, then measures `windows` windows of about
+    `seconds` each. Returns the windows and the weights."""
     allcpus = set(cpus)
+    affinity = {}
     for j, ends in enumerate(lanes):
         for rank in range(2):
-            pin(ring.proxy_pids[rank][j], set(ends[rank]) if ends[rank] is not None else allcpus)
+            cs = set(ends[rank]) if ends[rank] is not None else allcpus
+            pin(ring.proxy_pids[rank][j], cs)
+            affinity[ring.proxy_pids[rank][j]] = cs
     hog_proc, duty = hog
-    duty.value = 0.0
-    quiet = wait_for_quiet(0.3, 6.0)
     if compute:
         pin(hog_proc.pid, set(compute[0]))
+        affinity[hog_proc.pid] = set(compute[0])
         duty.value = compute[1]
     else:
         pin(hog_proc.pid, allcpus)
         duty.value = 0.0
     time.sleep(0.05)
-    # 1. pace and weights
     res = ring.run(3, weights)
     paces = [b / max(ns, 1) for b, ns in zip(res[0][2], res[0][3])]
     weights = [p / sum(paces) for p in paces]
@@ -399,9 +386,14 @@ def measure(ring, cpus, lanes, compute, hog, seconds, weights):
     res = ring.run(n, weights)
     paces = [b / max(ns, 1) for b, ns in zip(res[0][2], res[0][3])]
     weights = [p / sum(paces) for p in paces]
-    per_iter = res[0][1] / n
-    iters = max(3, int(seconds / per_iter))
-    # 2. the window
+    iters = max(3, int(seconds / (res[0][1] / n)))
+    return [window(ring, cpus, hog_proc, iters, weights, affinity) for _ in range(windows)], weights
+
+
+def window(ring, cpus, hog_proc, iters, weights, affinity):
+    """One measured window: rates, every process's CPU, and what other jobs took of each CPU
+    (its busy time in /proc/stat, less softirq, less our threads pinned to it, less a share of
+    our unpinned threads), and how many of their threads were runnable."""
     pids = [p for r in ring.proxy_pids for p in r]
     ours_pids = pids + ring.worker_pids + [hog_proc.pid, os.getpid()]
     both0 = {p: cpu_ns(p) for p in ours_pids}
@@ -412,39 +404,43 @@ def measure(ring, cpus, lanes, compute, hog, seconds, weights):
     wall = time.perf_counter() - t0
     st1 = proc_stat()
     both1 = {p: cpu_ns(p) for p in ours_pids}
-    cpu0 = {p: v[0] for p, v in both0.items()}
-    cpu1 = {p: v[0] for p, v in both1.items()}
+    cpu = {p: (both1[p][0] - both0[p][0]) / 1e9 for p in ours_pids}
     dt = max(r[1] for r in res)
     lane_bytes = res[0][2]
-    ours = sum(cpu1[p] - cpu0[p] for p in cpu0) / 1e9
     ours_demand = sum(sum(both1[p]) - sum(both0[p]) for p in ours_pids) / 1e9 / wall
-    foreign = max(0.0, sampler.mean() - ours_demand)
-    busy = sum(st1[c][0] - st0[c][0] for c in cpus)
-    softirq = sum(st1[c][1] - st0[c][1] for c in cpus)
+    raw = {}
+    for c in cpus:
+        busy = st1[c][0] - st0[c][0] - (st1[c][1] - st0[c][1])
+        raw[c] = busy - sum(cpu[p] for p in ours_pids if affinity.get(p) == {c})
+    unpinned = sum(cpu[p] for p in ours_pids if p not in affinity or len(affinity[p]) > 1)
+    total_raw = sum(max(0.0, v) for v in raw.values())
+    other = {c: max(0.0, v - unpinned * max(0.0, v) / total_raw) / wall if total_raw > 0 else 0.0
+             for c, v in raw.items()}
     return {
         "seconds": dt, "iterations": iters, "weights": weights,
         "lane_rates": [b / dt for b in lane_bytes],
         "aggregate": sum(lane_bytes) / dt,
-        "proxy_cpu": [[(cpu1[p] - cpu0[p]) / 1e9 / dt for p in r] for r in ring.proxy_pids],
-        "proxy_cpu_per_byte": [[(cpu1[p] - cpu0[p]) / 1e9 / max(1, res[rank][2][j])
-                                for j, p in enumerate(r)] for rank, r in enumerate(ring.proxy_pids)],
-        "worker_cpu": [(cpu1[p] - cpu0[p]) / 1e9 / dt for p in ring.worker_pids],
-        "compute_cpu": (cpu1[hog_proc.pid] - cpu0[hog_proc.pid]) / 1e9 / dt,
-        "softirq_cpu": softirq / dt,
-        "other_cpu": max(0.0, (busy - softirq - ours) / dt),
-        "other_runnable": foreign, "other_runnable_before": quiet,
-    }, weights
+        "proxy_cpu": [[cpu[p] / wall for p in r] for r in ring.proxy_pids],
+        "proxy_cpu_per_byte": [[cpu[p] / max(1, res[rank][2][j]) for j, p in enumerate(r)]
+                               for rank, r in enumerate(ring.proxy_pids)],
+        "worker_cpu": [cpu[p] / wall for p in ring.worker_pids],
+        "compute_cpu": cpu[hog_proc.pid] / wall,
+        "softirq_cpu": sum(st1[c][1] - st0[c][1] for c in cpus) / wall,
+        "other_cpu": other,
+        "other_runnable": max(0.0, sampler.mean() - ours_demand),
+    }
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/placement.json")
-    parser.add_argument("--seconds", type=float, default=1.0, help="measured window per placement and pass")
+    parser.add_argument("--seconds", type=float, default=0.3, help="one measured window")
+    parser.add_argument("--windows", type=int, default=4, help="windows per placement and pass")
     parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
-    parser.add_argument("--passes", type=int, default=2, help="passes over the placements (2nd reversed)")
+    parser.add_argument("--passes", type=int, default=1, help="passes over the placements (even ones reversed)")
     parser.add_argument("--only", default="", help="|-separated placement names (development)")
     parser.add_argument("--no-account-other", dest="account_other", action="store_false",
-                        help="do not give the model other jobs' runnable threads")
+                        help="do not tell the model how much CPU other jobs took")
     args = parser.parse_args(argv)
 
     topo = read_topology()
@@ -487,11 +483,12 @@ def main(argv=None):
                 weights = [1.0] * k
                 try:
                     for name, role, lanes, compute in items:
-                        m, weights = measure(ring, cpus2, lanes, compute, (hog_proc, duty), args.seconds, weights)
-                        runs[name].append(m)
-                        print(f"[placement] pass {p + 1} {name:34s} {m['aggregate'] / 1e6:7.0f} MB/s  lanes "
-                              f"{[round(x / 1e6) for x in m['lane_rates']]}  other jobs: {m['other_cpu']:.2f} CPU, "
-                              f"{m['other_runnable']:.2f} runnable (before {m['other_runnable_before']:.2f})",
+                        ws, weights = measure(ring, cpus2, lanes, compute, (hog_proc, duty), args.seconds,
+                                              weights, args.windows)
+                        runs[name].extend(ws)
+                        rates = " ".join(f"{w['aggregate'] / 1e6:5.0f}" for w in ws)
+                        others = " ".join(f"{sum(w['other_cpu'].values()):.2f}" for w in ws)
+                        print(f"[placement] pass {p + 1} {name:34s} {rates} MB/s; other jobs took {others} CPU",
                               flush=True)
                 finally:
                     ring.close()
@@ -499,53 +496,69 @@ def main(argv=None):
         stop.set()
         hog_proc.join(5)
 
-    # -- fit and validate --
-    rows = []
-    samples = []
-    for name, role, lanes, compute in placements:
-        ms = runs[name]
-        lane_rates = [statistics.mean(m["lane_rates"][j] for m in ms) for j in range(len(lanes))]
-        agg = statistics.mean(m["aggregate"] for m in ms)
-        spread = (max(m["aggregate"] for m in ms) - min(m["aggregate"] for m in ms)) / agg if len(ms) > 1 else 0.0
-        other = statistics.mean(m["other_runnable"] for m in ms)
-        pl = model_placement(cpus2, lanes, compute, other if args.account_other else 0.0)
-        rows.append({"name": name, "role": role, "placement": pl.to_json(), "measured": agg,
-                     "measured_lanes": lane_rates, "pass_spread": spread, "runs": ms})
-        if role == "fit":
-            samples.append((pl, dict(enumerate(lane_rates))))
+    # -- fit and validate: every window is a sample, with the CPU other jobs took as measured --
+    def window_placement(lanes, compute, w):
+        pl = model_placement(cpus2, lanes, compute)
+        if args.account_other:
+            pl = dataclasses.replace(pl, reserved={int(c): v for c, v in w["other_cpu"].items()})
+        return pl
+
+    samples = [(window_placement(lanes, compute, w), dict(enumerate(w["lane_rates"])))
+               for name, role, lanes, compute in placements if role == "fit" for w in runs[name]]
     model = PlacementModel.fit(samples, components=components)
-    proc_kappa = [c for r in rows if r["role"] == "fit" for m in r["runs"] for rank in m["proxy_cpu_per_byte"]
-                  for c in rank]
+    proc_kappa = [c for name, role, _, _ in placements if role == "fit" for w in runs[name]
+                  for rank in w["proxy_cpu_per_byte"] for c in rank]
     model.fit_info["proxy_process_cpu_per_byte_median"] = statistics.median(proc_kappa)
+    rows = []
     errors = {"fit": [], "validate": []}
-    for r in rows:
-        pred = model.predict(Placement.from_json(r["placement"]))
-        r["predicted"] = pred.aggregate
-        r["predicted_lanes"] = [pred.lane_rates[j] for j in sorted(pred.lane_rates)]
-        r["predicted_compute_cpu"] = pred.busy_cpu
-        r["error"] = (pred.aggregate - r["measured"]) / r["measured"]
-        r["lane_errors"] = [(p - m) / m for p, m in zip(r["predicted_lanes"], r["measured_lanes"])]
-        errors[r["role"]].append(abs(r["error"]))
+    for name, role, lanes, compute in placements:
+        ws = runs[name]
+        for w in ws:
+            pl = window_placement(lanes, compute, w)
+            pred = model.predict(pl)
+            w["placement"] = pl.to_json()
+            w["predicted"] = pred.aggregate
+            w["predicted_lanes"] = [pred.lane_rates[j] for j in sorted(pred.lane_rates)]
+            w["predicted_compute_cpu"] = pred.busy_cpu[0] if compute else None
+            w["error"] = (pred.aggregate - w["aggregate"]) / w["aggregate"]
+        errs = [w["error"] for w in ws]
+        row = {"name": name, "role": role, "lanes": lanes, "compute": compute,
+               "measured": statistics.median(w["aggregate"] for w in ws),
+               "predicted": statistics.median(w["predicted"] for w in ws),
+               "error_median": statistics.median(errs), "abs_error_mean": statistics.mean(abs(e) for e in errs),
+               "other_cpu": statistics.mean(sum(w["other_cpu"].values()) for w in ws),
+               "other_runnable": statistics.mean(w["other_runnable"] for w in ws),
+               "compute_cpu": statistics.mean(w["compute_cpu"] for w in ws),
+               "predicted_compute_cpu": (statistics.mean(w["predicted_compute_cpu"] for w in ws)
+                                         if compute else None),
+               "proxy_cpu_per_byte": statistics.median(c for w in ws for r in w["proxy_cpu_per_byte"] for c in r),
+               "windows": ws}
+        rows.append(row)
+        errors[role].extend(abs(e) for e in errs)
 
     print()
     print(f"model: kappa {model.kappa * 1e9:.3f} ns/B (alone {model.alone_rate() / 1e6:.0f} MB/s), "
           f"eta {model.eta:.3f}, gamma {model.gamma:.3f}, beta {model.beta} (prior, no SMT here); "
           f"bottom-up kappa {model.bottom_up_kappa() * 1e9:.3f} ns/B; proxy process CPU "
-          f"{model.fit_info['proxy_process_cpu_per_byte_median'] * 1e9:.3f} ns/B")
-    print(f"{'placement':36s} {'role':9s} {'measured':>9s} {'predicted':>9s} {'error':>7s} {'spread':>7s} "
-          f"{'compute':>8s} {'other':>6s} {'runnable':>8s}")
+          f"{model.fit_info['proxy_process_cpu_per_byte_median'] * 1e9:.3f} ns/B; "
+          f"fit rms log error {model.fit_info['rms_log_error']:.3f}")
+    print(f"{'placement':36s} {'role':8s} {'measured':>8s} {'predicted':>9s} {'error':>7s} {'|err|':>6s} "
+          f"{'ns/B':>5s} {'compute':>7s} {'(pred)':>6s} {'other':>5s} {'runnable':>8s}")
     for r in rows:
-        other = statistics.mean(m["other_cpu"] for m in r["runs"])
-        comp = statistics.mean(m["compute_cpu"] for m in r["runs"])
-        runnable = statistics.mean(m["other_runnable"] for m in r["runs"])
-        print(f"{r['name']:36s} {r['role']:9s} {r['measured'] / 1e6:9.0f} {r['predicted'] / 1e6:9.0f} "
-              f"{r['error'] * 100:+6.1f}% {r['pass_spread'] * 100:6.1f}% {comp:8.2f} {other:6.2f} {runnable:8.2f}")
-    summary = {role: {"mean_abs_error": statistics.mean(e) if e else None, "max_abs_error": max(e) if e else None}
+        pc = f"{r['predicted_compute_cpu']:.2f}" if r["predicted_compute_cpu"] is not None else "-"
+        print(f"{r['name']:36s} {r['role']:8s} {r['measured'] / 1e6:8.0f} {r['predicted'] / 1e6:9.0f} "
+              f"{r['error_median'] * 100:+6.1f}% {r['abs_error_mean'] * 100:5.1f}% "
+              f"{r['proxy_cpu_per_byte'] * 1e9:5.2f} {r['compute_cpu']:7.2f} {pc:>6s} "
+              f"{r['other_cpu']:5.2f} {r['other_runnable']:8.2f}")
+    summary = {role: {"mean_abs_error": statistics.mean(e) if e else None,
+                      "median_abs_error": statistics.median(e) if e else None,
+                      "max_abs_error": max(e) if e else None, "windows": len(e)}
                for role, e in errors.items()}
-    for role, label in (("validate", "validation (not fitted)"), ("fit", "fit placements")):
+    for role, label in (("validate", "validation windows (placements not fitted)"), ("fit", "fit windows")):
         if errors[role]:
-            print(f"{label}: mean |error| {summary[role]['mean_abs_error'] * 100:.1f}%, "
-                  f"max {summary[role]['max_abs_error'] * 100:.1f}%")
+            print(f"{label}: mean |error| {summary[role]['mean_abs_error'] * 100:.1f}%, median "
+                  f"{summary[role]['median_abs_error'] * 100:.1f}%, max {summary[role]['max_abs_error'] * 100:.1f}% "
+                  f"over {len(errors[role])} windows")
 
     plans = {}
     for compute_cpus in (0, 1, 2):

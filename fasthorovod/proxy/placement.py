@@ -181,6 +181,9 @@ class Placement:
     siblings: Mapping[int, CpuSet] = dataclasses.field(default_factory=dict)
     lane_rate: Optional[float] = None
     net_rate: Optional[float] = None
+    reserved: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    """CPU-seconds per second of each CPU taken by threads outside the model (another job, measured
+    after the fact); the modelled threads share what is left."""
 
     def lanes(self) -> List[int]:
         return sorted(set(p.lane for p in self.proxies))
@@ -190,7 +193,8 @@ class Placement:
                 "proxies": [{"lane": p.lane, "cpus": None if p.cpus is None else list(p.cpus)} for p in self.proxies],
                 "busy": [{"cpus": None if b.cpus is None else list(b.cpus), "duty": b.duty} for b in self.busy],
                 "siblings": {str(k): list(v) for k, v in self.siblings.items()},
-                "lane_rate": self.lane_rate, "net_rate": self.net_rate}
+                "lane_rate": self.lane_rate, "net_rate": self.net_rate,
+                "reserved": {str(k): v for k, v in self.reserved.items()}}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Placement":
@@ -198,7 +202,8 @@ class Placement:
         return cls(tuple(d["cpus"]), tuple(ProxySpec(p["lane"], opt(p["cpus"])) for p in d["proxies"]),
                    tuple(Busy(opt(b["cpus"]), b.get("duty", 1.0)) for b in d.get("busy", ())),
                    {int(k): tuple(v) for k, v in d.get("siblings", {}).items()},
-                   d.get("lane_rate"), d.get("net_rate"))
+                   d.get("lane_rate"), d.get("net_rate"),
+                   {int(k): float(v) for k, v in d.get("reserved", {}).items()})
 
 
 @dataclasses.dataclass
@@ -339,13 +344,13 @@ class PlacementModel:
                    fit_info={"observations": len(obs), "placements": len(placements), "rms_log_error": rms})
 
 
-def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], rounds: int = 30
-                    ) -> Tuple[Dict[int, float], List[Dict[int, float]]]:
+def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], rounds: int = 30,
+                    base: Optional[Mapping[int, float]] = None) -> Tuple[Dict[int, float], List[Dict[int, float]]]:
     """Each logical CPU's demand (busy threads on it, on average) when every thread's demand is
     spread over its allowed CPUs as evenly as the others allow (the scheduler's load balancing, as
     a fluid): repeatedly water-fill each thread's demand onto the least loaded of its CPUs.
     Returns the per-CPU loads and each thread's split {cpu: demand}."""
-    load = {c: 0.0 for c in universe}
+    load = {c: float((base or {}).get(c, 0.0)) for c in universe}
     spread: List[Dict[int, float]] = []
     for a, d in entities:
         share = {c: d / len(a) for c in a}
@@ -430,7 +435,8 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
 
     # per-byte cost of each proxy: crowding m_p and SMT sibling occupancy o_p, from each logical
     # CPU's load once the scheduler has spread every thread's demand over its affinity
-    cpu_load, spread = _balanced_loads(universe, entities)
+    reserved = {c: min(1.0, max(0.0, float(pl.reserved.get(c, 0.0)))) for c in universe}
+    cpu_load, spread = _balanced_loads(universe, entities, base=reserved)
     kap: List[float] = []
     for i, a in enumerate(aff_p):
         d = demand_p[i]
@@ -477,7 +483,7 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
                             fixed += frozen_busy[j]
                         else:
                             loads.append((1.0, duties[j]))
-                capacity = float(len(s))
+                capacity = max(1e-9, float(len(s)) - sum(reserved[c] for c in s))
             else:
                 for lane in lanes:
                     if lane in frozen_lane:

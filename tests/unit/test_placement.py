@@ -142,13 +142,23 @@ def test_busy_smt_sibling_raises_cost():
     assert busy.aggregate == pytest.approx(idle.aggregate / 1.3)
 
 
+def test_cpu_taken_by_other_jobs_is_not_shared():
+    # another job took 0.7 of CPU 0: the proxy there gets the 0.3 left, crowded by it
+    pred = MODEL.predict(placement([[(0,)]], reserved={0: 0.7}))
+    assert pred.proxy_cpu == [pytest.approx(0.3)]
+    assert pred.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.2 * 0.3))]
+    # an unpinned one goes to the idle CPU 1
+    pred = MODEL.predict(placement([[None]], reserved={0: 0.7}))
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+
+
 def test_bad_affinity_is_refused():
     with pytest.raises(ValueError, match="not within"):
         MODEL.predict(placement([[(5,)]]))
 
 
 def test_placement_and_model_round_trip_json(tmp_path):
-    pl = placement([[(0,), None]], [Busy((1,), 0.5)], siblings={0: (1,)}, net_rate=1e9)
+    pl = placement([[(0,), None]], [Busy((1,), 0.5)], siblings={0: (1,)}, net_rate=1e9, reserved={1: 0.25})
     again = Placement.from_json(json.loads(json.dumps(pl.to_json())))
     assert again == pl
     path = tmp_path / "model.json"
