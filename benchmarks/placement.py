@@ -505,7 +505,10 @@ def main(argv=None):
 
     samples = [(window_placement(lanes, compute, w), dict(enumerate(w["lane_rates"])))
                for name, role, lanes, compute in placements if role == "fit" for w in runs[name]]
-    model = PlacementModel.fit(samples, components=components)
+    cpu_samples = [(window_placement(lanes, compute, w),
+                    [w["proxy_cpu_per_byte"][rank][j] for j in range(len(lanes)) for rank in range(2)])
+                   for name, role, lanes, compute in placements if role == "fit" for w in runs[name]]
+    model = PlacementModel.fit(samples, cpu_samples=cpu_samples, components=components)
     proc_kappa = [c for name, role, _, _ in placements if role == "fit" for w in runs[name]
                   for rank in w["proxy_cpu_per_byte"] for c in rank]
     model.fit_info["proxy_process_cpu_per_byte_median"] = statistics.median(proc_kappa)
@@ -538,7 +541,7 @@ def main(argv=None):
 
     print()
     print(f"model: kappa {model.kappa * 1e9:.3f} ns/B (alone {model.alone_rate() / 1e6:.0f} MB/s), "
-          f"eta {model.eta:.3f}, gamma {model.gamma:.3f}, beta {model.beta} (prior, no SMT here); "
+          f"eta {model.eta:.3f}, gamma {model.gamma:.3f}, delta {model.delta:.3f}, beta {model.beta} (prior, no SMT here); "
           f"bottom-up kappa {model.bottom_up_kappa() * 1e9:.3f} ns/B; proxy process CPU "
           f"{model.fit_info['proxy_process_cpu_per_byte_median'] * 1e9:.3f} ns/B; "
           f"fit rms log error {model.fit_info['rms_log_error']:.3f}")

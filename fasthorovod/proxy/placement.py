@@ -22,16 +22,22 @@ its SMT siblings are idle, and *clustered* otherwise. Clustering costs twice:
 * **cost per byte**: a clustered thread's per-byte cost rises (context switches, caches shared
   with another working set):
 
-      kappa_p = kappa * (1 + gamma * (m_p - 1) + beta * o_p)
+      kappa_p = kappa * (1 + gamma * (m_p - 1) + beta * o_p - delta * s_p)
 
-  where m_p >= 1 is how many busy threads p's CPU holds on average (the demand of the threads
-  whose affinity lies within a CPU set, over the set's size, at the most crowded set around p) and
-  o_p in [0, 1] is how busy p's SMT siblings are.
+  where m_p >= 1 is how many busy threads p's CPU holds on average (every thread's demand spread
+  over its allowed CPUs as evenly as the scheduler can), o_p in [0, 1] how busy p's SMT siblings
+  are, and s_p in [0, 1] how much of the time p's ring peer of the same lane shares its CPU. The
+  last term only exists on a test rig whose ranks share a host (a loopback ring): the receiver
+  then reads from cache what its peer has just written. On a real cluster a host runs one proxy
+  per lane, s_p = 0.
 
-The parameters are physical and few: kappa (s/B), eta, gamma, beta. ``PlacementModel.fit`` takes
-them from measured placements (benchmarks/placement.py): for fixed (eta, gamma) every predicted
-rate is proportional to 1/kappa, so kappa has a closed-form least-squares solution in log space,
-and (eta, gamma) are found by a grid search refined around its best point. beta can only be
+The parameters are physical and few: kappa (s/B), eta, gamma, beta, delta. ``PlacementModel.fit``
+takes them from measured placements (benchmarks/placement.py). The multipliers gamma and delta
+are what they say, changes of CPU-seconds per byte, so when the proxies' own CPU time per byte was
+measured they come from a linear least-squares fit of it (this survives a host shared with other
+jobs far better than rates do); for fixed multipliers and eta every predicted rate is proportional
+to 1/kappa, so kappa has a closed-form least-squares solution on log rates, and eta is a
+one-dimensional search. Without CPU measurements (eta, gamma) are searched on a grid together. beta can only be
 measured on a host with SMT siblings; elsewhere it keeps a stated prior (``beta_measured`` says
 which). ``components`` keeps the measured unit costs the workload is made of (reduction, memcpy,
 loopback send+recv per byte), for the bottom-up check kappa ~ socket + reduce / 2.
@@ -219,6 +225,9 @@ class Prediction:
     proxy_kappa: List[float]
     aggregate: float
     equal_split: float
+    proxy_crowding: List[float] = dataclasses.field(default_factory=list)  # m_p
+    proxy_sibling: List[float] = dataclasses.field(default_factory=list)  # o_p
+    proxy_peer: List[float] = dataclasses.field(default_factory=list)  # s_p
 
 
 # -- the model --------------------------------------------------------------------------------------
@@ -257,6 +266,8 @@ class PlacementModel:
     beta: float = 0.3
     """Extra per-byte cost when the proxy's SMT siblings are busy (a prior unless beta_measured)."""
     beta_measured: bool = False
+    delta: float = 0.0
+    """Per-byte saving when the proxy's ring peer of the same lane shares its CPU (loopback rigs only)."""
     components: Dict[str, float] = dataclasses.field(default_factory=dict)
     """Measured unit costs, CPU-seconds per byte: reduce (float32 add), copy (memcpy), socket
     (loopback TCP send + receive of one byte, both ends)."""
@@ -295,53 +306,120 @@ class PlacementModel:
     # -- prediction --
 
     def predict(self, placement: Placement) -> Prediction:
-        return _predict(placement, self.kappa, self.eta, self.gamma, self.beta)
+        return _predict(placement, self.kappa, self.eta, self.gamma, self.beta, self.delta)
 
     # -- fitting --
 
     @classmethod
-    def fit(cls, samples: Sequence[Tuple[Placement, Mapping[int, float]]], *, beta: float = 0.3,
-            beta_measured: bool = False, components: Optional[Mapping[str, float]] = None,
+    def fit(cls, samples: Sequence[Tuple[Placement, Mapping[int, float]]], *,
+            cpu_samples: Optional[Sequence[Tuple[Placement, Sequence[float]]]] = None, beta: float = 0.3,
+            beta_measured: bool = False, delta: float = 0.0, components: Optional[Mapping[str, float]] = None,
             eta_range: Tuple[float, float] = (0.2, 1.0), gamma_range: Tuple[float, float] = (0.0, 1.5)
             ) -> "PlacementModel":
         """Least squares on log lane rates: `samples` are (placement, {lane: measured wire bytes/s}).
-        For each (eta, gamma) the best kappa is closed-form (rates scale as 1/kappa); (eta, gamma)
-        come from a grid refined twice around its best point."""
+        With `cpu_samples` (placement, each proxy's measured CPU-seconds per byte, in the
+        placement's order) gamma and delta come from a linear fit of those, alternating with a
+        search of eta; without, (eta, gamma) come from a grid refined twice around its best point
+        and delta stays as given. kappa is closed-form in both (rates scale as 1/kappa)."""
         obs = [(pl, lane, rate) for pl, rates in samples for lane, rate in rates.items() if rate > 0]
         if not obs:
             raise ValueError("fit needs at least one positive measured rate")
-        # the rate each placement gets for kappa = 1; lane caps scale with kappa, so fit without them
         if any(pl.lane_rate is not None or pl.net_rate is not None for pl, _, _ in obs):
             raise ValueError("fit on CPU-bound placements (no lane_rate / net_rate caps)")
         placements = list({id(pl): pl for pl, _, _ in obs}.values())
 
-        def sse(eta: float, gamma: float) -> Tuple[float, float]:
-            unit = {id(pl): _predict(pl, 1.0, eta, gamma, beta).lane_rates for pl in placements}
+        def sse(eta: float, gamma: float, dlt: float) -> Tuple[float, float]:
+            unit = {id(pl): _predict(pl, 1.0, eta, gamma, beta, dlt).lane_rates for pl in placements}
             logs = [math.log(unit[id(pl)][lane]) - math.log(rate) for pl, lane, rate in obs]
             log_kappa = sum(logs) / len(logs)
             return sum((x - log_kappa) ** 2 for x in logs), math.exp(log_kappa)
 
-        best = None
-        e_lo, e_hi = eta_range
-        g_lo, g_hi = gamma_range
-        steps = 16
-        for _ in range(3):
-            for i in range(steps + 1):
-                for j in range(steps + 1):
-                    eta = e_lo + (e_hi - e_lo) * i / steps
-                    gamma = g_lo + (g_hi - g_lo) * j / steps
-                    err, kappa = sse(eta, gamma)
+        def search_eta(gamma: float, dlt: float, lo: float, hi: float):
+            best = None
+            for _ in range(3):
+                for i in range(17):
+                    eta = lo + (hi - lo) * i / 16
+                    err, kappa = sse(eta, gamma, dlt)
                     if best is None or err < best[0] - 1e-15:
-                        best = (err, eta, gamma, kappa)
-            _, eta, gamma, _ = best
-            de, dg = (e_hi - e_lo) / steps * 2, (g_hi - g_lo) / steps * 2
-            e_lo, e_hi = max(eta_range[0], eta - de), min(eta_range[1], eta + de)
-            g_lo, g_hi = max(gamma_range[0], gamma - dg), min(gamma_range[1], gamma + dg)
-        err, eta, gamma, kappa = best
-        rms = math.sqrt(err / len(obs))
-        return cls(kappa=kappa, eta=eta, gamma=gamma, beta=beta, beta_measured=beta_measured,
-                   components=dict(components or {}),
-                   fit_info={"observations": len(obs), "placements": len(placements), "rms_log_error": rms})
+                        best = (err, eta, kappa)
+                step = (hi - lo) / 8
+                lo, hi = max(eta_range[0], best[1] - step), min(eta_range[1], best[1] + step)
+            return best
+
+        info: Dict = {}
+        if cpu_samples:
+            eta, gamma = 0.7, 0.0
+            for _ in range(3):
+                gamma, delta, cpu_fit = _fit_multipliers(cpu_samples, eta, beta)
+                gamma = min(max(gamma, gamma_range[0]), gamma_range[1])
+                err, eta, kappa = search_eta(gamma, delta, *eta_range)
+            info.update(cpu_fit)
+        else:
+            best = None
+            e_lo, e_hi = eta_range
+            g_lo, g_hi = gamma_range
+            steps = 16
+            for _ in range(3):
+                for i in range(steps + 1):
+                    for j in range(steps + 1):
+                        eta = e_lo + (e_hi - e_lo) * i / steps
+                        gamma = g_lo + (g_hi - g_lo) * j / steps
+                        err, kappa = sse(eta, gamma, delta)
+                        if best is None or err < best[0] - 1e-15:
+                            best = (err, eta, gamma, kappa)
+                _, eta, gamma, _ = best
+                de, dg = (e_hi - e_lo) / steps * 2, (g_hi - g_lo) / steps * 2
+                e_lo, e_hi = max(eta_range[0], eta - de), min(eta_range[1], eta + de)
+                g_lo, g_hi = max(gamma_range[0], gamma - dg), min(gamma_range[1], gamma + dg)
+            err, eta, gamma, kappa = best
+        info.update({"observations": len(obs), "placements": len(placements),
+                     "rms_log_error": math.sqrt(err / len(obs))})
+        return cls(kappa=kappa, eta=eta, gamma=gamma, beta=beta, beta_measured=beta_measured, delta=delta,
+                   components=dict(components or {}), fit_info=info)
+
+
+def _solve(a: List[List[float]], b: List[float]) -> Optional[List[float]]:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12 * max(1.0, max(abs(x) for row in m for x in row[:n])):
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], eta: float, beta: float
+                     ) -> Tuple[float, float, Dict]:
+    """gamma and delta from measured CPU-seconds per byte y_p = c0 * (1 + beta*o_p + gamma*(m_p - 1)
+    - delta*s_p): linear least squares in (c0, c0*gamma, c0*delta); a regressor that never varies
+    is left out (its multiplier 0)."""
+    rows, ys = [], []
+    for pl, per_proxy in cpu_samples:
+        pred = _predict(pl, 1.0, eta, 0.0, beta, 0.0)
+        for i, y in enumerate(per_proxy):
+            if y and y > 0:
+                rows.append([1.0 + beta * pred.proxy_sibling[i], pred.proxy_crowding[i] - 1.0, -pred.proxy_peer[i]])
+                ys.append(y)
+    if not rows:
+        raise ValueError("cpu_samples hold no positive CPU-per-byte measurement")
+    used = [0] + [j for j in (1, 2) if max(r[j] for r in rows) - min(r[j] for r in rows) > 1e-9]
+    ata = [[sum(r[a] * r[b] for r in rows) for b in used] for a in used]
+    aty = [sum(r[a] * y for r, y in zip(rows, ys)) for a in used]
+    coef = _solve(ata, aty) or [sum(ys) / len(ys)] + [0.0] * (len(used) - 1)
+    full = dict(zip(used, coef))
+    c0 = full[0]
+    gamma = full.get(1, 0.0) / c0 if c0 > 0 else 0.0
+    delta = full.get(2, 0.0) / c0 if c0 > 0 else 0.0
+    resid = [y - sum(full.get(j, 0.0) * r[j] for j in range(3)) for r, y in zip(rows, ys)]
+    return gamma, min(max(delta, 0.0), 0.9), {
+        "cpu_per_byte_alone": c0, "cpu_fit_points": len(ys),
+        "cpu_fit_rms_relative": math.sqrt(sum((e / y) ** 2 for e, y in zip(resid, ys)) / len(ys))}
 
 
 def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], rounds: int = 30,
@@ -403,7 +481,7 @@ def _sibling_occupancy(affinity: CpuSet, siblings: Mapping[int, CpuSet], cpu_loa
     return min(1.0, total)
 
 
-def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float) -> Prediction:
+def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0) -> Prediction:
     universe = tuple(sorted(pl.cpus))
     if not universe:
         raise ValueError("a placement needs at least one usable CPU")
@@ -438,6 +516,9 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
     reserved = {c: min(1.0, max(0.0, float(pl.reserved.get(c, 0.0)))) for c in universe}
     cpu_load, spread = _balanced_loads(universe, entities, base=reserved)
     kap: List[float] = []
+    ms: List[float] = []
+    occs: List[float] = []
+    peers: List[float] = []
     for i, a in enumerate(aff_p):
         d = demand_p[i]
         if d > 0:
@@ -446,7 +527,15 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
             m = sum(cpu_load[c] for c in a) / len(a)
         m = max(1.0, m)
         occ = _sibling_occupancy(a, pl.siblings, cpu_load, spread[i], d)
-        kap.append(kappa * (1.0 + gamma * (m - 1.0) + beta * occ))
+        peer = 0.0
+        for q, other in enumerate(pl.proxies):
+            if q != i and other.lane == pl.proxies[i].lane and demand_p[q] > 0 and d > 0:
+                peer += sum(spread[i].get(c, 0.0) / d * min(1.0, spread[q].get(c, 0.0) / demand_p[q]) for c in a)
+        peer = min(1.0, peer)
+        ms.append(m)
+        occs.append(occ)
+        peers.append(peer)
+        kap.append(kappa * max(0.05, 1.0 + gamma * (m - 1.0) + beta * occ - delta * peer))
 
     # progressive filling over a level lam (CPU-time a thread may take): lane l runs at
     # min(lam, eta) / max kappa_p of its proxies (capped by lane_cap), proxy p uses kappa_p * rate,
@@ -526,7 +615,7 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float)
     busy_cpu = [frozen_busy[j] for j in range(len(pl.busy))]
     total = sum(lane_rates.values())
     equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
-    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal)
+    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal, ms, occs, peers)
 
 
 # -- planning ---------------------------------------------------------------------------------------

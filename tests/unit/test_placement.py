@@ -197,6 +197,28 @@ def test_fit_recovers_known_parameters():
     assert fitted.fit_info["rms_log_error"] < 1e-3
 
 
+def test_fit_from_cpu_per_byte_recovers_multipliers():
+    # a loopback rig: the peer on the same CPU saves 15% per byte, each co-runner costs 10% more
+    truth = PlacementModel(kappa=0.6e-9, eta=0.65, gamma=0.1, delta=0.15)
+    rates = synthetic(truth, FIT_PLACEMENTS)
+    cpu = [(pl, truth.predict(pl).proxy_kappa) for pl in FIT_PLACEMENTS]
+    fitted = PlacementModel.fit(rates, cpu_samples=cpu)
+    assert fitted.gamma == pytest.approx(0.1, abs=0.01)
+    assert fitted.delta == pytest.approx(0.15, abs=0.01)
+    assert fitted.eta == pytest.approx(0.65, abs=0.01)
+    assert fitted.kappa == pytest.approx(0.6e-9, rel=0.02)
+    assert fitted.fit_info["cpu_per_byte_alone"] == pytest.approx(0.6e-9, rel=0.01)
+
+
+def test_peer_on_the_same_cpu_saves_delta():
+    model = PlacementModel(kappa=KAPPA, eta=0.6, gamma=0.2, delta=0.1)
+    pred = model.predict(placement([[(0,), (0,)]]))
+    assert pred.proxy_peer == [pytest.approx(1.0)] * 2
+    assert pred.proxy_kappa[0] == pytest.approx(KAPPA * (1 + 0.2 * 0.2 - 0.1))
+    apart = model.predict(placement([[(0,), (1,)]]))
+    assert apart.proxy_peer == [0.0, 0.0]
+
+
 def test_fit_with_noise_predicts_unseen_placements():
     truth = PlacementModel(kappa=0.4e-9, eta=0.7, gamma=0.1)
     fitted = PlacementModel.fit(synthetic(truth, FIT_PLACEMENTS, noise=(1.03, 0.97, 1.0, 1.02, 0.98)))
