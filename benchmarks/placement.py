@@ -11,28 +11,33 @@ every element must be 1.5).
 For each *placement* the driver pins every proxy (all of its threads) with
 ``os.sched_setaffinity`` to the CPUs the placement names (or leaves it on every usable CPU), and
 starts or stops a *compute* thread: one process running a single-threaded torch matmul loop,
-pinned to a CPU, busy all the time or a duty cycle of each 10 ms. The workers stay unpinned (they
-sleep on a futex while the proxies work). Then:
+pinned to a CPU, busy all the time or a duty cycle of each 10 ms. The workers stay unpinned; the
+CPU they use (submitting, waiting, checking) is measured and given to the model as unpinned busy
+threads. Then:
 
   1. a short run with the previous weights measures each lane's pace (bytes sent per busy
      second) and sets the lane weights in proportion, as the default rebalancing would;
-  2. a window of about ``--seconds`` runs the allreduces; each lane's rate is its wire bytes sent
-     over the window (the lanes finish together, so this is the rate it carries concurrently), and
-     the aggregate is their sum.
+  2. ``--windows`` windows of about ``--seconds`` each run the allreduces; each lane's rate is its
+     wire bytes sent over the window (the lanes finish together, so this is the rate it carries
+     concurrently), and the aggregate is their sum.
 
-It also records each process's CPU time (``/proc/PID/task/*/schedstat``, nanoseconds) so the
-proxies' own CPU-seconds per byte are known, and each CPU's busy time from ``/proc/stat``, which
-shows how much of the CPUs something else used (this host is shared: "other" in the table).
+Every window also records each of our processes' CPU time (``/proc/PID/task/*/schedstat``,
+nanoseconds), so the proxies' own CPU-seconds per byte are known, and each CPU's busy time from
+``/proc/stat``. This host is shared: what other jobs took of each CPU (busy time, less softirq,
+less our threads pinned there, less a share of our unpinned ones) is given to the model as
+``Placement.reserved``, and their runnable threads (sampled ``procs_running`` less our own demand)
+are printed, so a disturbed window is visible for what it is.
 
 Unit costs are measured first, on one pinned CPU, with thread CPU time: float32 reduction (the
 proxies' ``reduce_sum``, 1 MiB segments into a 64 MiB shard), memcpy (64 MiB), and loopback TCP
 (one byte sent by one thread and received by another; the kernel's softirq time on that CPU is
 added from /proc/stat).
 
-The model is then fitted on the placements marked "fit" and asked to predict the others; the
-table shows measured and predicted aggregate rates and the error. The whole list runs twice (the
-second pass in reverse order) and each placement's rate is the mean of the two passes; the spread
-is reported. Results go to ``--out`` (default results/placement.json).
+Every window is one sample. The model is fitted on the windows of the placements marked "fit"
+(gamma and delta from the proxies' CPU per byte, eta and kappa from the lane rates) and asked to
+predict every window of the others; the table shows per placement the median measured and
+predicted aggregate, the median error and the mean |error| over its windows. With the default 4
+windows of 0.3 s a run takes about a minute on 2 CPUs. Results go to ``--out``.
 
     PYTHONPATH=. .venv/bin/python benchmarks/placement.py --out results/placement.json
 """
@@ -499,6 +504,7 @@ def main(argv=None):
     # -- fit and validate: every window is a sample, with the CPU other jobs took as measured --
     def window_placement(lanes, compute, w):
         pl = model_placement(cpus2, lanes, compute)
+        pl = dataclasses.replace(pl, busy=pl.busy + tuple(Busy(None, min(1.0, u)) for u in w["worker_cpu"]))
         if args.account_other:
             pl = dataclasses.replace(pl, reserved={int(c): v for c, v in w["other_cpu"].items()})
         return pl
