@@ -441,6 +441,7 @@ def main(argv=None):
     parser.add_argument("--out", default="results/placement.json")
     parser.add_argument("--seconds", type=float, default=0.3, help="one measured window")
     parser.add_argument("--windows", type=int, default=4, help="windows per placement and pass")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
     parser.add_argument("--passes", type=int, default=1, help="passes over the placements (even ones reversed)")
     parser.add_argument("--only", default="", help="|-separated placement names (development)")
@@ -568,6 +569,19 @@ def main(argv=None):
             print(f"{label}: mean |error| {summary[role]['mean_abs_error'] * 100:.1f}%, median "
                   f"{summary[role]['median_abs_error'] * 100:.1f}%, max {summary[role]['max_abs_error'] * 100:.1f}% "
                   f"over {len(errors[role])} windows")
+
+    if args.markdown:
+        print()
+        print("| placement | role | measured MB/s | predicted MB/s | median error | mean abs error | proxy CPU ns/B "
+              "| compute CPU (pred.) | other jobs' CPU |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            pc = (f"{r['compute_cpu']:.2f} ({r['predicted_compute_cpu']:.2f})"
+                  if r["predicted_compute_cpu"] is not None else "-")
+            print(f"| {r['name']} | {r['role']} | {r['measured'] / 1e6:.0f} | {r['predicted'] / 1e6:.0f} | "
+                  f"{r['error_median'] * 100:+.1f}% | {r['abs_error_mean'] * 100:.1f}% | "
+                  f"{r['proxy_cpu_per_byte'] * 1e9:.2f} | {pc} | {r['other_cpu']:.2f} |")
+        print()
 
     plans = {}
     for compute_cpus in (0, 1, 2):
