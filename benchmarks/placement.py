@@ -436,36 +436,8 @@ def window(ring, cpus, hog_proc, iters, weights, affinity):
     }
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="results/placement.json")
-    parser.add_argument("--seconds", type=float, default=0.3, help="one measured window")
-    parser.add_argument("--windows", type=int, default=4, help="windows per placement and pass")
-    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
-    parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
-    parser.add_argument("--passes", type=int, default=1, help="passes over the placements (even ones reversed)")
-    parser.add_argument("--only", default="", help="|-separated placement names (development)")
-    parser.add_argument("--no-account-other", dest="account_other", action="store_false",
-                        help="do not tell the model how much CPU other jobs took")
-    args = parser.parse_args(argv)
-
-    topo = read_topology()
-    cpus = list(topo.cpus)
-    if len(cpus) < 2:
-        sys.exit("needs at least 2 usable CPUs")
-    if cpus[:2] != [0, 1]:  # the placements name CPUs 0 and 1: map them onto the first two usable
-        remap = {0: cpus[0], 1: cpus[1]}
-    else:
-        remap = {0: 0, 1: 1}
-    cpus2 = (remap[0], remap[1])
-
-    def rm(cs):
-        return None if cs is None else tuple(remap[c] for c in cs)
-
-    chosen = [p for p in PLACEMENTS if not args.only or p[0] in args.only.split("|")]
-    placements = [(name, role, [(rm(a), rm(b)) for a, b in lanes], (rm(c[0]), c[1]) if c else None)
-                  for name, role, lanes, c in chosen]
-    started = time.monotonic()
+def measure_all(args, topo, cpus2, placements, count):
+    """Unit costs, then every placement's windows: ({cost: s/B}, {name: [window]})."""
     print(f"[placement] {topo.describe()}; using CPUs {list(cpus2)}", flush=True)
     components = unit_costs(cpus2[0])
     print("[placement] unit costs (ns per byte): " +
@@ -476,7 +448,6 @@ def main(argv=None):
     stop = ctx.Event()
     hog_proc = ctx.Process(target=hog_main, args=(duty, stop), daemon=True)
     hog_proc.start()
-    count = args.mib * MIB // 4
     runs = {name: [] for name, _, _, _ in placements}
     try:
         for p in range(args.passes):
@@ -501,6 +472,52 @@ def main(argv=None):
     finally:
         stop.set()
         hog_proc.join(5)
+    return components, runs
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/placement.json")
+    parser.add_argument("--seconds", type=float, default=0.3, help="one measured window")
+    parser.add_argument("--windows", type=int, default=4, help="windows per placement and pass")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    parser.add_argument("--reanalyse", metavar="JSON", help="fit and validate the windows of a saved run "
+                        "instead of measuring")
+    parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
+    parser.add_argument("--passes", type=int, default=1, help="passes over the placements (even ones reversed)")
+    parser.add_argument("--only", default="", help="|-separated placement names (development)")
+    parser.add_argument("--no-account-other", dest="account_other", action="store_false",
+                        help="do not tell the model how much CPU other jobs took")
+    args = parser.parse_args(argv)
+
+    topo = read_topology()
+    cpus = list(topo.cpus)
+    if len(cpus) < 2:
+        sys.exit("needs at least 2 usable CPUs")
+    if cpus[:2] != [0, 1]:  # the placements name CPUs 0 and 1: map them onto the first two usable
+        remap = {0: cpus[0], 1: cpus[1]}
+    else:
+        remap = {0: 0, 1: 1}
+    cpus2 = (remap[0], remap[1])
+
+    def rm(cs):
+        return None if cs is None else tuple(remap[c] for c in cs)
+
+    chosen = [p for p in PLACEMENTS if not args.only or p[0] in args.only.split("|")]
+    placements = [(name, role, [(rm(a), rm(b)) for a, b in lanes], (rm(c[0]), c[1]) if c else None)
+                  for name, role, lanes, c in chosen]
+    started = time.monotonic()
+    count = args.mib * MIB // 4
+    if args.reanalyse:
+        with open(args.reanalyse) as f:
+            saved = json.load(f)
+        components = saved["components"]
+        count = saved["allreduce_bytes"] // 4
+        runs = {r["name"]: r["windows"] for r in saved["placements"]}
+        placements = [p for p in placements if p[0] in runs]
+        print(f"[placement] re-analysing the windows measured on {saved['date']} ({args.reanalyse})")
+    else:
+        components, runs = measure_all(args, topo, cpus2, placements, count)
 
     # -- fit and validate: every window is a sample, with the CPU other jobs took as measured --
     def window_placement(lanes, compute, w):
