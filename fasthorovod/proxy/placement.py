@@ -270,7 +270,7 @@ class PlacementModel:
     """Per-byte saving when the proxy's ring peer of the same lane shares its CPU (loopback rigs only)."""
     components: Dict[str, float] = dataclasses.field(default_factory=dict)
     """Measured unit costs, CPU-seconds per byte: reduce (float32 add), copy (memcpy), socket
-    (loopback TCP send + receive of one byte, both ends)."""
+    (loopback TCP send + receive of one byte, the CPU time charged to the two threads)."""
     fit_info: Dict = dataclasses.field(default_factory=dict)
 
     # -- serialization --
@@ -297,7 +297,9 @@ class PlacementModel:
         return self.eta / self.kappa
 
     def bottom_up_kappa(self) -> Optional[float]:
-        """kappa from the unit costs: one byte through the socket pair plus half a byte reduced."""
+        """The CPU time a proxy's threads are charged per wire byte, from the unit costs: one byte
+        sent and one received, plus half a byte reduced (no softirq, no ring bookkeeping; compare
+        with the proxies' measured process CPU per byte)."""
         c = self.components
         if "socket" in c and "reduce" in c:
             return c["socket"] + 0.5 * c["reduce"]
