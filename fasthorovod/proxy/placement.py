@@ -443,18 +443,18 @@ def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], 
                 continue
             for c, x in spread[idx].items():
                 load[c] -= x
-            base = sorted((load[c], c) for c in a)
+            levels = sorted((load[c], c) for c in a)
             # water level w: sum(max(0, w - load)) = d over the thread's CPUs
-            remaining, level, n = d, base[0][0], 0
-            for n in range(1, len(base) + 1):
-                nxt = base[n][0] if n < len(base) else math.inf
+            remaining, level = d, levels[0][0]
+            for n in range(1, len(levels) + 1):
+                nxt = levels[n][0] if n < len(levels) else math.inf
                 need = (nxt - level) * n
                 if need >= remaining:
                     level += remaining / n
                     break
                 remaining -= need
                 level = nxt
-            share = {c: max(0.0, level - l) for l, c in base}
+            share = {c: max(0.0, level - x) for x, c in levels}
             spread[idx] = share
             for c, x in share.items():
                 load[c] += x
