@@ -1,0 +1,730 @@
+"""Where the proxies run, and how many: a CPU placement model (SCP adapted) and a planner.
+
+A proxy is one thread of CPU work per lane: for every byte it sends to its ring successor it also
+receives one byte from its predecessor and, in the reduce-scatter half, adds half a byte into the
+shard (send/recv syscalls with the kernel's copies, the float adds, the loopback or NIC path). So
+its cost is a number of CPU-seconds per *wire byte* it sends, **kappa**, the same for any ring
+size (per wire byte: one byte sent, one received, half a byte reduced). A lane's ring cannot keep
+its proxy busy all the time even on an idle CPU: the proxy waits for its predecessor's segments,
+so a proxy alone is busy at most a fraction **eta** of the time, and carries at most eta / kappa
+bytes per second.
+
+The model follows SCP ("separated and clustered performance predictor",
+docs/placement.md): a thread runs *separated* when nothing else busy shares its logical CPU and
+its SMT siblings are idle, and *clustered* otherwise. Clustering costs twice:
+
+* **time**: threads on one logical CPU share it. The kernel's fair scheduler gives runnable threads
+  equal CPU time, so the CPU time each thread gets is the max-min fair share of every CPU set its
+  affinity allows (a proxy never asks for more than eta, a compute thread for more than its duty
+  cycle; unpinned threads may use any usable CPU, so a set of CPUs is shared by every thread
+  whose affinity lies inside it). A lane runs at its slowest proxy's pace, so the fair sharing is
+  over lanes: each lane's rate rises until a CPU set it uses is full (progressive filling).
+* **cost per byte**: a clustered thread's per-byte cost rises (context switches, caches shared
+  with another working set):
+
+      kappa_p = kappa * (1 + gamma * (m_p - 1) + beta * o_p - delta * s_p)
+
+  where m_p >= 1 is how many busy threads p's CPU holds on average (every thread's demand spread
+  over its allowed CPUs as evenly as the scheduler can), o_p in [0, 1] how busy p's SMT siblings
+  are, and s_p in [0, 1] how much of the time p's ring peer of the same lane shares its CPU. The
+  last term only exists on a test rig whose ranks share a host (a loopback ring): the receiver
+  then reads from cache what its peer has just written. On a real cluster a host runs one proxy
+  per lane, s_p = 0.
+
+The parameters are physical and few: kappa (s/B), eta, gamma, beta, delta. ``PlacementModel.fit``
+takes them from measured placements (benchmarks/placement.py). The multipliers gamma and delta
+are what they say, changes of CPU-seconds per byte, so when the proxies' own CPU time per byte was
+measured they come from a linear least-squares fit of it (this survives a host shared with other
+jobs far better than rates do); for fixed multipliers and eta every predicted rate is proportional
+to 1/kappa, so kappa has a closed-form least-squares solution on log rates, and eta is a
+one-dimensional search. Without CPU measurements (eta, gamma) are searched on a grid together. beta can only be
+measured on a host with SMT siblings; elsewhere it keeps a stated prior (``beta_measured`` says
+which). ``components`` keeps the measured unit costs the workload is made of (reduction, memcpy,
+loopback send+recv per byte), for the bottom-up check kappa ~ socket + reduce / 2.
+
+``plan`` chooses k and a pinning: given the usable CPUs (``read_topology``), how many CPUs the
+training compute wants and the rate the network could carry, it predicts every candidate (no
+pinning; k proxies on d dedicated CPUs, separate physical cores first, the compute pinned to the
+rest) and takes the fewest proxies and CPUs within 5% of the best rate that leave the compute its
+CPUs; it never adds a proxy that does not help, and a network-bound job gets one.
+
+Everything here is pure Python and needs no processes (tests/unit/test_placement.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+CpuSet = Tuple[int, ...]
+
+# -- topology ---------------------------------------------------------------------------------------
+
+
+def parse_cpu_list(text: str) -> List[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpulist format)."""
+    cpus: List[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            step = 1
+            if ":" in hi:  # 0-7:2 (stride), accepted by the kernel's parser
+                hi, s = hi.split(":", 1)
+                step = int(s.split("/")[0])
+            cpus.extend(range(int(lo), int(hi) + 1, step))
+        else:
+            cpus.append(int(part))
+    return sorted(set(cpus))
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The logical CPUs this process may use and how they group into physical cores and NUMA nodes."""
+
+    cpus: CpuSet
+    core_of: Mapping[int, CpuSet]  # cpu -> the usable CPUs of its physical core (itself included)
+    node_of: Mapping[int, int]  # cpu -> NUMA node (0 where the host shows none)
+
+    def siblings(self, cpu: int) -> CpuSet:
+        """The other usable CPUs of `cpu`'s physical core (its SMT siblings)."""
+        return tuple(c for c in self.core_of.get(cpu, (cpu,)) if c != cpu)
+
+    @property
+    def smt(self) -> bool:
+        return any(len(v) > 1 for v in self.core_of.values())
+
+    def cores(self) -> List[CpuSet]:
+        """Physical cores (as tuples of usable CPUs), in CPU order."""
+        seen, out = set(), []
+        for cpu in self.cpus:
+            core = self.core_of.get(cpu, (cpu,))
+            if core not in seen:
+                seen.add(core)
+                out.append(core)
+        return out
+
+    def describe(self) -> str:
+        nodes = sorted(set(self.node_of.get(c, 0) for c in self.cpus))
+        return (f"{len(self.cpus)} usable CPUs {list(self.cpus)}, {len(self.cores())} physical cores"
+                f"{' (SMT)' if self.smt else ' (no SMT siblings)'}, NUMA nodes {nodes}")
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def read_topology(sysfs: str = "/sys/devices/system", usable: Optional[Iterable[int]] = None) -> Topology:
+    """Usable CPUs (``os.sched_getaffinity(0)`` unless given), their SMT siblings from
+    ``cpu/cpuN/topology/core_cpus_list`` (or the older ``thread_siblings_list``) and NUMA nodes from
+    ``node/nodeM/cpulist``. Missing files mean: no siblings, node 0."""
+    cpus = tuple(sorted(set(usable if usable is not None else os.sched_getaffinity(0))))
+    usable_set = set(cpus)
+    core_of: Dict[int, CpuSet] = {}
+    for cpu in cpus:
+        text = None
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            text = _read(os.path.join(sysfs, "cpu", f"cpu{cpu}", "topology", name))
+            if text is not None:
+                break
+        core = [c for c in parse_cpu_list(text) if c in usable_set] if text else []
+        core_of[cpu] = tuple(sorted(set(core) | {cpu}))
+    node_of: Dict[int, int] = {}
+    node_dir = os.path.join(sysfs, "node")
+    try:
+        entries = os.listdir(node_dir)
+    except OSError:
+        entries = []
+    for entry in entries:
+        if entry.startswith("node") and entry[4:].isdigit():
+            text = _read(os.path.join(node_dir, entry, "cpulist"))
+            for cpu in parse_cpu_list(text or ""):
+                if cpu in usable_set:
+                    node_of[cpu] = int(entry[4:])
+    for cpu in cpus:
+        node_of.setdefault(cpu, 0)
+    return Topology(cpus, core_of, node_of)
+
+
+# -- placements -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ProxySpec:
+    """One proxy process: the lane it serves and the CPUs it may run on (None: any usable CPU)."""
+
+    lane: int
+    cpus: Optional[CpuSet] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Busy:
+    """A busy thread that is not a proxy (training compute, the worker, another job): the CPUs it may
+    run on (None: any usable CPU) and the fraction of the time it wants to run."""
+
+    cpus: Optional[CpuSet] = None
+    duty: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Which proxies and busy threads share which CPUs. A lane may have several local proxies (a
+    loopback ring of local ranks); they run at one pace. ``lane_rate`` caps each lane and
+    ``net_rate`` the sum over lanes (wire bytes/s the network carries; None: no cap)."""
+
+    cpus: CpuSet
+    proxies: Tuple[ProxySpec, ...]
+    busy: Tuple[Busy, ...] = ()
+    siblings: Mapping[int, CpuSet] = dataclasses.field(default_factory=dict)
+    lane_rate: Optional[float] = None
+    net_rate: Optional[float] = None
+    reserved: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    """CPU-seconds per second of each CPU taken by threads outside the model (another job, measured
+    after the fact); the modelled threads share what is left."""
+
+    def lanes(self) -> List[int]:
+        return sorted(set(p.lane for p in self.proxies))
+
+    def to_json(self) -> dict:
+        return {"cpus": list(self.cpus),
+                "proxies": [{"lane": p.lane, "cpus": None if p.cpus is None else list(p.cpus)} for p in self.proxies],
+                "busy": [{"cpus": None if b.cpus is None else list(b.cpus), "duty": b.duty} for b in self.busy],
+                "siblings": {str(k): list(v) for k, v in self.siblings.items()},
+                "lane_rate": self.lane_rate, "net_rate": self.net_rate,
+                "reserved": {str(k): v for k, v in self.reserved.items()}}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Placement":
+        opt = lambda v: None if v is None else tuple(v)  # noqa: E731
+        return cls(tuple(d["cpus"]), tuple(ProxySpec(p["lane"], opt(p["cpus"])) for p in d["proxies"]),
+                   tuple(Busy(opt(b["cpus"]), b.get("duty", 1.0)) for b in d.get("busy", ())),
+                   {int(k): tuple(v) for k, v in d.get("siblings", {}).items()},
+                   d.get("lane_rate"), d.get("net_rate"),
+                   {int(k): float(v) for k, v in d.get("reserved", {}).items()})
+
+
+@dataclasses.dataclass
+class Prediction:
+    """Rates in wire bytes/s. ``aggregate`` = sum of lane rates (what a collective gets once the
+    lanes' shares follow their rates, the default rebalancing); ``equal_split`` = k * slowest lane
+    (equal shards). ``proxy_cpu``/``busy_cpu``: CPU-seconds per second each one gets."""
+
+    lane_rates: Dict[int, float]
+    proxy_rates: List[float]
+    proxy_cpu: List[float]
+    busy_cpu: List[float]
+    proxy_kappa: List[float]
+    aggregate: float
+    equal_split: float
+    proxy_crowding: List[float] = dataclasses.field(default_factory=list)  # m_p
+    proxy_sibling: List[float] = dataclasses.field(default_factory=list)  # o_p
+    proxy_peer: List[float] = dataclasses.field(default_factory=list)  # s_p
+
+
+# -- the model --------------------------------------------------------------------------------------
+
+
+def _first_root(loads: Sequence[Tuple[float, float]], fixed: float, capacity: float, lo: float) -> Optional[float]:
+    """Smallest lam >= lo with fixed + sum(r * min(lam, c)) >= capacity, or None (never, up to the
+    caps). Each term is linear up to its cap c, flat after."""
+    total = fixed + sum(r * min(lo, c) for r, c in loads)
+    if total >= capacity - 1e-12:
+        return lo
+    breaks = sorted(set(c for _, c in loads if c > lo))
+    prev = lo
+    for b in breaks + [math.inf]:
+        slope = sum(r for r, c in loads if c > prev)
+        if slope <= 0:
+            if b == math.inf:
+                return None
+            prev = b
+            continue
+        at_b = total + slope * (b - prev) if b != math.inf else math.inf
+        if at_b >= capacity - 1e-12:
+            return prev + (capacity - total) / slope
+        total, prev = at_b, b
+    return None
+
+
+@dataclasses.dataclass
+class PlacementModel:
+    kappa: float = 1.0e-9
+    """CPU-seconds per wire byte of one proxy, separated (alone on an idle CPU)."""
+    eta: float = 0.8
+    """Largest fraction of the time a proxy is busy (the rest it waits on its ring neighbours)."""
+    gamma: float = 0.0
+    """Extra per-byte cost per additional busy thread on the same logical CPU."""
+    beta: float = 0.3
+    """Extra per-byte cost when the proxy's SMT siblings are busy (a prior unless beta_measured)."""
+    beta_measured: bool = False
+    delta: float = 0.0
+    """Per-byte saving when the proxy's ring peer of the same lane shares its CPU (loopback rigs only)."""
+    components: Dict[str, float] = dataclasses.field(default_factory=dict)
+    """Measured unit costs, CPU-seconds per byte: reduce (float32 add), copy (memcpy), socket
+    (loopback TCP send + receive of one byte, the CPU time charged to the two threads)."""
+    fit_info: Dict = dataclasses.field(default_factory=dict)
+
+    # -- serialization --
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "PlacementModel":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "PlacementModel":
+        with open(path) as f:
+            return cls.from_json(json.load(f))
+
+    def alone_rate(self) -> float:
+        """Wire bytes/s of one proxy separated on an idle CPU (its ring's pace, eta / kappa)."""
+        return self.eta / self.kappa
+
+    def bottom_up_kappa(self) -> Optional[float]:
+        """The CPU time a proxy's threads are charged per wire byte, from the unit costs: one byte
+        sent and one received, plus half a byte reduced (no softirq, no ring bookkeeping; compare
+        with the proxies' measured process CPU per byte)."""
+        c = self.components
+        if "socket" in c and "reduce" in c:
+            return c["socket"] + 0.5 * c["reduce"]
+        return None
+
+    # -- prediction --
+
+    def predict(self, placement: Placement) -> Prediction:
+        return _predict(placement, self.kappa, self.eta, self.gamma, self.beta, self.delta)
+
+    # -- fitting --
+
+    @classmethod
+    def fit(cls, samples: Sequence[Tuple[Placement, Mapping[int, float]]], *,
+            cpu_samples: Optional[Sequence[Tuple[Placement, Sequence[float]]]] = None, beta: float = 0.3,
+            beta_measured: bool = False, delta: float = 0.0, components: Optional[Mapping[str, float]] = None,
+            eta_range: Tuple[float, float] = (0.2, 1.0), gamma_range: Tuple[float, float] = (0.0, 1.5)
+            ) -> "PlacementModel":
+        """Least squares on log lane rates: `samples` are (placement, {lane: measured wire bytes/s}).
+        With `cpu_samples` (placement, each proxy's measured CPU-seconds per byte, in the
+        placement's order) gamma and delta come from a linear fit of those, alternating with a
+        search of eta; without, (eta, gamma) come from a grid refined twice around its best point
+        and delta stays as given. kappa is closed-form in both (rates scale as 1/kappa)."""
+        obs = [(pl, lane, rate) for pl, rates in samples for lane, rate in rates.items() if rate > 0]
+        if not obs:
+            raise ValueError("fit needs at least one positive measured rate")
+        if any(pl.lane_rate is not None or pl.net_rate is not None for pl, _, _ in obs):
+            raise ValueError("fit on CPU-bound placements (no lane_rate / net_rate caps)")
+        placements = list({id(pl): pl for pl, _, _ in obs}.values())
+
+        def sse(eta: float, gamma: float, dlt: float) -> Tuple[float, float]:
+            unit = {id(pl): _predict(pl, 1.0, eta, gamma, beta, dlt).lane_rates for pl in placements}
+            logs = [math.log(unit[id(pl)][lane]) - math.log(rate) for pl, lane, rate in obs]
+            log_kappa = sum(logs) / len(logs)
+            return sum((x - log_kappa) ** 2 for x in logs), math.exp(log_kappa)
+
+        def search_eta(gamma: float, dlt: float, lo: float, hi: float):
+            best = None
+            for _ in range(3):
+                for i in range(17):
+                    eta = lo + (hi - lo) * i / 16
+                    err, kappa = sse(eta, gamma, dlt)
+                    if best is None or err < best[0] - 1e-15:
+                        best = (err, eta, kappa)
+                step = (hi - lo) / 8
+                lo, hi = max(eta_range[0], best[1] - step), min(eta_range[1], best[1] + step)
+            return best
+
+        info: Dict = {}
+        if cpu_samples:
+            eta, gamma = 0.7, 0.0
+            for _ in range(3):
+                gamma, delta, cpu_fit = _fit_multipliers(cpu_samples, eta, beta)
+                gamma = min(max(gamma, gamma_range[0]), gamma_range[1])
+                err, eta, kappa = search_eta(gamma, delta, *eta_range)
+            info.update(cpu_fit)
+        else:
+            best = None
+            e_lo, e_hi = eta_range
+            g_lo, g_hi = gamma_range
+            steps = 16
+            for _ in range(3):
+                for i in range(steps + 1):
+                    for j in range(steps + 1):
+                        eta = e_lo + (e_hi - e_lo) * i / steps
+                        gamma = g_lo + (g_hi - g_lo) * j / steps
+                        err, kappa = sse(eta, gamma, delta)
+                        if best is None or err < best[0] - 1e-15:
+                            best = (err, eta, gamma, kappa)
+                _, eta, gamma, _ = best
+                de, dg = (e_hi - e_lo) / steps * 2, (g_hi - g_lo) / steps * 2
+                e_lo, e_hi = max(eta_range[0], eta - de), min(eta_range[1], eta + de)
+                g_lo, g_hi = max(gamma_range[0], gamma - dg), min(gamma_range[1], gamma + dg)
+            err, eta, gamma, kappa = best
+        info.update({"observations": len(obs), "placements": len(placements),
+                     "rms_log_error": math.sqrt(err / len(obs))})
+        return cls(kappa=kappa, eta=eta, gamma=gamma, beta=beta, beta_measured=beta_measured, delta=delta,
+                   components=dict(components or {}), fit_info=info)
+
+
+def _solve(a: List[List[float]], b: List[float]) -> Optional[List[float]]:
+    """Gaussian elimination with partial pivoting; None when singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12 * max(1.0, max(abs(x) for row in m for x in row[:n])):
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * y for x, y in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], eta: float, beta: float
+                     ) -> Tuple[float, float, Dict]:
+    """gamma and delta from measured CPU-seconds per byte y_p = c0 * (1 + beta*o_p + gamma*(m_p - 1)
+    - delta*s_p): linear least squares in (c0, c0*gamma, c0*delta); a regressor that never varies
+    is left out (its multiplier 0)."""
+    rows, ys = [], []
+    for pl, per_proxy in cpu_samples:
+        pred = _predict(pl, 1.0, eta, 0.0, beta, 0.0)
+        for i, y in enumerate(per_proxy):
+            if y and y > 0:
+                rows.append([1.0 + beta * pred.proxy_sibling[i], pred.proxy_crowding[i] - 1.0, -pred.proxy_peer[i]])
+                ys.append(y)
+    if not rows:
+        raise ValueError("cpu_samples hold no positive CPU-per-byte measurement")
+    used = [0] + [j for j in (1, 2) if max(r[j] for r in rows) - min(r[j] for r in rows) > 1e-9]
+    ata = [[sum(r[a] * r[b] for r in rows) for b in used] for a in used]
+    aty = [sum(r[a] * y for r, y in zip(rows, ys)) for a in used]
+    coef = _solve(ata, aty) or [sum(ys) / len(ys)] + [0.0] * (len(used) - 1)
+    full = dict(zip(used, coef))
+    c0 = full[0]
+    gamma = full.get(1, 0.0) / c0 if c0 > 0 else 0.0
+    delta = full.get(2, 0.0) / c0 if c0 > 0 else 0.0
+    resid = [y - sum(full.get(j, 0.0) * r[j] for j in range(3)) for r, y in zip(rows, ys)]
+    return gamma, min(max(delta, 0.0), 0.9), {
+        "cpu_per_byte_alone": c0, "cpu_fit_points": len(ys),
+        "cpu_fit_rms_relative": math.sqrt(sum((e / y) ** 2 for e, y in zip(resid, ys)) / len(ys))}
+
+
+def _balanced_loads(universe: CpuSet, entities: Sequence[Tuple[CpuSet, float]], rounds: int = 30,
+                    base: Optional[Mapping[int, float]] = None) -> Tuple[Dict[int, float], List[Dict[int, float]]]:
+    """Each logical CPU's demand (busy threads on it, on average) when every thread's demand is
+    spread over its allowed CPUs as evenly as the others allow (the scheduler's load balancing, as
+    a fluid): repeatedly water-fill each thread's demand onto the least loaded of its CPUs.
+    Returns the per-CPU loads and each thread's split {cpu: demand}."""
+    load = {c: float((base or {}).get(c, 0.0)) for c in universe}
+    spread: List[Dict[int, float]] = []
+    for a, d in entities:
+        share = {c: d / len(a) for c in a}
+        spread.append(share)
+        for c, x in share.items():
+            load[c] += x
+    for _ in range(rounds):
+        for idx, (a, d) in enumerate(entities):
+            if len(a) < 2 or d <= 0:
+                continue
+            for c, x in spread[idx].items():
+                load[c] -= x
+            levels = sorted((load[c], c) for c in a)
+            # water level w: sum(max(0, w - load)) = d over the thread's CPUs
+            remaining, level = d, levels[0][0]
+            for n in range(1, len(levels) + 1):
+                nxt = levels[n][0] if n < len(levels) else math.inf
+                need = (nxt - level) * n
+                if need >= remaining:
+                    level += remaining / n
+                    break
+                remaining -= need
+                level = nxt
+            share = {c: max(0.0, level - x) for x, c in levels}
+            spread[idx] = share
+            for c, x in share.items():
+                load[c] += x
+    return load, spread
+
+
+def _sibling_occupancy(affinity: CpuSet, siblings: Mapping[int, CpuSet], cpu_load: Mapping[int, float],
+                       spread: Mapping[int, float], demand: float) -> float:
+    """How busy a thread's SMT siblings are, in [0, 1]. Pinned away from its siblings: their load,
+    weighted by where the thread runs. Allowed on whole cores (e.g. unpinned): the scheduler puts
+    busy threads on idle cores first, so siblings are busy only for the load beyond one thread per
+    core of the pool."""
+    aset = set(affinity)
+    cores = {tuple(sorted({c} | set(siblings.get(c, ())))) for c in aset}
+    if any(len(core) > 1 and set(core) <= aset for core in cores):
+        pool = set().union(*map(set, cores))
+        load = sum(cpu_load.get(c, 0.0) for c in pool)
+        return min(1.0, max(0.0, load - len(cores)) / len(cores))
+    total = 0.0
+    for c in aset:
+        sib = [x for x in siblings.get(c, ()) if x != c and x in cpu_load]
+        if not sib:
+            continue
+        weight = spread.get(c, 0.0) / demand if demand > 0 else 1.0 / len(aset)
+        total += weight * min(1.0, sum(cpu_load[x] for x in sib) / len(sib))
+    return min(1.0, total)
+
+
+def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0) -> Prediction:
+    universe = tuple(sorted(pl.cpus))
+    if not universe:
+        raise ValueError("a placement needs at least one usable CPU")
+    for spec in list(pl.proxies) + list(pl.busy):
+        if spec.cpus is not None and (not spec.cpus or not set(spec.cpus) <= set(universe)):
+            raise ValueError(f"affinity {spec.cpus} is not within the usable CPUs {universe}")
+    aff_p = [tuple(sorted(p.cpus)) if p.cpus is not None else universe for p in pl.proxies]
+    aff_b = [tuple(sorted(b.cpus)) if b.cpus is not None else universe for b in pl.busy]
+    duties = [min(1.0, max(0.0, b.duty)) for b in pl.busy]
+    lanes = pl.lanes()
+
+    # demand of each thread, for how crowded its CPUs are (a network-capped lane wants less)
+    lane_cap = {lane: pl.lane_rate for lane in lanes}
+    if pl.net_rate is not None and lanes:
+        for lane in lanes:
+            share = pl.net_rate / len(lanes)
+            lane_cap[lane] = share if lane_cap[lane] is None else min(lane_cap[lane], share)
+    demand_p = [min(eta, kappa * lane_cap[p.lane]) if lane_cap[p.lane] is not None else eta for p in pl.proxies]
+    entities = list(zip(aff_p, demand_p)) + list(zip(aff_b, duties))
+
+    # constraint sets: every union of distinct affinities (all subsets when few), capacity = size
+    distinct = sorted(set(aff_p) | set(aff_b))
+    sets = set(distinct) | {universe}
+    if len(distinct) <= 10:
+        for r in range(2, len(distinct) + 1):
+            for combo in itertools.combinations(distinct, r):
+                sets.add(tuple(sorted(set().union(*combo))))
+    sets = sorted(sets, key=lambda s: (len(s), s))
+
+    # per-byte cost of each proxy: crowding m_p and SMT sibling occupancy o_p, from each logical
+    # CPU's load once the scheduler has spread every thread's demand over its affinity
+    reserved = {c: min(1.0, max(0.0, float(pl.reserved.get(c, 0.0)))) for c in universe}
+    cpu_load, spread = _balanced_loads(universe, entities, base=reserved)
+    kap: List[float] = []
+    ms: List[float] = []
+    occs: List[float] = []
+    peers: List[float] = []
+    for i, a in enumerate(aff_p):
+        d = demand_p[i]
+        if d > 0:
+            m = sum(spread[i].get(c, 0.0) * cpu_load[c] for c in a) / d
+        else:
+            m = sum(cpu_load[c] for c in a) / len(a)
+        m = max(1.0, m)
+        occ = _sibling_occupancy(a, pl.siblings, cpu_load, spread[i], d)
+        peer = 0.0
+        for q, other in enumerate(pl.proxies):
+            if q != i and other.lane == pl.proxies[i].lane and demand_p[q] > 0 and d > 0:
+                peer += sum(spread[i].get(c, 0.0) / d * min(1.0, spread[q].get(c, 0.0) / demand_p[q]) for c in a)
+        peer = min(1.0, peer)
+        ms.append(m)
+        occs.append(occ)
+        peers.append(peer)
+        kap.append(kappa * max(0.05, 1.0 + gamma * (m - 1.0) + beta * occ - delta * peer))
+
+    # progressive filling over a level lam (CPU-time a thread may take): lane l runs at
+    # min(lam, eta) / max kappa_p of its proxies (capped by lane_cap), proxy p uses kappa_p * rate,
+    # busy thread b uses min(lam, duty_b).
+    lane_members = {lane: [i for i, p in enumerate(pl.proxies) if p.lane == lane] for lane in lanes}
+    lane_kmax = {lane: max(kap[i] for i in lane_members[lane]) for lane in lanes}
+    lane_lcap = {}
+    for lane in lanes:
+        c = eta
+        if pl.lane_rate is not None:
+            c = min(c, pl.lane_rate * lane_kmax[lane])
+        lane_lcap[lane] = c
+    frozen_lane: Dict[int, float] = {}
+    frozen_busy: Dict[int, float] = {}
+    lam = 0.0
+    while len(frozen_lane) < len(lanes) or len(frozen_busy) < len(pl.busy):
+        earliest, tight = None, []
+        constraints = [("cpu", s) for s in sets] + ([("net", None)] if pl.net_rate is not None else [])
+        for kind, s in constraints:
+            loads, fixed = [], 0.0
+            if kind == "cpu":
+                ss = set(s)
+                for lane in lanes:
+                    for i in lane_members[lane]:
+                        if set(aff_p[i]) <= ss:
+                            ratio = kap[i] / lane_kmax[lane]
+                            if lane in frozen_lane:
+                                fixed += kap[i] * frozen_lane[lane]
+                            else:
+                                loads.append((ratio, lane_lcap[lane]))
+                for j, a in enumerate(aff_b):
+                    if set(a) <= ss:
+                        if j in frozen_busy:
+                            fixed += frozen_busy[j]
+                        else:
+                            loads.append((1.0, duties[j]))
+                capacity = max(1e-9, float(len(s)) - sum(reserved[c] for c in s))
+            else:
+                for lane in lanes:
+                    if lane in frozen_lane:
+                        fixed += frozen_lane[lane]
+                    else:
+                        loads.append((1.0 / lane_kmax[lane], lane_lcap[lane]))
+                capacity = pl.net_rate
+            if not loads:
+                continue
+            root = _first_root(loads, fixed, capacity, lam)
+            if root is None:
+                continue
+            if earliest is None or root < earliest - 1e-12:
+                earliest, tight = root, [(kind, s)]
+            elif abs(root - earliest) <= 1e-12:
+                tight.append((kind, s))
+        if earliest is None:  # every thread reaches its own cap
+            for lane in lanes:
+                frozen_lane.setdefault(lane, lane_lcap[lane] / lane_kmax[lane])
+            for j in range(len(pl.busy)):
+                frozen_busy.setdefault(j, duties[j])
+            break
+        lam = earliest
+        for kind, s in tight:
+            if kind == "net":
+                for lane in lanes:
+                    frozen_lane.setdefault(lane, min(lam, lane_lcap[lane]) / lane_kmax[lane])
+                continue
+            ss = set(s)
+            for lane in lanes:
+                if any(set(aff_p[i]) <= ss for i in lane_members[lane]):
+                    frozen_lane.setdefault(lane, min(lam, lane_lcap[lane]) / lane_kmax[lane])
+            for j, a in enumerate(aff_b):
+                if set(a) <= ss:
+                    frozen_busy.setdefault(j, min(lam, duties[j]))
+
+    lane_rates = {lane: frozen_lane[lane] for lane in lanes}
+    proxy_rates = [lane_rates[p.lane] for p in pl.proxies]
+    proxy_cpu = [kap[i] * proxy_rates[i] for i in range(len(pl.proxies))]
+    busy_cpu = [frozen_busy[j] for j in range(len(pl.busy))]
+    total = sum(lane_rates.values())
+    equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
+    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal, ms, occs, peers)
+
+
+# -- planning ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plan:
+    """k proxies; ``proxy_cpus[j]`` is lane j's CPU set (None: no pinning); ``worker_cpus`` the CPUs
+    to leave the training compute (None: no pinning); the predicted rate (wire bytes/s sent by this
+    host's proxies), the compute's predicted CPU share, and why."""
+
+    k: int
+    proxy_cpus: Optional[List[CpuSet]]
+    worker_cpus: Optional[CpuSet]
+    rate: float
+    compute_share: float
+    reason: str
+    candidates: List[dict] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["proxy_cpus"] = None if self.proxy_cpus is None else [list(c) for c in self.proxy_cpus]
+        d["worker_cpus"] = None if self.worker_cpus is None else list(self.worker_cpus)
+        return d
+
+
+def _proxy_cpu_order(topo: Topology, node: Optional[int]) -> List[int]:
+    """CPUs for proxies, best first: cores on the NIC's NUMA node (if known) first, the
+    highest-numbered physical cores first (the compute keeps the low ones), and one CPU of every
+    core before any SMT sibling."""
+    cores = list(enumerate(topo.cores()))
+    cores.sort(key=lambda ic: (node is not None and topo.node_of.get(ic[1][0], 0) != node, -ic[0]))
+    order: List[int] = []
+    for r in range(max((len(c) for _, c in cores), default=0)):
+        order.extend(core[r] for _, core in cores if r < len(core))
+    return order
+
+
+def plan(topology: Topology, compute_cpus: int, net_rate: Optional[float], model: PlacementModel, *,
+         max_k: Optional[int] = None, nic_node: Optional[int] = None, tolerance: float = 0.05,
+         min_compute_share: float = 0.95) -> Plan:
+    """Chooses k and a pinning for one worker's proxies.
+
+    `compute_cpus`: busy CPU threads the training wants (torch intra-op threads, data loading; at
+    least the Python thread); `net_rate`: wire bytes/s the lanes could carry together (the path
+    probe's best aggregate; None: unknown, CPU is the only limit). Candidates: k = 1..max_k
+    proxies either unpinned (the compute too), or pinned round-robin on d dedicated CPUs (separate
+    physical cores first, on `nic_node` first) with the compute pinned to the other CPUs (or, when
+    none is left, free to run anywhere). Among candidates that leave the compute at least
+    `min_compute_share` of its CPUs (or, if none can, those that leave it the most), it takes the
+    fewest proxies, then the fewest dedicated CPUs, within `tolerance` of the best predicted rate."""
+    cpus = tuple(topology.cpus)
+    if not cpus:
+        raise ValueError("no usable CPUs")
+    compute_cpus = max(0, int(compute_cpus))
+    if max_k is None:
+        max_k = min(8, 2 * len(cpus))
+    siblings = {c: topology.siblings(c) for c in cpus}
+    order = _proxy_cpu_order(topology, nic_node)
+    candidates = []
+    for k in range(1, max_k + 1):
+        # no pinning: k proxies and the compute threads anywhere
+        pl = Placement(cpus, tuple(ProxySpec(j) for j in range(k)), tuple(Busy() for _ in range(compute_cpus)),
+                       siblings, net_rate=net_rate)
+        candidates.append((k, 0, None, None, model.predict(pl)))
+        for d in range(1, min(k, len(cpus)) + 1):
+            dedicated = tuple(order[:d])
+            rest = tuple(c for c in cpus if c not in dedicated)
+            # the compute keeps off the proxies' physical cores when the other cores suffice
+            apart = tuple(c for c in rest if not set(siblings[c]) & set(dedicated))
+            if apart and len(apart) >= compute_cpus:
+                rest = apart
+            proxy_cpus = [(dedicated[j % d],) for j in range(k)]
+            workers = [rest] if len(rest) >= compute_cpus and rest else []
+            if len(rest) < compute_cpus or not rest:
+                workers.append(None)  # too few CPUs left: the compute also runs anywhere
+            for worker in workers:
+                pl = Placement(cpus, tuple(ProxySpec(j, proxy_cpus[j]) for j in range(k)),
+                               tuple(Busy(worker) for _ in range(compute_cpus)), siblings, net_rate=net_rate)
+                candidates.append((k, d, proxy_cpus, worker, model.predict(pl)))
+    rows = []
+    for k, d, proxy_cpus, worker, pred in candidates:
+        share = (sum(pred.busy_cpu) / compute_cpus) if compute_cpus else 1.0
+        rows.append({"k": k, "dedicated_cpus": d, "proxy_cpus": proxy_cpus, "worker_cpus": worker,
+                     "rate": pred.aggregate, "compute_share": share})
+    best_share = max(r["compute_share"] for r in rows)
+    floor = min(min_compute_share, best_share - 1e-9)
+    eligible = [r for r in rows if r["compute_share"] >= floor - 1e-9]
+    best_rate = max(r["rate"] for r in eligible)
+    good = [r for r in eligible if r["rate"] >= (1.0 - tolerance) * best_rate]
+    # fewest proxies, then no pinning over pinning at equal k (pinning only when it pays), then fewest CPUs
+    choice = min(good, key=lambda r: (r["k"], r["dedicated_cpus"] != 0, r["dedicated_cpus"], -r["rate"]))
+    if choice["dedicated_cpus"] == 0:
+        where = "unpinned"
+    else:
+        where = f"pinned to CPUs {sorted(set(c for cs in choice['proxy_cpus'] for c in cs))}"
+        where += f", compute on {list(choice['worker_cpus'])}" if choice["worker_cpus"] else ", compute unpinned"
+    limit = ""
+    if net_rate is not None and choice["rate"] >= net_rate * (1 - 1e-6):
+        limit = "network-bound: more proxies would not help"
+    elif choice["k"] < max_k:
+        limit = f"more proxies add < {tolerance:.0%}"
+    else:
+        limit = "CPU-bound at the largest k tried"
+    compute_note = ("" if choice["compute_share"] >= min_compute_share - 1e-9 else
+                    f"; compute keeps only {choice['compute_share']:.0%} of its {compute_cpus} CPUs")
+    reason = (f"k={choice['k']} {where}: predicted {choice['rate'] / 1e6:.0f} MB/s "
+              f"(best {best_rate / 1e6:.0f}; {limit}{compute_note})")
+    return Plan(choice["k"], choice["proxy_cpus"], choice["worker_cpus"], choice["rate"],
+                choice["compute_share"], reason, rows)

@@ -1,0 +1,304 @@
+"""The CPU placement model and planner (fasthorovod/proxy/placement.py), without processes:
+topology from a fake sysfs tree, the fit recovering known parameters, predictions and plans in
+cases whose answer is clear."""
+import json
+import math
+
+import pytest
+
+from fasthorovod.proxy.placement import (Busy, Placement, PlacementModel, ProxySpec, Topology, parse_cpu_list,
+                                         plan, read_topology)
+
+# -- topology -------------------------------------------------------------------------------------------
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def fake_sysfs(root, cores, nodes=None, name="core_cpus_list"):
+    """`cores`: list of CPU lists, one per physical core; `nodes`: {node: cpulist text}."""
+    for core in cores:
+        text = ",".join(map(str, core)) + "\n"
+        for cpu in core:
+            write(root / "cpu" / f"cpu{cpu}" / "topology" / name, text)
+    for node, text in (nodes or {}).items():
+        write(root / "node" / f"node{node}" / "cpulist", text + "\n")
+    return str(root)
+
+
+def test_parse_cpu_list():
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("5") == [5]
+    assert parse_cpu_list("") == []
+    assert parse_cpu_list("0-6:2") == [0, 2, 4, 6]
+
+
+def test_topology_with_smt_and_numa(tmp_path):
+    # 4 cores x 2 threads, Linux numbering: sibling of cpu i is i+4; two NUMA nodes
+    root = fake_sysfs(tmp_path, [[0, 4], [1, 5], [2, 6], [3, 7]], {0: "0-1,4-5", 1: "2-3,6-7"})
+    topo = read_topology(root, usable=range(8))
+    assert topo.smt
+    assert topo.siblings(1) == (5,)
+    assert topo.core_of[6] == (2, 6)
+    assert topo.node_of[5] == 0 and topo.node_of[7] == 1
+    assert topo.cores() == [(0, 4), (1, 5), (2, 6), (3, 7)]
+
+
+def test_topology_restricted_affinity_and_old_names(tmp_path):
+    # the older thread_siblings_list name; the process may use only CPUs 0, 1, 4
+    root = fake_sysfs(tmp_path, [[0, 4], [1, 5], [2, 6], [3, 7]], name="thread_siblings_list")
+    topo = read_topology(root, usable=[0, 1, 4])
+    assert topo.cpus == (0, 1, 4)
+    assert topo.siblings(0) == (4,)
+    assert topo.siblings(1) == ()  # its sibling 5 is not usable
+    assert topo.node_of == {0: 0, 1: 0, 4: 0}  # no node directory: node 0
+    assert "3 usable CPUs" in topo.describe()
+
+
+def test_topology_without_sysfs(tmp_path):
+    topo = read_topology(str(tmp_path / "missing"), usable=[0, 1])
+    assert not topo.smt and topo.cores() == [(0,), (1,)]
+
+
+def test_topology_of_this_host():
+    topo = read_topology()
+    assert topo.cpus and all(c in topo.core_of for c in topo.cpus)
+
+
+# -- prediction ----------------------------------------------------------------------------------------
+
+KAPPA = 0.5e-9  # s per wire byte: 2 GB/s of CPU work
+MODEL = PlacementModel(kappa=KAPPA, eta=0.6, gamma=0.2, beta=0.3)
+TWO = (0, 1)
+
+
+def placement(lanes, busy=(), cpus=TWO, **kw):
+    """`lanes`: per lane, the CPU sets of its local proxies (None: unpinned)."""
+    proxies = tuple(ProxySpec(j, c) for j, ends in enumerate(lanes) for c in ends)
+    return Placement(cpus, proxies, tuple(busy), **kw)
+
+
+def test_alone_is_eta_over_kappa():
+    pred = MODEL.predict(placement([[(0,)]]))
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+    assert pred.proxy_cpu == [pytest.approx(0.6)]
+
+
+def test_clustered_lane_shares_its_cpu():
+    # both ends of one lane on one CPU: half a CPU each, and each pays the crowding penalty
+    pred = MODEL.predict(placement([[(0,), (0,)]]))
+    m = 1.2  # two threads wanting 0.6 each on one CPU
+    assert pred.aggregate == pytest.approx(0.5 / (KAPPA * (1 + 0.2 * (m - 1))))
+    assert sum(pred.proxy_cpu) == pytest.approx(1.0)
+
+
+def test_two_proxies_on_two_cpus_double_the_rate():
+    one = MODEL.predict(placement([[(0,)]])).aggregate
+    two = MODEL.predict(placement([[(0,)], [(1,)]])).aggregate
+    assert two == pytest.approx(2 * one)
+
+
+def test_compute_thread_takes_half_of_a_shared_cpu():
+    pred = MODEL.predict(placement([[(0,)]], [Busy((0,))]))
+    assert pred.busy_cpu == [pytest.approx(0.5)]
+    assert pred.proxy_cpu == [pytest.approx(0.5)]
+    assert pred.aggregate < MODEL.predict(placement([[(0,)]])).aggregate
+
+
+def test_duty_cycle_compute_leaves_the_rest():
+    pred = MODEL.predict(placement([[(0,)]], [Busy((0,), 0.3)]))
+    assert pred.busy_cpu == [pytest.approx(0.3)]
+    assert pred.proxy_cpu == [pytest.approx(0.6)]  # 0.7 is free, the proxy wants only 0.6
+
+
+def test_unpinned_threads_spread_over_cpus():
+    # an unpinned proxy next to a compute thread pinned to CPU 0 runs on CPU 1, uncrowded
+    pred = MODEL.predict(placement([[None]], [Busy((0,))]))
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+    assert pred.proxy_kappa == [pytest.approx(KAPPA)]
+
+
+def test_lane_runs_at_its_slowest_proxy():
+    pred = MODEL.predict(placement([[(0,), (1,)]], [Busy((0,))]))
+    slow = MODEL.predict(placement([[(0,)]], [Busy((0,))])).aggregate
+    assert pred.aggregate == pytest.approx(slow, rel=1e-6)
+
+
+def test_network_caps():
+    pred = MODEL.predict(placement([[(0,)], [(1,)]], net_rate=300e6))
+    assert pred.aggregate == pytest.approx(300e6)
+    pred = MODEL.predict(placement([[(0,)], [(1,)]], lane_rate=100e6))
+    assert pred.lane_rates == {0: pytest.approx(100e6), 1: pytest.approx(100e6)}
+    assert pred.proxy_cpu[0] == pytest.approx(100e6 * KAPPA)
+
+
+def test_busy_smt_sibling_raises_cost():
+    siblings = {0: (1,), 1: (0,)}
+    idle = MODEL.predict(placement([[(0,)]], siblings=siblings))
+    busy = MODEL.predict(placement([[(0,)]], [Busy((1,))], siblings=siblings))
+    assert busy.proxy_kappa[0] == pytest.approx(KAPPA * 1.3)
+    assert busy.aggregate == pytest.approx(idle.aggregate / 1.3)
+
+
+def test_cpu_taken_by_other_jobs_is_not_shared():
+    # another job took 0.7 of CPU 0: the proxy there gets the 0.3 left, crowded by it
+    pred = MODEL.predict(placement([[(0,)]], reserved={0: 0.7}))
+    assert pred.proxy_cpu == [pytest.approx(0.3)]
+    assert pred.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.2 * 0.3))]
+    # an unpinned one goes to the idle CPU 1
+    pred = MODEL.predict(placement([[None]], reserved={0: 0.7}))
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+
+
+def test_bad_affinity_is_refused():
+    with pytest.raises(ValueError, match="not within"):
+        MODEL.predict(placement([[(5,)]]))
+
+
+def test_placement_and_model_round_trip_json(tmp_path):
+    pl = placement([[(0,), None]], [Busy((1,), 0.5)], siblings={0: (1,)}, net_rate=1e9, reserved={1: 0.25})
+    again = Placement.from_json(json.loads(json.dumps(pl.to_json())))
+    assert again == pl
+    path = tmp_path / "model.json"
+    MODEL.save(str(path))
+    loaded = PlacementModel.load(str(path))
+    assert loaded == MODEL
+    assert loaded.predict(pl).aggregate == MODEL.predict(pl).aggregate
+
+
+# -- fitting -------------------------------------------------------------------------------------------
+
+FIT_PLACEMENTS = [
+    placement([[(0,), (1,)]]),
+    placement([[(0,), (0,)]]),
+    placement([[(0,), (1,)]] * 2),
+    placement([[(0,), (1,)]], [Busy((0,))]),
+    placement([[(0,), (1,)]] * 4),
+]
+
+
+def synthetic(model, placements, noise=()):
+    out = []
+    for i, pl in enumerate(placements):
+        rates = model.predict(pl).lane_rates
+        factor = noise[i % len(noise)] if noise else 1.0
+        out.append((pl, {lane: r * factor for lane, r in rates.items()}))
+    return out
+
+
+def test_fit_recovers_known_parameters():
+    truth = PlacementModel(kappa=0.8e-9, eta=0.55, gamma=0.25)
+    fitted = PlacementModel.fit(synthetic(truth, FIT_PLACEMENTS))
+    assert fitted.kappa == pytest.approx(truth.kappa, rel=0.02)
+    assert fitted.eta == pytest.approx(truth.eta, abs=0.01)
+    assert fitted.gamma == pytest.approx(truth.gamma, abs=0.02)
+    assert fitted.fit_info["rms_log_error"] < 1e-3
+
+
+def test_fit_from_cpu_per_byte_recovers_multipliers():
+    # a loopback rig: the peer on the same CPU saves 15% per byte, each co-runner costs 10% more
+    truth = PlacementModel(kappa=0.6e-9, eta=0.65, gamma=0.1, delta=0.15)
+    rates = synthetic(truth, FIT_PLACEMENTS)
+    cpu = [(pl, truth.predict(pl).proxy_kappa) for pl in FIT_PLACEMENTS]
+    fitted = PlacementModel.fit(rates, cpu_samples=cpu)
+    assert fitted.gamma == pytest.approx(0.1, abs=0.01)
+    assert fitted.delta == pytest.approx(0.15, abs=0.01)
+    assert fitted.eta == pytest.approx(0.65, abs=0.01)
+    assert fitted.kappa == pytest.approx(0.6e-9, rel=0.02)
+    assert fitted.fit_info["cpu_per_byte_alone"] == pytest.approx(0.6e-9, rel=0.01)
+
+
+def test_peer_on_the_same_cpu_saves_delta():
+    model = PlacementModel(kappa=KAPPA, eta=0.6, gamma=0.2, delta=0.1)
+    pred = model.predict(placement([[(0,), (0,)]]))
+    assert pred.proxy_peer == [pytest.approx(1.0)] * 2
+    assert pred.proxy_kappa[0] == pytest.approx(KAPPA * (1 + 0.2 * 0.2 - 0.1))
+    apart = model.predict(placement([[(0,), (1,)]]))
+    assert apart.proxy_peer == [0.0, 0.0]
+
+
+def test_fit_with_noise_predicts_unseen_placements():
+    truth = PlacementModel(kappa=0.4e-9, eta=0.7, gamma=0.1)
+    fitted = PlacementModel.fit(synthetic(truth, FIT_PLACEMENTS, noise=(1.03, 0.97, 1.0, 1.02, 0.98)))
+    for pl in (placement([[(0,), (0,)], [(1,), (1,)]]), placement([[(0,), (1,)]], [Busy((0,), 0.5)]),
+               placement([[None, None]] * 2)):
+        assert fitted.predict(pl).aggregate == pytest.approx(truth.predict(pl).aggregate, rel=0.05)
+
+
+def test_fit_refuses_capped_or_empty_samples():
+    with pytest.raises(ValueError):
+        PlacementModel.fit([])
+    with pytest.raises(ValueError, match="CPU-bound"):
+        PlacementModel.fit([(placement([[(0,)]], net_rate=1e6), {0: 1e6})])
+
+
+# -- planning ------------------------------------------------------------------------------------------
+
+
+def topo(n, smt=False):
+    if smt:  # cores (i, i + n/2)
+        half = n // 2
+        core_of = {c: (c % half, c % half + half) for c in range(n)}
+    else:
+        core_of = {c: (c,) for c in range(n)}
+    return Topology(tuple(range(n)), core_of, {c: 0 for c in range(n)})
+
+
+def test_plan_network_bound_needs_one_proxy():
+    p = plan(topo(8), compute_cpus=2, net_rate=100e6, model=MODEL)
+    assert p.k == 1
+    assert p.rate == pytest.approx(100e6)
+    assert "network-bound" in p.reason
+
+
+def test_plan_k_never_exceeds_what_helps():
+    # 4 spare CPUs, network 3 proxies' worth: no 4th proxy
+    alone = MODEL.alone_rate()
+    p = plan(topo(6), compute_cpus=2, net_rate=2.9 * alone, model=MODEL)
+    assert p.k == 3
+    assert p.rate == pytest.approx(2.9 * alone)
+    for row in p.candidates:  # nothing with more proxies predicts more than 5% above the choice
+        assert row["rate"] <= p.rate * 1.05 + 1e-6 or row["compute_share"] < 0.95
+
+
+def test_plan_keeps_proxies_off_the_compute_cpu():
+    # one CPU of compute on a 2-CPU host: the proxies go to CPU 1 and the compute to CPU 0
+    p = plan(topo(2), compute_cpus=1, net_rate=None, model=MODEL)
+    assert p.proxy_cpus is not None and all(cs == (1,) for cs in p.proxy_cpus)
+    assert p.worker_cpus == (0,)
+    assert p.compute_share == pytest.approx(1.0)
+
+
+def test_plan_with_no_spare_cpu_reduces_k():
+    # the compute wants every CPU: one proxy, and the reason says what the compute loses
+    p = plan(topo(2), compute_cpus=2, net_rate=None, model=MODEL)
+    assert p.k == 1
+    assert "compute keeps only" in p.reason
+
+
+def test_plan_prefers_separate_physical_cores():
+    # 4 cores x 2 threads, compute wants 4 CPUs: unpinned, 5.2 busy threads on 4 cores would share
+    # cores; two proxies get cores of their own, and the compute the two other cores
+    t = topo(8, smt=True)
+    p = plan(t, compute_cpus=4, net_rate=2 * MODEL.alone_rate(), model=MODEL)
+    assert p.k == 2
+    cores = [t.core_of[cs[0]] for cs in p.proxy_cpus]
+    assert len(set(cores)) == 2
+    assert not set(c for core in cores for c in core) & set(p.worker_cpus)
+
+
+def test_unpinned_on_smt_uses_idle_cores_first():
+    siblings = {0: (2,), 2: (0,), 1: (3,), 3: (1,)}
+    cpus = (0, 1, 2, 3)
+    two = MODEL.predict(placement([[None], [None]], cpus=cpus, siblings=siblings))
+    assert two.proxy_kappa == [pytest.approx(KAPPA)] * 2  # 1.2 busy threads on 2 cores: no sharing
+    four = MODEL.predict(placement([[None], [None]], [Busy(), Busy()], cpus=cpus, siblings=siblings))
+    assert four.proxy_kappa[0] == pytest.approx(KAPPA * (1 + 0.3 * (3.2 - 2) / 2))
+
+
+def test_plan_json():
+    p = plan(topo(2), compute_cpus=1, net_rate=None, model=MODEL)
+    d = json.loads(json.dumps(p.to_json()))
+    assert d["k"] == p.k and d["reason"] == p.reason
