@@ -14,10 +14,12 @@ runs :func:`choose` on the same curves, so they agree without another round:
   (the lowest aggregate of any hop at each flow count, a hop that stopped doubling taken as flat
   beyond it) is what rank 0 prints;
 * the lanes are fixed (FASTHOROVOD_NUM_PROXIES), so the sockets per lane are the knee's flows
-  spread over them, times ``HEADROOM``: with just enough flows to fill the link, every flow must
-  get its full per-flow share, and one flow that gets less (two flows hashed onto one bucket of
-  a shaper or one ECMP path; docs/benchmarks.md, issue 19) slows its lane; with spare flows the
-  link stays full and lane rebalancing (balance.py) evens out the rest.
+  spread over them (times ``HEADROOM``, 1.0: no flows beyond the knee). The knee, a power of two,
+  already carries some spare: on 4:1gbit:200mbit five flows would fill the link and the knee is
+  eight, so a flow that gets less than its cap (two flows hashed onto one bucket of a shaper or one
+  ECMP path; docs/benchmarks.md, issue 19) leaves the link full; within a lane frames go to
+  whichever socket is free, and between lanes rebalancing (balance.py) evens out the rest. With
+  this choice ten identical AlexNet jobs ran within 6% of each other (docs/benchmarks.md).
 """
 from __future__ import annotations
 
