@@ -312,15 +312,20 @@ def _leftovers(instance_id: str) -> list[str]:
     return namespaces + etc_dirs + state_files
 
 
-@pytest.fixture(scope="module")
-def cloud():
-    network = EmulatedCloud("2:200mbit:50mbit", prefix=PREFIX).up()
+def _cloud_for_the_module(spec: str):
+    """An emulated cloud for a module-scoped fixture; afterwards, checks that nothing is left."""
+    network = EmulatedCloud(spec, prefix=PREFIX).up()
     instance_id = network.id
     try:
         yield network
     finally:
         network.down()
     assert _leftovers(instance_id) == []
+
+
+@pytest.fixture(scope="module")
+def cloud():
+    yield from _cloud_for_the_module("2:200mbit:50mbit")
 
 
 @netem
@@ -369,13 +374,7 @@ def test_ring_measurement_sends_both_ways_at_once_within_each_link(cloud: Emulat
 
 @pytest.fixture(scope="module")
 def uneven_cloud():
-    network = EmulatedCloud("3:1gbit:200mbit,host1=50mbit", prefix=PREFIX).up()
-    instance_id = network.id
-    try:
-        yield network
-    finally:
-        network.down()
-    assert _leftovers(instance_id) == []
+    yield from _cloud_for_the_module("3:1gbit:200mbit,host1=50mbit")
 
 
 @netem
