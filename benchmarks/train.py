@@ -426,7 +426,7 @@ def print_table(entries, args):
             rows.append([e["backend"], planes(e),
                          common.format_spread(spread.get("images_per_s") or common.spread([r["images_per_s"]]), 2),
                          common.format_spread(spread.get("step_s") or common.spread([r["step_s"]]), 3),
-                         common.format_spread(spread.get("compute_s") or common.spread([r["compute_s"]]), 3),
+                         compute_cell(r),
                          exposed_cell(r.get("exposed_comm")),
                          common.format_spread(dict(ratios[e["backend"]]["rounds"],
                                                    median=ratios[e["backend"]]["ratio"]), 2, "x")])
@@ -438,14 +438,24 @@ def print_table(entries, args):
                   "machine's noise")
         slower = [e["backend"] for e in ok if (e["result"].get("compute_s") or 0) > e["result"]["step_s"]]
         if slower:
-            print(f"compute-only steps took longer than training steps for {', '.join(slower)}: they share "
-                  "the CPUs with whatever is still running when they start (the communication a delayed "
-                  "algorithm leaves in flight past its step, other load), so the step runs at compute "
-                  "speed; the breakdown plot draws its compute part as the whole step")
+            print(f"contended: compute-only steps took longer than training steps for {', '.join(slower)} (the "
+                  "median in parentheses is not a compute time): they share the CPUs with whatever is still "
+                  "running when they start (the communication a delayed algorithm leaves in flight past its "
+                  "step, other load), so the step runs at compute speed; the breakdown plot draws its "
+                  "compute part as the whole step")
         note = common.settings_note((e["backend"] for e in ok), args.proxy_threshold)
         if note:
             print(note)
     common.print_problems(entries)
+
+
+def compute_cell(result):
+    """The table's compute cell: the compute-only time with its spread, unless the compute-only
+    steps took longer than the training steps, which makes them no measure of the step's compute."""
+    if result.get("compute_s") is None:
+        return "-"
+    cell = common.format_spread(result.get("spread", {}).get("compute_s") or common.spread([result["compute_s"]]), 3)
+    return f"contended ({cell})" if result["compute_s"] > result["step_s"] else cell
 
 
 def breakdown(result):

@@ -642,6 +642,10 @@ def test_train_merge_rounds_and_breakdown(capsys):
     printed = capsys.readouterr().out
     assert "not measurable (within noise)" in printed and "17.200 [17.000-18.000]" in printed
     assert "compute-only steps took longer than training steps for fasthorovod:ssd-sgd" in printed
+    assert train.compute_cell(s).startswith("contended (") and train.compute_cell(h) == "3.100 [3.000-3.200]"
+    assert train.compute_cell({"step_s": 5.0, "compute_s": None}) == "-"
+    ssd_row = next(line for line in printed.splitlines() if line.startswith("fasthorovod:ssd-sgd"))
+    assert "contended (" in ssd_row  # never a bare compute time longer than the step beside it
     assert not re.search(r"(^|[\s\[(])-\d", printed, re.M)  # no negative number printed
     failed = train.merge_rounds([[dict(horovod[0], backend="horovod")],
                                  [{"backend": "horovod", "status": "failed", "reason": "timed out"}]])
