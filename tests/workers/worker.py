@@ -151,11 +151,13 @@ def scenario_lane_slowdown(args):
     hvd.barrier()
     small, big = rank_input(1 << 20, torch.float32, rank), rank_input(4 << 20, torch.float32, rank)
 
-    def timed(x, name):
+    def timed(x, name, expected=None):
+        """One allreduce's wall time; its result checked (by default: every rank contributed)."""
         start = time.perf_counter()
         out = hvd.allreduce(x, op=hvd.Sum, name=name)
         elapsed = time.perf_counter() - start
-        assert torch.equal(out, expected_sum(x.numel(), torch.float32, size)), name
+        expected = expected_sum(x.numel(), torch.float32, size) if expected is None else expected
+        assert torch.equal(out, expected), name
         return elapsed
 
     for i in range(args.count):  # steady: 4 MiB collectives
@@ -175,20 +177,13 @@ def scenario_lane_slowdown(args):
         print(f"rank 0: lane 0 halved: base {base:.3f} s, collectives {[round(t, 3) for t in times]} "
               f"(best possible {best:.3f}); weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
         _shape_lanes([200, 100], ports_by_lane)
-        joined = [timed_alone(hvd, rank_input(4 << 20, torch.float32, 0), f"joined.{i}") for i in range(10)]
+        alone = rank_input(4 << 20, torch.float32, 0)  # rank 1 is in hvd.join(): it contributes zeros
+        joined = [timed(alone, f"joined.{i}", expected=alone) for i in range(10)]
         assert group.lane_weights[1] < 0.4 < group.lane_weights[0], f"during join: {group.lane_weights}"
         print(f"rank 0: lane 1 halved while rank 1 is joined: collectives {[round(t, 3) for t in joined]}; "
               f"weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
     hvd.join()
     print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
-
-
-def timed_alone(hvd_module, x, name):
-    """One allreduce while every other rank is in hvd.join() (they contribute zeros)."""
-    start = time.perf_counter()
-    out = hvd_module.allreduce(x, op=hvd_module.Sum, name=name)
-    assert torch.equal(out, x), name
-    return time.perf_counter() - start
 
 
 def scenario_train(args):
