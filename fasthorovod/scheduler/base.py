@@ -22,11 +22,17 @@ backward has filled ``p.grad``. Everything else is shared here:
   holds the user's optimizer state (for ``W``) plus the policy's counters and state under
   ``"fasthorovod_scheduler"``; the counters are broadcast from rank 0 at the first step, so a run
   resumed from rank 0's checkpoint continues in the right stage on every rank.
+* **Elastic training.** When the communicator's ``epoch`` changes (Horovod elastic replaced the
+  data plane), :meth:`reset_communication` drops what was in flight and moves the buffers to the
+  new transport. :meth:`snapshot`/:meth:`restore_snapshot` and :meth:`shared_state`/
+  :meth:`load_shared_state` are what ``fasthorovod.torch.elastic`` commits, restores and
+  broadcasts (docs/algorithms.md, "Elastic training").
 """
 from __future__ import annotations
 
 import abc
 import collections
+import copy
 import itertools
 from typing import Any, Callable, ClassVar, Deque, Dict, List, Optional, Sequence
 
@@ -145,6 +151,8 @@ class ScheduledOptimizer(torch.optim.Optimizer, metaclass=abc.ABCMeta):
     OPTIONS: ClassVar[Dict[str, Option]] = {}
     separate_global_weights: ClassVar[bool] = True
     num_slots: ClassVar[int] = 1  # flat buffers per layout (2 = double buffering)
+    #: keys of _extra_state() that belong to this process (not broadcast after an elastic reset)
+    per_process_state: ClassVar[Sequence[str]] = ()
 
     def __init__(self, optimizer: torch.optim.Optimizer, communicator: Communicator, named_parameters=None,
                  compression=None, **options) -> None:
@@ -199,6 +207,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, metaclass=abc.ABCMeta):
         self._reload_weights = True  # W <- parameters at the next step
         self._in_flight: Deque[_InFlight] = collections.deque()
         self._stats = {"allreduce_bytes": 0, "allgather_bytes": 0, "collectives": 0}
+        self._epoch = communicator.epoch  # the transport the buffers and requests belong to
 
     # -- what a policy implements ---------------------------------------------------------------
 
@@ -294,6 +303,84 @@ class ScheduledOptimizer(torch.optim.Optimizer, metaclass=abc.ABCMeta):
             self._load_extra_state(ours)
         self._reload_weights = True
 
+    # -- elastic training (fasthorovod.torch.elastic) ---------------------------------------------
+
+    def reset_communication(self) -> None:
+        """Moves this optimizer onto the transport that replaced the old one (an elastic reset,
+        or ``hvd.shutdown()`` + ``hvd.init()``). Synchronizations in flight are dropped
+        unapplied (their requests died with the old data plane); buffers move, with their
+        contents, into memory of the new transport; the step counters are taken from rank 0
+        again at the next step. Runs by itself on first use after the epoch changed."""
+        self._epoch = self._comm.epoch
+        self._drop_in_flight()
+        for slot in self._buffers:
+            for i, buf in enumerate(slot):
+                if buf is not None:
+                    slot[i] = self._comm.alloc(buf.numel(), buf.dtype).copy_(buf)
+        self._started = False
+
+    def _follow_transport(self) -> None:
+        if self._comm.epoch != self._epoch:
+            self.reset_communication()
+
+    def _drop_in_flight(self) -> None:
+        """Forgets every synchronization in flight without waiting for it."""
+        self._in_flight.clear()
+
+    @torch.no_grad()
+    def initialize_optimizer_state(self) -> None:
+        """Creates the user's optimizer's state if it has none yet (a new worker), as Horovod's
+        ``broadcast_optimizer_state`` does for a new optimizer: one step with zero gradients.
+        The global weights do not require gradients, so Horovod's function would skip them."""
+        if self.optimizer.state_dict()["state"]:
+            return
+        saved = [w.grad for w in self._global]
+        for w in self._global:
+            w.grad = torch.zeros_like(w)
+        self.optimizer.step()
+        for w, g in zip(self._global, saved):
+            w.grad = g
+
+    def snapshot(self) -> Dict[str, Any]:
+        """A private copy of everything this optimizer needs to continue: the user's optimizer
+        state, the global weights, the counters and the policy's state. Nothing in flight is in
+        it: take it after :meth:`sync_weights` (elastic's ``commit()`` does)."""
+        return {"optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "weights": [w.detach().clone() for w in self._global],
+                "counters": {"step": self._step, "phase": self._phase},
+                "policy": copy.deepcopy(self._extra_state())}
+
+    @torch.no_grad()
+    def restore_snapshot(self, snapshot: Dict[str, Any]) -> None:
+        """Goes back to `snapshot` (local weights = its global weights); what was in flight is
+        dropped unapplied, without waiting (after a failure it never completes)."""
+        self._drop_in_flight()
+        self.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+        for w, saved in zip(self._global, snapshot["weights"]):
+            w.copy_(saved)
+        self._load_counters_and_policy(snapshot["counters"], copy.deepcopy(snapshot["policy"]))
+
+    def shared_state(self) -> Dict[str, Any]:
+        """What every rank takes from rank 0 after an elastic reset besides the user's optimizer
+        state and the global weights: the counters and the policy's state, less what belongs
+        to each process (``per_process_state``, e.g. 2-bit error-feedback residuals)."""
+        policy = {k: v for k, v in self._extra_state().items() if k not in self.per_process_state}
+        return {"counters": {"step": self._step, "phase": self._phase}, "policy": policy}
+
+    @torch.no_grad()
+    def load_shared_state(self, state: Dict[str, Any]) -> None:
+        """Loads rank 0's :meth:`shared_state` once the global weights are rank 0's too; the
+        local weights become the global weights."""
+        self._load_counters_and_policy(state["counters"], state["policy"])
+
+    def _load_counters_and_policy(self, counters: Dict[str, int], policy: Dict[str, Any]) -> None:
+        self._step, self._phase = int(counters["step"]), int(counters["phase"])
+        self._load_extra_state(policy)
+        if self.separate_global_weights:
+            self._params_from_global()
+        self._reload_weights = False
+        self._started = True
+
     def add_param_group(self, param_group):
         raise NotImplementedError("add parameter groups to the optimizer before wrapping it in "
                                   f"DistributedOptimizer(algorithm={self.algorithm!r})")
@@ -327,6 +414,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, metaclass=abc.ABCMeta):
         return [replacement[id(p)] for p in self._params]
 
     def _begin(self) -> None:
+        self._follow_transport()
         if not self._started:
             counters = self._comm.broadcast_object({"step": self._step, "phase": self._phase})
             self._step, self._phase = int(counters["step"]), int(counters["phase"])
@@ -350,6 +438,7 @@ class ScheduledOptimizer(torch.optim.Optimizer, metaclass=abc.ABCMeta):
         return out
 
     def _buffer(self, slot: int, layout: _Layout) -> torch.Tensor:
+        self._follow_transport()
         buf = self._buffers[slot][layout.index]
         if buf is None:
             buf = self._comm.alloc(layout.count, layout.dtype)

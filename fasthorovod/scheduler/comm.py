@@ -9,7 +9,8 @@ A policy never calls Horovod or the proxies itself; it asks its :class:`Communic
 * ``allgather_packed_async(words, name)``: every rank's packed 2-bit payload, as a handle whose
   ``wait()`` returns an int32 tensor of shape ``(size, len(words))``, row r = rank r's words;
 * ``broadcast_object(obj)``: rank 0's object;
-* ``new_scope()``: a number that keeps the collective names of several optimizers apart.
+* ``new_scope()``: a number that keeps the collective names of several optimizers apart;
+* ``epoch``: a number that changes when the transport is replaced (Horovod elastic's reset).
 
 :class:`fasthorovod.torch.communicator.HorovodCommunicator` implements it with FastHorovod's
 collectives (large averages travel through the proxies) and ``fasthorovod.torch``'s
@@ -47,6 +48,9 @@ class Communicator(abc.ABC):
 
     rank: int = 0
     size: int = 1
+    #: Changes whenever the transport was replaced (an elastic reset): buffers from ``alloc`` and
+    #: operations started before belong to the old one.
+    epoch: int = 0
     _scopes = itertools.count()
 
     def new_scope(self) -> int:

@@ -167,6 +167,11 @@ class ODSGD(ScheduledOptimizer):
         self._discard_unstepped()
         super().load_state_dict(state_dict)
 
+    def _drop_in_flight(self) -> None:
+        super()._drop_in_flight()
+        if self._gradient_buckets is not None:
+            self._gradient_buckets.reset()  # forgets bucket handles without waiting
+
     def _apply_entry(self, entry: _InFlight) -> None:
         if self.local_update == "dc-asgd":
             if self._previous_global is None:
@@ -234,6 +239,8 @@ class CDSGD(ODSGD):
         self._stats["allgather_bytes"] += self._channel.payload_bytes()
         self._stats["collectives"] += 1
         return _InFlight([self._channel.post(flat, slot, self._name("2bit", slot, layout))], 1)
+
+    per_process_state = ("residual",)
 
     def _extra_state(self) -> Dict[str, Any]:
         return {**super()._extra_state(), "residual": self._channel.residual}
@@ -331,9 +338,10 @@ class SSDSGD(ScheduledOptimizer):
         accumulated = None
         if self._phase > 0:
             accumulated = [self._buffer(self._slot, layout).clone() for layout in self._layouts]
-        return {"velocity": self._velocity, "accumulated": accumulated}
+        return {"velocity": self._velocity, "accumulated": accumulated, "slot": self._slot}
 
     def _load_extra_state(self, state: Dict[str, Any]) -> None:
+        self._slot = int(state.get("slot", self._slot))  # names the period's collectives: ranks agree
         velocity = state.get("velocity")
         self._velocity = None if velocity is None else [
             t.to(w.device, w.dtype).clone() for t, w in zip(velocity, self._global)]

@@ -40,6 +40,8 @@ class SSGD2Bit(ScheduledOptimizer):
             self._set_grad(self._params[i], view)
         self.optimizer.step()
 
+    per_process_state = ("residual",)
+
     def _extra_state(self) -> Dict[str, Any]:
         return {"residual": self._channel.residual}
 

@@ -35,7 +35,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     cross_size,
     cuda_built,
     ddl_built,
-    elastic,
     global_process_set,
     gloo_built,
     gloo_enabled,
@@ -83,3 +82,4 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     synchronize,
 )
 from fasthorovod.torch.optimizer import DistributedOptimizer  # noqa: F401
+from fasthorovod.torch import elastic  # noqa: F401,E402  (Horovod elastic with the proxies re-formed on reset)

@@ -52,6 +52,10 @@ class HorovodCommunicator(Communicator):
     def size(self) -> int:
         return _hvd.size()
 
+    @property
+    def epoch(self) -> int:
+        return mpi_ops.epoch()
+
     def alloc(self, count: int, dtype: torch.dtype) -> torch.Tensor:
         group = mpi_ops.proxy_group()
         if group is None or not group.supports(dtype):

@@ -54,6 +54,7 @@ class _Runtime:
         self.names = itertools.count()
         self.in_flight_names: set = set()
         self.horovod_names: Dict[int, str] = {}
+        self.epoch = 0  # hvd.init() calls so far: buffers and requests of an older epoch are void
 
     def attach(self, group: ProxyGroup) -> None:
         self.group = group
@@ -74,9 +75,14 @@ _runtime = _Runtime()
 # -- lifecycle ----------------------------------------------------------------------------------------
 
 def init(comm=None, process_sets=None):
-    """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them."""
+    """Horovod's ``init``; then, when size > 1, starts this worker's proxies and connects them.
+
+    Called again after ``shutdown()`` (as Horovod elastic does on every reset), it forms new
+    proxies for the new rank and size; optimizers move their buffers to them on first use.
+    """
     _stop_proxies()
     _hvd.init(comm, process_sets)
+    _runtime.epoch += 1
     config = _start_proxies()
     if config.trace_dir:
         start_trace(config.trace_dir)
@@ -134,6 +140,12 @@ def _stop_proxies() -> None:
     group = _runtime.detach()
     if group is not None:
         group.close()
+
+
+def epoch() -> int:
+    """How many times ``init()`` has run in this process: a buffer or request made under an
+    earlier value belongs to a data plane that is gone (an elastic reset, shutdown + init)."""
+    return _runtime.epoch
 
 
 def proxy_group() -> Optional[ProxyGroup]:

@@ -78,6 +78,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         self._requires_update = set(params)
         buckets: List[_Bucket] = []
         group = mpi_ops.proxy_group()
+        self._data_plane = group
         for index, plist in enumerate(self._plan_buckets(params, group.config.bucket_bytes)):
             zero_copy = (self._compression is Compression.none and group.supports(plist[0].dtype)
                          and all(p.device.type == "cpu" for p in plist))
@@ -111,6 +112,29 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         return reversed_buckets(params, lambda p: p.numel() * p.element_size(), bucket_bytes,
                                 lambda first, p: p.dtype == first.dtype and p.device == first.device)
 
+    def _follow_data_plane(self) -> None:
+        """After ``hvd.shutdown()`` + ``hvd.init()`` (an elastic reset) the proxies are new: move
+        every zero-copy bucket, with whatever its gradients hold, into the new data plane's
+        shared memory. Without proxies now (one rank left), the buckets keep their memory and
+        their allreduces go through Horovod."""
+        group = mpi_ops.proxy_group()
+        if group is self._data_plane:
+            return
+        self._data_plane = group
+        for bucket in self._buckets:
+            if not bucket.zero_copy or group is None or not group.supports(bucket.flat.dtype):
+                continue
+            old, old_views = bucket.flat, bucket.views
+            bucket.flat = group.alloc(old.numel(), old.dtype)
+            bucket.flat.copy_(old)
+            offset = 0
+            for p in bucket.params:
+                view = bucket.flat[offset:offset + p.numel()].view_as(p)
+                if p.grad is old_views[p]:
+                    p.grad = view
+                bucket.views[p] = view
+                offset += p.numel()
+
     @staticmethod
     def _place_in_shared_memory(bucket: _Bucket, group) -> None:
         bucket.flat = group.alloc(sum(p.numel() for p in bucket.params), bucket.params[0].dtype)
@@ -141,6 +165,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
 
     def _launch(self, bucket: _Bucket):
         """Starts the bucket's allreduce; returns its handle."""
+        self._follow_data_plane()
         tracer = _trace.tracer
         if tracer is not None:
             tracer.event("grad_ready", bucket.name, bucket=bucket.index)
@@ -219,6 +244,7 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
                                  "but before optimizer.step() or optimizer.synchronize(). "
                                  "This is prohibited as it can cause a race condition.")
+        self._follow_data_plane()
         for group in self.param_groups:
             for p in group["params"]:
                 bucket = self._bucket_of.get(p)

@@ -1,0 +1,132 @@
+"""An elastic training job (Horovod elastic API) for tests/multiproc/test_elastic.py and the
+elastic benchmark: an MLP whose large gradients go through the proxies, ``hvd.elastic.run``,
+``TorchState`` and ``ElasticSampler``.
+
+The job resizes itself: at batch ``--resize-at`` rank 0 rewrites the file that the discovery
+script prints (``--hosts-file``, e.g. ``localhost:2`` instead of ``localhost:3``), once. Training
+goes on until ``--after`` batches have run in the new size; then every rank prints one line
+
+    ELASTIC rank R size S batch B digest D planes [[epoch, size, collectives], ...]
+
+where ``planes`` lists, per data plane this process used (one per hvd.init()), the world size and
+how many collectives its proxies' lanes carried. The digest is a hash of the parameters
+(identical on every rank, or the job fails).
+"""
+import argparse
+import faulthandler
+import hashlib
+import os
+import signal
+import sys
+import time
+
+import torch
+
+if os.environ.get("ELASTIC_WORKER_HOROVOD") == "1":
+    import horovod.torch as hvd
+else:
+    import fasthorovod.torch as hvd
+
+
+def digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def make_optimizer(model, algorithm):
+    base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if algorithm == "ssgd":
+        return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    options = {"warmup_steps": 3}
+    if algorithm == "cd-sgd":
+        options.update(threshold=0.01, correction_period=3)
+    if algorithm == "ssd-sgd":
+        options.update(period=2)
+    return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), algorithm=algorithm, **options)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts-file", required=True)
+    parser.add_argument("--resize-to", required=True, help="the hosts file's new content, e.g. localhost:2")
+    parser.add_argument("--resize-at", type=int, default=5)
+    parser.add_argument("--after", type=int, default=8)
+    parser.add_argument("--commit-every", type=int, default=2)
+    parser.add_argument("--algorithm", default="ssgd")
+    parser.add_argument("--batch-sleep", type=float, default=0.2)
+    parser.add_argument("--max-batches", type=int, default=200)
+    parser.add_argument("--kill-proxy-at", type=int, default=-1,
+                        help="at this batch rank 1 SIGKILLs one of its proxies (once): a failure on the proxy path")
+    args = parser.parse_args()
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    hvd.init()
+    torch.manual_seed(1234)
+    # 1024 x 640 float32 weights: a 2.6 MB gradient, above the proxies' threshold
+    model = torch.nn.Sequential(torch.nn.Linear(640, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    opt = make_optimizer(model, args.algorithm)
+    dataset = list(range(4096))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, batch=0, resized_at=-1, first_size=hvd.size())
+    planes = {}
+    state.register_reset_callbacks([lambda: print(f"rank {hvd.rank()}: reset, size {hvd.size()}, batch {state.batch}",
+                                                  flush=True)])
+
+    def note_plane():
+        group = getattr(hvd, "proxy_group", lambda: None)()
+        if group is None:
+            return
+        epoch = hvd.mpi_ops.epoch() if hasattr(hvd, "mpi_ops") else 0
+        planes[epoch] = [epoch, hvd.size(), sum(s["collectives"] for s in group.lane_stats())]
+
+    @hvd.elastic.run
+    def train(state):
+        while state.batch < args.max_batches:
+            if state.resized_at < 0 and hvd.size() != state.first_size:
+                state.resized_at = state.batch
+            if state.resized_at >= 0 and state.batch >= state.resized_at + args.after:
+                return
+            if state.batch == args.resize_at and hvd.rank() == 0 and not os.path.exists(args.hosts_file + ".done"):
+                with open(args.hosts_file + ".tmp", "w") as f:
+                    f.write(args.resize_to + "\n")
+                os.replace(args.hosts_file + ".tmp", args.hosts_file)
+                open(args.hosts_file + ".done", "w").close()
+                print(f"rank 0: hosts file now {args.resize_to!r} at batch {state.batch}", flush=True)
+            if state.batch == args.kill_proxy_at and hvd.rank() == 1 and not os.path.exists(args.hosts_file + ".killed"):
+                open(args.hosts_file + ".killed", "w").close()
+                victim = hvd.proxy_group().processes[0]
+                os.kill(victim.pid, signal.SIGKILL)
+                print(f"rank 1: killed proxy {victim.pid} at batch {state.batch}", flush=True)
+            indices = list(iter(state.sampler))[:16]
+            gen = torch.Generator().manual_seed(sum(indices) + 31 * state.batch)
+            x = torch.randn(16, 640, generator=gen)
+            y = torch.randint(0, 10, (16,), generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            note_plane()
+            state.sampler.record_batch(state.batch, 16)
+            state.batch += 1
+            time.sleep(args.batch_sleep)
+            if state.batch % args.commit_every == 0:
+                state.commit()
+
+    train(state)
+    if hasattr(opt, "sync_weights"):
+        opt.sync_weights()
+    note_plane()
+    mine = digest(model)
+    every = hvd.allgather_object(mine)
+    if len(set(every)) != 1:
+        print(f"rank {hvd.rank()}: ranks differ at the end: {every}", flush=True)
+        return 1
+    print(f"ELASTIC rank {hvd.rank()} size {hvd.size()} batch {state.batch} digest {mine} "
+          f"planes {sorted(planes.values())}", flush=True)
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
