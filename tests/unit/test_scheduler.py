@@ -47,6 +47,11 @@ class FakeComm(Communicator):
         self.seq = collections.Counter()
         self.in_flight = set()
 
+    def replace(self):
+        """What an elastic reset does to the transport: a new one (epoch + 1), nothing in flight."""
+        self.in_flight.clear()
+        self.epoch += 1
+
     def new_scope(self):  # the ranks are threads of one process: count per rank
         self.world.scopes[self.rank] += 1
         return self.world.scopes[self.rank]
@@ -554,6 +559,59 @@ def _train_and_save(algorithm, dtype, rank, comm, split):
     assert state["fasthorovod_scheduler"]["step"] == split
     assert state["fasthorovod_scheduler"]["algorithm"] == algorithm
     return p.detach().clone(), state
+
+
+@pytest.mark.parametrize("algorithm", sorted(CASES))
+def test_an_elastic_restore_after_a_failure_continues_exactly_as_if_nothing_happened(algorithm):
+    """commit (sync_weights + snapshot), two steps of work that a failure loses (in flight too),
+    restore, a new transport: training continues bit for bit as a run without the failure."""
+    dtype = torch.float32 if algorithm in ("cd-sgd", "ssgd-2bit") else torch.float64
+    split, total = 6, 11
+
+    def uninterrupted(rank, comm):
+        p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
+        train(p, opt, rank, split)
+        opt.sync_weights()
+        trace = train(p, opt, rank, total - split, start=split)
+        opt.sync_weights()
+        return trace, p.detach().clone()
+
+    def interrupted(rank, comm):
+        p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
+        train(p, opt, rank, split)
+        opt.sync_weights()
+        snapshot = opt.snapshot()
+        train(p, opt, rank, 2, start=split)  # lost: the failure comes before the next commit
+        opt.restore_snapshot(snapshot)
+        comm.replace()
+        trace = train(p, opt, rank, total - split, start=split)
+        opt.sync_weights()
+        return trace, p.detach().clone()
+
+    a, b = run_world(2, uninterrupted), run_world(2, interrupted)
+    for r in range(2):
+        for t, ((wa, la), (wb, lb)) in enumerate(zip(a[r][0], b[r][0])):
+            assert torch.equal(wa, wb) and torch.equal(la, lb), f"rank {r} step {split + t}"
+        assert torch.equal(a[r][1], b[r][1])
+
+
+def test_a_new_transport_drops_what_was_in_flight_and_moves_the_buffers_with_their_contents():
+    def body(rank, comm):
+        p, opt = make("ssd-sgd", comm, warmup_steps=2, period=3)
+        train(p, opt, rank, 4)  # delayed stage, in the middle of a period: the buffer holds a partial sum
+        accumulated = [b.clone() for b in opt._buffers[opt._slot] if b is not None]
+        old = [b for slot in opt._buffers for b in slot]
+        comm.replace()
+        opt.reset_communication()
+        new = [b for slot in opt._buffers for b in slot]
+        assert all(n is not o for n, o in zip(new, old) if o is not None)
+        assert [torch.equal(a, b) for a, b in zip(accumulated, opt._buffers[opt._slot])] == [True]
+        assert not opt._in_flight
+        train(p, opt, rank, 5, start=4)  # counters are broadcast again; the periods go on
+        opt.sync_weights()
+        return opt.steps, p.detach().clone()
+    (steps0, p0), (steps1, p1) = run_world(2, body)
+    assert steps0 == steps1 == 9 and torch.equal(p0, p1)
 
 
 def test_counters_come_from_rank_0_when_only_rank_0_loaded_a_checkpoint():
