@@ -290,6 +290,23 @@ def scenario_gather(args):
     print(f"rank {rank}: gather ok", flush=True)
 
 
+def scenario_salted(args):
+    """Allreduces whose values depend on --seed (one value per job): several in flight, all exact.
+    Two jobs with different seeds on one host cannot pass unless each sums only its own ranks."""
+    rank, size = hvd.rank(), hvd.size()
+    for i in range(args.count):
+        salt = args.seed * 1000 + i
+        counts = [300_001 + i, 70_000]
+        handles = [hvd.allreduce_async(rank_input(c, torch.float64, rank) + salt, op=hvd.Sum, name=f"salted.{i}.{j}")
+                   for j, c in enumerate(counts)]
+        for h, c in zip(handles, counts):
+            out = hvd.synchronize(h)
+            assert torch.equal(out, expected_sum(c, torch.float64, size) + size * salt), (args.seed, i, c, out[:4])
+    lanes = [s["collectives"] for s in hvd.proxy_group().lane_stats()]
+    assert all(n == 2 * args.count for n in lanes), lanes  # every allreduce went through the proxies
+    print(f"rank {rank}: salted job {args.seed} ok, {args.count} rounds, lanes {lanes}", flush=True)
+
+
 def scenario_join(args):
     """Rank r runs r+1 large allreduces, then joins: joined ranks contribute zeros until all joined."""
     rank, size = hvd.rank(), hvd.size()
