@@ -11,6 +11,13 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 
 
+def extras_require() -> dict:
+    """The extras table of fasthorovod/extras.py (read without importing the package)."""
+    namespace: dict = {}
+    exec(compile((ROOT / "fasthorovod" / "extras.py").read_text(), "extras.py", "exec"), namespace)
+    return {extra: list(packages) for extra, packages in namespace["EXTRAS"].items()}
+
+
 class CMakeExtension(Extension):
     def __init__(self, name: str) -> None:
         super().__init__(name, sources=[])
@@ -46,7 +53,10 @@ setup(
     ext_modules=[CMakeExtension("fasthorovod._C"), CMakeExtension("fasthorovod._C_testing")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    install_requires=["horovod==0.28.1", "torch", "psutil"],
+    # numpy: the trace analysis (fasthorovod-trace) reads the proxies' records with it; torch does
+    # not install it. Optional packages are extras (fasthorovod/extras.py says what needs which).
+    install_requires=["horovod==0.28.1", "torch", "psutil", "numpy"],
+    extras_require=extras_require(),
     entry_points={"console_scripts": ["fasthorovodrun = fasthorovod.runner.launch:main",
                                      "fasthorovod-trace = fasthorovod.trace.cli:main"]},
 )

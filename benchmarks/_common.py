@@ -871,12 +871,31 @@ def print_problems(entries):
                 print(f"    {entry['error']}")
 
 
-def main(parse_args, worker, driver, argv=None):
-    """The entry point of every benchmark script: ``--worker`` runs one rank, else the driver."""
+def check_extras(args, needs=()):
+    """Fails fast — before any job runs — when an optional package of fasthorovod[bench] that this
+    run needs is missing (--plot: matplotlib; `needs`: more pip names): one line on stderr with the
+    pip command, exit status 1."""
+    from fasthorovod.extras import MissingExtraError, require
+
+    program = os.path.basename(sys.argv[0]) or "benchmark"
+    wanted = [(package, program) for package in needs]
+    if getattr(args, "plot", None):
+        wanted.append(("matplotlib", f"{program} --plot"))
+    for package, feature in wanted:
+        try:
+            require(package, "bench", feature)
+        except MissingExtraError as e:
+            sys.exit(str(e))
+
+
+def main(parse_args, worker, driver, argv=None, needs=()):
+    """The entry point of every benchmark script: ``--worker`` runs one rank, else the driver
+    (after check_extras: `needs` are the optional packages the run needs besides --plot's)."""
     args = parse_args(argv)
     if args.worker:
         worker(args)
         return 0
+    check_extras(args, needs)
     return driver(args)
 
 

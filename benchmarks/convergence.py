@@ -566,7 +566,7 @@ def driver(args):
 
 
 def main(argv=None):
-    return common.main(parse_args, worker, driver, argv)
+    return common.main(parse_args, worker, driver, argv, needs=("scikit-learn",))  # the digits dataset
 
 
 if __name__ == "__main__":

@@ -199,7 +199,9 @@ def driver(args):
 
 
 def main(argv=None):
-    return driver(parse_args(argv))
+    args = parse_args(argv)
+    common.check_extras(args)
+    return driver(args)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Runs ``tests/workers/worker.py soak`` as N Horovod ranks (horovodrun --gloo): COUNT allreduces of
 log-uniform random sizes (1 B to MAX_BYTES), random dtypes (fp32, fp64, int32, int64, fp16, uint8)
 and ops (Sum, Average), 1 to 4 in flight at a time, every result compared with its exact value on
-every rank. Each rank reports its verified count and its file-descriptor and RSS figures from 10%
+every rank, the last ones in flight included. Each rank reports how many results it compared and
+how many differed (counted, not assumed) and its file-descriptor and RSS figures from 10%
 of the run to the end (fds may grow by at most 2, RSS by less than 512 MiB); after the job no
 proxy process and no shared-memory segment may be left.
 
@@ -52,21 +53,25 @@ def main(argv=None) -> int:
     env = {"FASTHOROVOD_NUM_PROXIES": str(args.proxies),
            "FASTHOROVOD_PROXY_THRESHOLD_BYTES": str(args.proxy_threshold)}
     start = time.time()
+    # A rank that saw a wrong result still prints its counts before it fails: report them, then fail.
     job = run_job(args.np, "soak", "--count", str(args.count), "--max-bytes", str(args.max_bytes),
-                  "--seed", str(args.seed), env=env, timeout=args.timeout)  # raises on failure or leftovers
+                  "--seed", str(args.seed), env=env, timeout=args.timeout,
+                  expect_success=False)  # raises on a timeout or leftovers
     seconds = time.time() - start
     ranks = [dict(zip(("rank", "verified", "mismatches", "fds_start", "fds_end", "rss_start_mib", "rss_end_mib"),
                       map(int, m.groups())))
              for m in SOAK_LINE.finditer(job.stdout)]
     ranks.sort(key=lambda r: r["rank"])
-    ok = len(ranks) == args.np and all(r["verified"] == args.count and r["mismatches"] == 0
+    ok = job.returncode == 0 and len(ranks) == args.np and all(r["verified"] == args.count and r["mismatches"] == 0
                                        and r["rss_end_mib"] - r["rss_start_mib"] < RSS_GROWTH_LIMIT_MIB
                                        for r in ranks)
     print(common.format_table(["rank", "verified", "mismatches", "fds (10% -> end)", "RSS MiB (10% -> end)"],
                               [[r["rank"], r["verified"], r["mismatches"], f"{r['fds_start']} -> {r['fds_end']}",
                                 f"{r['rss_start_mib']} -> {r['rss_end_mib']}"] for r in ranks]))
     print(f"{args.np} ranks x {args.count} allreduces (1 B..{common.format_size(args.max_bytes)}) in {seconds:.0f} s; "
-          f"no proxy or shared-memory segment left; {'PASS' if ok else 'FAIL'}")
+          f"no proxy or shared-memory segment left; job exit status {job.returncode}; {'PASS' if ok else 'FAIL'}")
+    if not ok:
+        print(job.stdout[-4000:], file=sys.stderr)
     if args.out:
         common.write_json(args.out, {"benchmark": "soak", "args": vars(args), "seconds": seconds, "ok": ok,
                                      "ranks": ranks, "machine": common.machine_info()})

@@ -6,15 +6,20 @@
     .venv/bin/python scripts/horovod_tests.py /tmp/horovod-src --module horovod.torch   # the baseline
 
 The test file is copied (with test/utils) into OUT, the one line ``import horovod.torch as hvd``
-becomes ``import fasthorovod.torch as hvd``, and the suite runs under ``horovodrun --gloo -np 2``
-with FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 (every Sum/Average allreduce through the proxies) unless
-the environment sets another threshold. Nothing of Horovod's is stored in this repository.
+becomes ``import fasthorovod.torch as hvd``, and the suite runs under ``horovodrun --gloo -np NP``
+(--np, default 2; 3 exercises the ring with a middle rank and uneven chunks) with
+FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 (every Sum/Average allreduce through the proxies) unless the
+environment sets another threshold. Nothing of Horovod's is stored in this repository.
 
 Horovod 0.28.1 with Gloo aborts at random in ``hvd.init()`` right after the previous test's
 ``hvd.shutdown()`` on a loaded machine (its rendezvous re-initialization race; natively too), which
 kills the whole job. So the suite runs in chunks: after a job dies, the tests not yet reported run
-in a fresh job; a test at which the job dies twice is recorded as CRASH, one that exceeds the chunk
-timeout as HANG. Prints the counts and every test that did not pass, and writes OUT/summary.json.
+in a fresh job. The death is charged to the first test not reported (the one that was running, or
+about to start). A test at which the job dies twice is recorded as CRASH, one that exceeds the
+chunk timeout as HANG, and one at which the job died once and that then passed as FLAKY — never as
+a plain pass: a rerun hides a death that may be ours, so the summary lists every rerun with the
+exit status of the job that died. Prints the counts and every test that did not simply pass, and
+writes OUT/summary.json.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-RESULT_LINE = re.compile(r"^\[(\d)\]<stdout>:(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+RESULT_LINE = re.compile(r"^\[(\d+)\]<stdout>:(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
 # Reports each failure as soon as it happens: a later crash of the job would lose pytest's summary.
 CONFTEST = '''import sys
 
@@ -38,7 +43,6 @@ def pytest_runtest_logreport(report):
         sys.stdout.write(f"\\n===FAILURE {report.nodeid} [{report.when}]===\\n{report.longreprtext}\\n")
         sys.stdout.flush()
 '''
-NP = 2
 
 
 def parse_args(argv=None):
@@ -50,6 +54,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="/tmp/fasthorovod-horovod-tests", help="scratch directory and logs")
     parser.add_argument("-k", dest="keyword", help="only tests matching this pytest -k expression")
     parser.add_argument("--chunk-timeout", type=int, default=900, help="seconds one job may run")
+    parser.add_argument("--np", type=int, default=2, help="ranks (horovodrun -np)")
     return parser.parse_args(argv)
 
 
@@ -84,16 +89,21 @@ def collect(test_file: Path, keyword: str | None) -> list:
     return tests
 
 
-def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int) -> tuple:
-    """Runs the tests in as many jobs as it takes; returns ({test: {rank: outcome}}, jobs)."""
+def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int, np_: int = 2) -> tuple:
+    """Runs the tests in as many jobs as it takes; returns ({test: {rank: outcome}}, jobs,
+    {test: [exit status of each job that died at it]})."""
     horovodrun = Path(sys.executable).parent / "horovodrun"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", "0")
+    # Unbuffered: when a rank dies, the launcher kills the others, and what they had buffered —
+    # the results of the tests before the death — would be lost and the death charged to the
+    # wrong test.
+    env["PYTHONUNBUFFERED"] = "1"
     results, deaths, remaining, chunk = {}, {}, list(tests), 0
     while remaining:
         chunk += 1
         log = out / f"chunk{chunk:02d}.log"
-        argv = [str(horovodrun), "--gloo", "-np", str(NP), sys.executable, "-m", "pytest", "-v", "-p",
+        argv = [str(horovodrun), "--gloo", "-np", str(np_), sys.executable, "-m", "pytest", "-v", "-p",
                 "no:cacheprovider", *remaining]
         start = time.time()
         with open(log, "w") as f:
@@ -106,29 +116,33 @@ def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int) -> t
             m = RESULT_LINE.match(line)
             if m:
                 results.setdefault(m.group(2), {})[int(m.group(1))] = m.group(3)
-        left = [t for t in remaining if len(results.get(t, {})) < NP]
+        left = [t for t in remaining if len(results.get(t, {})) < np_]
         print(f"job {chunk}: exit {rc} after {time.time() - start:.0f} s, {len(remaining) - len(left)} reported, "
               f"{len(left)} left", flush=True)
         if left:
             first = left[0]
-            deaths[first] = deaths.get(first, 0) + 1
-            if rc is None or deaths[first] >= 2:
+            deaths.setdefault(first, []).append(rc)
+            if rc is None or len(deaths[first]) >= 2:
                 kind = "HANG" if rc is None else "CRASH"
-                for rank in range(NP):
+                for rank in range(np_):
                     results.setdefault(first, {}).setdefault(rank, kind)
                 left = left[1:]
                 print(f"  {first.split('::')[-1]}: {kind}", flush=True)
+            else:
+                print(f"  {first.split('::')[-1]}: the job died at it (exit {rc}); rerunning it in a fresh job",
+                      flush=True)
         remaining = left
-    return results, chunk
+    return results, chunk, deaths
 
 
-def outcome(per_rank: dict) -> str:
+def outcome(per_rank: dict, died: int = 0) -> str:
+    """One test's outcome over the ranks; `died`: how many jobs died at it before it was reported."""
     outs = set(per_rank.values())
     for kind in ("HANG", "CRASH"):
         if kind in outs:
             return kind
     if outs <= {"PASSED"}:
-        return "PASSED"
+        return "FLAKY" if died else "PASSED"
     if outs <= {"SKIPPED"}:
         return "SKIPPED"
     return "FAILED"
@@ -140,21 +154,25 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     test_file = prepare(Path(args.horovod_src).resolve(), out, args.module)
     tests = collect(test_file, args.keyword)
-    print(f"{len(tests)} tests, hvd = {args.module}", flush=True)
+    print(f"{len(tests)} tests, hvd = {args.module}, {args.np} ranks", flush=True)
     start = time.time()
-    results, jobs = run_chunks(tests, test_file, out, args.chunk_timeout)
-    summary = {t.split("::")[-1]: outcome(results.get(t, {})) for t in tests}
+    results, jobs, deaths = run_chunks(tests, test_file, out, args.chunk_timeout, args.np)
+    summary = {t.split("::")[-1]: outcome(results.get(t, {}), len(deaths.get(t, []))) for t in tests}
+    reruns = {t.split("::")[-1]: {"job_exit": codes, "outcome": summary[t.split("::")[-1]]}
+              for t, codes in deaths.items()}
     counts = {}
     for value in summary.values():
         counts[value] = counts.get(value, 0) + 1
     with open(out / "summary.json", "w") as f:
-        json.dump({"module": args.module, "counts": counts, "jobs": jobs, "seconds": round(time.time() - start),
-                   "tests": summary}, f, indent=1)
-    print(json.dumps(counts), f"in {jobs} jobs, {time.time() - start:.0f} s")
+        json.dump({"module": args.module, "np": args.np, "counts": counts, "jobs": jobs,
+                   "seconds": round(time.time() - start), "reruns": reruns, "tests": summary}, f, indent=1)
+    print(json.dumps(counts), f"in {jobs} jobs, {time.time() - start:.0f} s, {len(reruns)} rerun after a job died")
     for name, value in summary.items():
         if value not in ("PASSED", "SKIPPED"):
-            print(f"  {value:7s} {name}")
-    return 0 if set(summary.values()) <= {"PASSED", "SKIPPED"} else 1
+            died = f" (job exit {reruns[name]['job_exit']})" if name in reruns else ""
+            print(f"  {value:7s} {name}{died}")
+    # A FLAKY test passed on its rerun: reported above, not a failure of the run.
+    return 0 if set(summary.values()) <= {"PASSED", "SKIPPED", "FLAKY"} else 1
 
 
 if __name__ == "__main__":

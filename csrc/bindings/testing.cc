@@ -1,6 +1,7 @@
 // fasthorovod._C_testing: entry points for tests only, kept out of the production module _C.
 //
-// The ring over loopback threads (_loopback_allreduce), the handshake bytes of a proxy (_hello),
+// The ring over loopback threads (_loopback_allreduce), the handshake bytes of a proxy (_hello), a
+// negotiation member that holds the token and sends what it is given (_hostile_member),
 // a synthetic trace written by the real recorder (_trace_selftest), and the element-wise
 // reductions the proxies use (reduce_sum, scale). Errors raise the same exceptions as _C.
 #include <pybind11/pybind11.h>
@@ -268,6 +269,32 @@ error).)pbdoc");
         },
         py::arg("rank"), py::arg("size"), py::arg("lane"), py::arg("socket_index"), py::arg("config_hash"),
         R"pbdoc(Test helper: the first handshake message a proxy would send (with a fresh nonce).)pbdoc");
+  m.def("_hostile_member",
+        [](const std::string& host, int port, const py::bytes& token, uint32_t rank, uint32_t size,
+           const py::bytes& payload, double timeout_seconds) {
+          const std::string t = token, bytes = payload;
+          if (t.size() != kTokenBytes) ThrowInvalidArgument("the token must be 16 bytes");
+          Socket sock;
+          {
+            py::gil_scoped_release release;
+            const Deadline deadline = Deadline::After(timeout_seconds);
+            const std::string who = Str("the coordinator at ", host, ":", port);
+            Status st = ConnectWithRetry(host, port, deadline, &sock);
+            LinkIdentity self;
+            std::memcpy(self.token, t.data(), kTokenBytes);
+            self.rank = rank;
+            self.size = size;
+            if (st.ok()) st = AuthenticateToPeer(sock.fd(), self, LinkPurpose::kNegotiation, 0, 0, deadline, who);
+            if (st.ok()) st = SendAll(sock.fd(), bytes.data(), bytes.size(), deadline, who);
+            Check(st);
+          }
+          return sock.Release();
+        },
+        py::arg("host"), py::arg("port"), py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("payload"),
+        py::arg("timeout_seconds") = 30.0,
+        R"pbdoc(Test helper: connects to a negotiation coordinator as `rank`, proves `token` (a
+member that holds the job token), then sends `payload` — raw bytes, hostile frames — and returns
+the connected socket's fd (the caller closes it).)pbdoc");
   m.def("_trace_selftest", &TraceSelftest, py::arg("dir"), py::arg("n"), py::arg("rank") = 0, py::arg("lane") = 0,
         py::arg("size") = 2, py::arg("capacity") = 0, py::arg("flush_interval_ms") = 20,
         R"pbdoc(Records n synthetic ring frames into DIR with the C++ recorder and closes it;

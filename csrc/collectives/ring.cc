@@ -26,8 +26,10 @@
 //
 // Reduce-scatter payloads land in a per-socket temporary of one segment and are added into the
 // shard (the lane reads one frame per socket at a time); allgather payloads land in place. The
-// ring checks that every received frame is one the schedule expects (step, segment and bounds);
-// the lane has already checked that it belongs to the same collective.
+// ring checks that every received frame is one the schedule expects (step, segment and bounds,
+// computed from this rank's own request, never from the peer's header) and that it arrives only
+// once, before the lane reads a byte of its payload; the lane has already checked that it belongs
+// to the same collective.
 #include "collectives/ring.h"
 
 #include <algorithm>
@@ -57,14 +59,28 @@ class RingRun : public FrameSink {
 
   // FrameSink: a header arrived; it must be a frame of the schedule, and says where it goes.
   Status Accept(const Frame& f, size_t socket, char** payload) override {
-    if (f.step < first_step_ || f.step >= steps_ || f.segment >= Segments(RecvChunk(f.step))) {
-      return Status::Error(Code::kIoError, Str("step ", f.step, " segment ", f.segment, " out of range"));
+    if (f.step < first_step_ || f.step >= steps_) {
+      return Status::Error(Code::kIoError, Str("frame with step ", f.step, " (the schedule has steps ", first_step_,
+                                               "..", steps_ - 1, ")"));
+    }
+    const size_t segments = Segments(RecvChunk(f.step));
+    if (f.segment >= segments) {
+      return Status::Error(Code::kIoError, Str("frame of step ", f.step, " with segment ", f.segment, " (the step has ",
+                                               segments, ")"));
     }
     size_t begin, end;
     SegmentRange(RecvChunk(f.step), f.segment, &begin, &end);
     if (f.offset != begin * elem_ || f.length != (end - begin) * elem_) {
-      return Status::Error(Code::kIoError, "segment bounds differ");
+      return Status::Error(Code::kIoError, Str("frame of step ", f.step, " segment ", f.segment, " with offset ",
+                                               f.offset, " and length ", f.length, " (the schedule says offset ",
+                                               begin * elem_, ", length ", (end - begin) * elem_, ")"));
     }
+    // Each frame of the schedule arrives once: a repeat would be reduced twice and release a send twice.
+    const size_t index = step_base_[f.step - first_step_] + f.segment;
+    if (received_[index]) {
+      return Status::Error(Code::kIoError, Str("frame of step ", f.step, " segment ", f.segment, " sent twice"));
+    }
+    received_[index] = true;
     *payload = f.step < opt_.size - 1 ? temp_[socket].data() : Bytes(begin);
     return Status::Ok();
   }
@@ -118,10 +134,13 @@ class RingRun : public FrameSink {
       return Status::Ok();
     }
     uint64_t frames_in = 0, frames_out = 0;
+    step_base_.clear();
     for (uint32_t t = first_step_; t < steps_; ++t) {
+      step_base_.push_back(frames_in);
       frames_in += Segments(RecvChunk(t));
       frames_out += Segments(SendChunk(t));
     }
+    received_.assign(frames_in, false);
     for (auto& temp : temp_) temp.resize(seg_elems_ * elem_);
     lane_.Begin(desc_, frames_out, frames_in);
     for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) QueueSend(first_step_, i);
@@ -137,6 +156,8 @@ class RingRun : public FrameSink {
   uint32_t steps_ = 0;
   uint32_t first_step_ = 0;  // size-1 for an allgather (kGather): its steps are the allgather phase's
   std::vector<std::vector<char>> temp_;  // per receive socket: one reduce-scatter segment
+  std::vector<uint64_t> step_base_;      // index of step (first_step_ + i)'s first frame in received_
+  std::vector<bool> received_;           // per frame of the schedule: it has arrived
 };
 
 }  // namespace

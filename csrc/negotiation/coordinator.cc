@@ -11,6 +11,8 @@
 namespace fasthorovod {
 namespace {
 
+constexpr size_t kMaxReportedMessage = 4096;  // of a member's kBroken message, passed on to every rank
+
 std::string RankList(const std::vector<uint32_t>& ranks) {
   std::string out = "[";
   for (size_t i = 0; i < ranks.size(); ++i) out += Str(i ? ", " : "", ranks[i]);
@@ -133,7 +135,12 @@ Status Coordinator::Serve() {
       if (fds[r].fd < 0 || fds[r].revents == 0) continue;
       MsgType type;
       std::string payload;
-      Status st = RecvFrame(members_[r].fd(), Deadline::After(opt_.timeout_seconds), Str("rank ", r), &type, &payload);
+      bool broken_protocol = false;
+      Status st = RecvFrame(members_[r].fd(), Deadline::After(opt_.timeout_seconds), Str("rank ", r), &type, &payload,
+                            &broken_protocol);
+      if (!st.ok() && broken_protocol) {
+        return Status::Error(Code::kPeerError, Str("rank ", r, " broke the negotiation protocol: ", st.message()));
+      }
       if (!st.ok()) {
         return Status::Error(Code::kPeerError, Str("rank ", r, " disconnected from the negotiation's coordinator "
                                                    "without shutting down (its worker died or failed): ",
@@ -161,7 +168,8 @@ Status Coordinator::Handle(uint32_t rank, MsgType type, const std::string& paylo
       return Status::Ok();
     case MsgType::kBroken: {
       const Code code = CodeFromPeer(CodeFromWire(in.U32()));
-      return Status::Error(code, Str("rank ", rank, " failed: ", in.Text()));
+      const std::string why = in.Text();
+      return Status::Error(code, Str("rank ", rank, " failed: ", why.substr(0, kMaxReportedMessage)));
     }
     default:
       return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " sent message type ",
@@ -170,26 +178,45 @@ Status Coordinator::Handle(uint32_t rank, MsgType type, const std::string& paylo
 }
 
 Status Coordinator::Announce(uint32_t rank, WireReader& in) {
+  const std::string who = Str("rank ", rank);
   const uint32_t n = in.U32();
   for (uint32_t i = 0; i < n && in.ok(); ++i) {
     WireDesc desc;
-    if (in.U8() != 0) {
+    const uint8_t cached = in.U8();
+    if (cached > 1) return Status::Error(Code::kIoError, Str("protocol error: ", who, " sent entry kind ", uint32_t{cached}));
+    if (cached != 0) {
       const uint32_t id = in.U32();
-      if (id >= by_id_.size()) return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " used unknown id ", id));
+      if (!in.ok()) break;
+      if (id >= by_id_.size()) {
+        return Status::Error(Code::kIoError, Str("protocol error: ", who, " used unknown id ", id, " (", by_id_.size(),
+                                                 " known)"));
+      }
       desc = by_id_[id];
     } else {
       desc = in.Desc();
+      if (!in.ok()) break;
+      FHVD_RETURN_IF_ERROR(CheckWireDesc(desc, opt_.max_tensor_bytes, who));
     }
     std::vector<uint64_t> bounds = in.U64s();
-    if (in.ok()) Submit(rank, std::move(desc), std::move(bounds));
+    if (!in.ok()) break;
+    FHVD_RETURN_IF_ERROR(CheckLaneBounds(bounds, desc.count, 0, desc.name, who));
+    FHVD_RETURN_IF_ERROR(Submit(rank, std::move(desc), std::move(bounds)));
   }
-  if (!in.ok()) return Status::Error(Code::kIoError, Str("protocol error: malformed announcement from rank ", rank));
+  if (!in.ok() || !in.done()) {
+    return Status::Error(Code::kIoError, Str("protocol error: malformed announcement from ", who,
+                                             in.ok() ? " (bytes after its last entry)" : " (cut short)"));
+  }
   return Status::Ok();
 }
 
-void Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds) {
+Status Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds) {
   auto it = pending_.find(desc.name);
   if (it == pending_.end()) {
+    if (pending_.size() >= kMaxPendingCollectives) {
+      return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " submitted tensor '", desc.name,
+                                               "' while ", pending_.size(), " collectives wait for other ranks (at most ",
+                                               kMaxPendingCollectives, ")"));
+    }
     Pending p;
     p.name = desc.name;
     p.submitted.assign(opt_.size, false);
@@ -202,12 +229,13 @@ void Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bou
   Pending& p = it->second;
   if (p.submitted[rank]) {  // the facade refuses a second in-flight tensor of one name, so: a bug
     Error(p.name, Code::kInvalidArgument, Str("rank ", rank, " submitted tensor '", p.name, "' twice"));
-    return;
+    return Status::Ok();
   }
   p.submitted[rank] = true;
   p.desc[rank] = std::move(desc);
   p.bounds[rank] = std::move(bounds);
   ++p.count;
+  return Status::Ok();
 }
 
 void Coordinator::Join(uint32_t rank) {
@@ -274,6 +302,11 @@ void Coordinator::Finish(Pending& p) {
   // An allgather's boundaries are part of its layout (each rank stages its row by them).
   const bool gather = p.desc[lead].op == static_cast<uint32_t>(ReduceOp::kGather);
   for (uint32_t r : submitters) {
+    if (p.bounds[r].size() != p.bounds[lead].size()) {  // every rank runs as many lanes (config hash)
+      Error(p.name, Code::kMismatch, Str("collective mismatch for tensor '", p.name, "': rank ", r, " has ",
+                                         p.bounds[r].size() - 1, " lanes, rank ", lead, " ", p.bounds[lead].size() - 1));
+      return;
+    }
     if (gather && p.bounds[r] != p.bounds[lead]) {
       Error(p.name, Code::kMismatch, Str("collective mismatch for allgather '", p.name,
                                          "': the ranks disagree on its lane boundaries"));

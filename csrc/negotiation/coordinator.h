@@ -24,6 +24,11 @@
 //   * When every rank has joined, each gets the last rank to join (the order of JOINs here).
 //   * A rank whose connection drops without saying goodbye has died: every rank is told, and
 //     their pending collectives fail instead of hanging.
+//   * What a member sends is checked before it is stored or indexed (wire.h: name, shape text,
+//     dtype, op, size against max_tensor_bytes, lane boundaries, cached ids, at most
+//     kMaxPendingCollectives waiting): a member that breaks the protocol — it holds the token, so
+//     it is a bug or a compromised process of the job — fails the job on every rank, with an
+//     error naming it and the field.
 #pragma once
 
 #include <atomic>
@@ -48,6 +53,7 @@ struct CoordinatorOptions {
   double timeout_seconds = 120.0;       // members' connections at start-up; sends
   double stall_check_seconds = 60.0;    // 0: no stall warnings
   double stall_shutdown_seconds = 0.0;  // 0: stalled tensors wait for ever (Horovod's default)
+  uint64_t max_tensor_bytes = DefaultMaxTensorBytes();  // announcements of larger ones: protocol error
 };
 
 class Coordinator {
@@ -79,7 +85,7 @@ class Coordinator {
   Status AcceptMembers();
   Status Handle(uint32_t rank, MsgType type, const std::string& payload);
   Status Announce(uint32_t rank, WireReader& in);
-  void Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds);
+  Status Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds);
   void Join(uint32_t rank);
   void Leave(uint32_t rank);
   void Settle();                             // moves ready or doomed pending entries to the batch

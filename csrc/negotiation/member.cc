@@ -258,6 +258,7 @@ Status Member::Announce() {
 }
 
 Status Member::Respond(const std::string& payload) {
+  const std::string who = "the coordinator (rank 0)";
   WireReader in(payload);
   const uint32_t n = in.U32();
   for (uint32_t i = 0; i < n && in.ok(); ++i) {
@@ -266,13 +267,24 @@ Status Member::Respond(const std::string& payload) {
         const uint32_t id = in.U32();
         if (in.U8() != 0) {
           WireDesc desc = in.Desc();
-          if (id >= by_id_.size()) by_id_.resize(id + 1);
+          if (!in.ok()) break;
+          // Ids are handed out in order: a new one is the next, never a jump (which would size the cache).
+          if (id > by_id_.size()) {
+            return Status::Error(Code::kIoError, Str("protocol error: ", who, " described id ", id, " while ",
+                                                     by_id_.size(), " ids are known (the next is ", by_id_.size(), ")"));
+          }
+          FHVD_RETURN_IF_ERROR(CheckWireDesc(desc, opt_.max_tensor_bytes, who));
+          if (id == by_id_.size()) by_id_.emplace_back();
           id_of_[desc.name] = id;
           by_id_[id] = std::move(desc);
         }
         std::vector<uint64_t> bounds = in.U64s();
         if (!in.ok()) break;
-        if (id >= by_id_.size()) return Status::Error(Code::kIoError, Str("protocol error: unknown id ", id));
+        if (id >= by_id_.size()) {
+          return Status::Error(Code::kIoError, Str("protocol error: ", who, " ran unknown id ", id, " (",
+                                                   by_id_.size(), " known)"));
+        }
+        FHVD_RETURN_IF_ERROR(CheckLaneBounds(bounds, by_id_[id].count, channel_->num_lanes(), by_id_[id].name, who));
         FHVD_RETURN_IF_ERROR(RunOrder(id, bounds));
         break;
       }
@@ -294,6 +306,11 @@ Status Member::Respond(const std::string& payload) {
       }
       case ResponseType::kJoinDone: {
         const uint32_t last = in.U32();
+        if (!in.ok()) break;
+        if (last >= opt_.size) {
+          return Status::Error(Code::kIoError, Str("protocol error: ", who, " named rank ", last,
+                                                   " the last to join, of ", opt_.size, " ranks"));
+        }
         std::lock_guard<std::mutex> lock(mu_);
         joined_ = false;
         auto it = tickets_.find(join_ticket_);
@@ -305,10 +322,14 @@ Status Member::Respond(const std::string& payload) {
         break;
       }
       default:
-        return Status::Error(Code::kIoError, "protocol error: unknown response type");
+        if (!in.ok()) break;
+        return Status::Error(Code::kIoError, Str("protocol error: ", who, " sent an unknown response type"));
     }
   }
-  if (!in.ok()) return Status::Error(Code::kIoError, "protocol error: malformed response batch");
+  if (!in.ok() || !in.done()) {
+    return Status::Error(Code::kIoError, Str("protocol error: malformed response batch from ", who,
+                                             in.ok() ? " (bytes after its last entry)" : " (cut short)"));
+  }
   return Status::Ok();
 }
 
@@ -335,6 +356,10 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
     }
   }
   if (!mine) return PostZeros(desc, bounds);
+  if (desc.count != request.count) {  // the coordinator ran another description under this rank's name
+    return Status::Error(Code::kIoError, Str("protocol error: the coordinator ran tensor '", desc.name, "' with ",
+                                             desc.count, " elements; rank ", opt_.rank, " submitted ", request.count));
+  }
   if (desc.op != static_cast<uint32_t>(ReduceOp::kGather)) std::copy(bounds.begin(), bounds.end(), request.lane_begin);
   uint64_t seq = 0;
   Status st = channel_->Post(request, &seq);
@@ -355,6 +380,7 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
 Status Member::PostZeros(const WireDesc& desc, const std::vector<uint64_t>& bounds) {
   const size_t elem = DTypeValid(desc.dtype) ? DTypeSize(static_cast<DType>(desc.dtype)) : 0;
   if (elem == 0) return Status::Error(Code::kIoError, "protocol error: bad dtype in a run order");
+  // Respond checked desc (CheckWireDesc: count x elem <= max_tensor_bytes) and the boundaries.
   const size_t bytes = std::max<size_t>(1, desc.count * elem);
   ZeroBuffer* zero = nullptr;
   for (auto& z : zeros_) {

@@ -9,6 +9,10 @@
 // order for a collective it did not submit is posted with a zero buffer of the right size, so the
 // proxies of a joined rank take part like any other.
 //
+// What the coordinator sends is checked before anything is allocated or indexed for it (wire.h:
+// ids, descriptions, sizes against max_tensor_bytes, lane boundaries, the last joiner's rank); a
+// violation is a protocol error that fails this rank's data plane, naming the field.
+//
 // Errors: a run order that cannot run (a mismatch, a stall past the shutdown time) fails only its
 // ticket. A failure of this rank's data plane (seen within 100 ms), a lost coordinator or a dead
 // or failed rank fails every ticket on every rank: nothing waits for ever on a rank that is gone
@@ -41,6 +45,7 @@ struct MemberOptions {
   int coordinator_port = 0;
   double timeout_seconds = 120.0;
   std::string buffer_prefix;  // the channel's data buffer names; zero buffers are added under it
+  uint64_t max_tensor_bytes = DefaultMaxTensorBytes();  // the largest run order (zero buffer) accepted
 };
 
 class Member {

@@ -36,6 +36,8 @@ namespace fasthorovod {
 constexpr uint32_t kNegotiationMagic = 0x464e4731u;  // "FNG1"
 constexpr uint32_t kMaxFrameBytes = 64u << 20;      // a bound on what a peer may make us allocate
 constexpr uint32_t kNoId = 0xffffffffu;
+constexpr size_t kMaxShapeText = 1u << 20;          // the shapes of a grouped collective, for messages
+constexpr size_t kMaxPendingCollectives = 1u << 16; // submitted by some ranks, not yet by all
 
 enum class MsgType : uint32_t {
   // 1 was kHello (the token in clear), replaced by the handshake
@@ -171,10 +173,27 @@ class WireReader {
 
 namespace fasthorovod {
 
+// Bounds on what a peer says, checked before anything is allocated or indexed for it. Every
+// failure is a protocol error (Code::kIoError) naming `who` (the peer), the tensor and the field.
+//
+// The largest collective this host accepts from the network: its physical memory. A joined
+// rank allocates a zero buffer of the size a run order names, so the bound is what a legitimate
+// tensor can be at most; MemberOptions/CoordinatorOptions carry it (tests lower it).
+uint64_t DefaultMaxTensorBytes();
+// name (1..kNameBytes-1 bytes), shape text, dtype, op, count x element size (no overflow, <= max).
+Status CheckWireDesc(const WireDesc& d, uint64_t max_tensor_bytes, const std::string& who);
+// Lane boundaries of a collective of `count` elements: 2..kMaxLanes+1 entries (exactly
+// lanes + 1 when lanes > 0), starting at 0, never decreasing, ending at count.
+Status CheckLaneBounds(const std::vector<uint64_t>& bounds, uint64_t count, uint32_t lanes, const std::string& tensor,
+                       const std::string& who);
+
 // Sends one whole frame (bounded by the deadline).
 Status SendFrame(int fd, const std::string& frame, Deadline deadline, const std::string& who);
 // Receives one whole frame; *type and *payload hold it. A bad magic or an oversized length is a
-// protocol error naming `who`.
-Status RecvFrame(int fd, Deadline deadline, const std::string& who, MsgType* type, std::string* payload);
+// protocol error naming `who`; the payload grows as its bytes arrive (a header that promises
+// kMaxFrameBytes and sends nothing commits no memory).
+// *broken_protocol (if set) tells a frame that breaks the protocol from a lost connection.
+Status RecvFrame(int fd, Deadline deadline, const std::string& who, MsgType* type, std::string* payload,
+                 bool* broken_protocol = nullptr);
 
 }  // namespace fasthorovod

@@ -48,8 +48,9 @@ static_assert(sizeof(FrameHeader) == kFrameHeaderBytes, "frame header is part of
 
 bool Retry(int err) { return err == EAGAIN || err == EWOULDBLOCK || err == EINTR; }
 
-// Reads the message of an abort frame whose header `h` was just received on fd and turns it into
-// the origin's failure.
+// Reads the message of an abort frame whose header `h` was just received on fd (its origin rank
+// checked by AcceptHeader) and turns it into the origin's failure. At most kMaxAbortMessage bytes
+// of it are read, whatever its length field says: the lane is failed anyway.
 Status ReceiveAbort(int fd, const FrameHeader& h, const std::string& prev_name) {
   std::string message(std::min<uint64_t>(h.length, kMaxAbortMessage), '\0');
   if (!RecvAll(fd, message.data(), message.size(), Deadline::After(2.0), prev_name).ok()) {
@@ -334,7 +335,13 @@ class Lane::Impl {
     if (h.magic != kFrameMagic) {
       return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (bad magic)"));
     }
-    if (h.kind == kAbort) return Status::Ok();
+    if (h.kind == kAbort) {
+      if (h.origin_rank >= opt_.size) {
+        return Status::Error(Code::kIoError, Str("corrupt abort frame from ", opt_.prev_name, " (origin rank ",
+                                                 h.origin_rank, " of ", opt_.size, " ranks)"));
+      }
+      return Status::Ok();
+    }
     if (h.kind != kData && h.kind != kEnd) {
       return Status::Error(Code::kIoError, Str("corrupt frame from ", opt_.prev_name, " (unknown kind ", h.kind, ")"));
     }
@@ -343,7 +350,13 @@ class Lane::Impl {
       return Status::Error(Code::kMismatch, MismatchMessage(opt_.lane, opt_.rank, *desc_,
                                                             (opt_.rank + opt_.size - 1) % opt_.size, h.desc));
     }
-    if (h.kind == kEnd) return Status::Ok();
+    if (h.kind == kEnd) {
+      if (h.length != 0) {  // an end marker has no payload; its length field would desynchronise the stream
+        return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": end marker of collective #",
+                                                 desc_->seq, " with length field ", h.length, " (must be 0)"));
+      }
+      return Status::Ok();
+    }
     if (recv_remaining_ == 0) {
       return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": more frames than collective #",
                                                desc_->seq, " has"));

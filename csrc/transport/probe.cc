@@ -42,8 +42,12 @@ Status RunSender(std::vector<Socket>& socks, Deadline deadline, const std::atomi
       if (n < 0 && errno != EAGAIN && errno != EINTR) return Status::Error(Code::kIoError, "probe recv(): " + ErrnoString(errno));
       if (n > 0 && (control_got += static_cast<size_t>(n)) == sizeof(control)) {
         control_got = 0;
-        if (control.magic != kProbeMagic || control.flows > socks.size()) {
-          return Status::Error(Code::kPeerError, "malformed probe control from the next rank");
+        if (control.magic != kProbeMagic) {
+          return Status::Error(Code::kPeerError, "malformed probe control from the next rank (bad magic)");
+        }
+        if (control.flows > socks.size()) {
+          return Status::Error(Code::kPeerError, Str("malformed probe control from the next rank (flows ", control.flows,
+                                                     ", only ", socks.size(), " sockets)"));
         }
         if (control.flows == 0) break;
         active = control.flows;

@@ -69,16 +69,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stdout.write("\n")
     else:
         print(format_table(result, per_rank=args.per_rank))
-    if args.plot:
-        from fasthorovod.trace.plot import plot
-
-        plot(loaded, result, args.plot, steps=args.plot_steps)
-        print(f"wrote {args.plot}", file=sys.stderr)
+    # Everything that needs no optional package first: a missing one (--plot: matplotlib) costs
+    # only its own output, reported in one line with the pip command, and the exit status.
     if args.chrome:
         from fasthorovod.trace.chrome import write_chrome
 
         n = write_chrome(loaded, args.chrome)
         print(f"wrote {args.chrome} ({n} events)", file=sys.stderr)
+    if args.plot:
+        from fasthorovod.extras import MissingExtraError, require
+
+        try:
+            require("matplotlib", "plot", "--plot")
+        except MissingExtraError as e:
+            print(f"fasthorovod-trace: {e}", file=sys.stderr)
+            return 1
+        from fasthorovod.trace.plot import plot
+
+        plot(loaded, result, args.plot, steps=args.plot_steps)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

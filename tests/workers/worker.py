@@ -46,15 +46,29 @@ def scenario_matrix(args):
             if dtype.is_floating_point:
                 avg = hvd.allreduce(x, op=hvd.Average, name=f"avg.{count}.{name}")
                 assert torch.allclose(avg.double(), exp.double() / size, rtol=1e-2, atol=1e-2), f"avg {count} {name}"
-                scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5, name=f"sc.{count}.{name}")
-                assert torch.equal(scaled, exp), f"scaled {count} {name}"
+                # 3 x 0.5 = 1.5: a result that dropped either factor (or both) is wrong. The values
+                # (multiples of 0.5 below 200) are exact in every floating dtype.
+                scaled = hvd.allreduce(x, op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.5, name=f"sc.{count}.{name}")
+                assert torch.equal(scaled, (exp.double() * 1.5).to(dtype)), f"scaled {count} {name}: {scaled[:8]}"
             y = x.clone()
             hvd.allreduce_(y, op=hvd.Sum, name=f"inplace.{count}.{name}")
             assert torch.equal(y, exp), f"in-place {count} {name}"
+        # Mixed dtypes: Horovod carries the group (the proxies fuse one dtype per request).
         g = [rank_input(count, torch.float32, rank), rank_input(count + 3, torch.float64, rank)]
         outs = hvd.grouped_allreduce(g, op=hvd.Sum, name=f"grouped.{count}")
         assert torch.equal(outs[0], expected_sum(count, torch.float32, size))
         assert torch.equal(outs[1], expected_sum(count + 3, torch.float64, size))
+        # One dtype: the group is fused into one request of the proxies (every lane runs one more
+        # collective; with threshold 0 nothing may go to Horovod instead).
+        g = [rank_input(count, torch.float32, rank), rank_input(count + 3, torch.float32, rank),
+             rank_input(2 * count + 1, torch.float32, rank)]
+        before = [s["collectives"] for s in group.lane_stats()]
+        outs = hvd.grouped_allreduce(g, op=hvd.Sum, name=f"grouped.same.{count}")
+        for out, c in zip(outs, (count, count + 3, 2 * count + 1)):
+            assert torch.equal(out, expected_sum(c, torch.float32, size)), f"grouped same-dtype {count}"
+        if group.config.proxy_threshold_bytes == 0:
+            after = [s["collectives"] for s in group.lane_stats()]
+            assert all(a == b + 1 for a, b in zip(after, before)), f"grouped {count}: lanes ran {before} -> {after}"
     stats = group.lane_stats()
     assert all(s["collectives"] > 0 and s["state"] == 2 for s in stats), stats
     print(f"rank {rank}: matrix ok, lanes {[s['collectives'] for s in stats]}", flush=True)
@@ -193,9 +207,12 @@ def scenario_train(args):
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                 torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    compression = hvd.Compression.fp16 if args.fp16 else hvd.Compression.none
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
-                                   backward_passes_per_step=args.passes, op=hvd.Average)
+    # --horovod-optimizer: Horovod's own DistributedOptimizer (the reference), else ours.
+    api = __import__("horovod.torch", fromlist=["torch"]) if args.horovod_optimizer else hvd
+    compression = api.Compression.fp16 if args.fp16 else api.Compression.none
+    opt = api.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
+                                   backward_passes_per_step=args.passes, op=api.Average,
+                                   gradient_predivide_factor=args.predivide)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     data_gen = torch.Generator().manual_seed(100 + rank)
     for step in range(20):
@@ -271,6 +288,23 @@ def scenario_gather(args):
             assert request.output.shape == (size, width)
             assert torch.equal(request.output, torch.stack(rows)), (width, rank)
     print(f"rank {rank}: gather ok", flush=True)
+
+
+def scenario_salted(args):
+    """Allreduces whose values depend on --seed (one value per job): several in flight, all exact.
+    Two jobs with different seeds on one host cannot pass unless each sums only its own ranks."""
+    rank, size = hvd.rank(), hvd.size()
+    for i in range(args.count):
+        salt = args.seed * 1000 + i
+        counts = [300_001 + i, 70_000]
+        handles = [hvd.allreduce_async(rank_input(c, torch.float64, rank) + salt, op=hvd.Sum, name=f"salted.{i}.{j}")
+                   for j, c in enumerate(counts)]
+        for h, c in zip(handles, counts):
+            out = hvd.synchronize(h)
+            assert torch.equal(out, expected_sum(c, torch.float64, size) + size * salt), (args.seed, i, c, out[:4])
+    lanes = [s["collectives"] for s in hvd.proxy_group().lane_stats()]
+    assert all(n == 2 * args.count for n in lanes), lanes  # every allreduce went through the proxies
+    print(f"rank {rank}: salted job {args.seed} ok, {args.count} rounds, lanes {lanes}", flush=True)
 
 
 def scenario_join(args):
@@ -405,7 +439,9 @@ def scenario_refused(args):
 
 
 def scenario_soak(args):
-    """Many allreduces of random sizes, dtypes and ops with async overlap; every result verified."""
+    """Many allreduces of random sizes, dtypes and ops with async overlap; every result verified —
+    the last ones in flight too — and counted: the SOAK line reports how many were compared and
+    how many differed, and the scenario fails if any did or if any was left unverified."""
     import random
 
     import psutil
@@ -414,34 +450,45 @@ def scenario_soak(args):
     rng = random.Random(args.seed)  # same sequence on every rank
     dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.float16, torch.uint8]
     proc = psutil.Process()
-    pending, checked = [], 0
+    pending, verified, mismatches, examples = [], 0, 0, []
     baseline = None
+
+    def verify(i, handle, c, d, o):
+        nonlocal verified, mismatches
+        out = hvd.synchronize(handle)
+        exp = expected_sum(c, d, size)
+        if o == hvd.Average:
+            ok = torch.allclose(out.double(), exp.double() / size, rtol=1e-2, atol=1e-2)
+        else:
+            ok = torch.equal(out, exp)
+        verified += 1
+        if not ok:
+            mismatches += 1
+            if len(examples) < 3:
+                examples.append(f"#{i}: {c} x {d}, {'average' if o == hvd.Average else 'sum'}: got {out[:4]}, "
+                                f"expected {exp[:4]}")
+
     for i in range(args.count):
         nbytes = int(2 ** rng.uniform(0, math.log2(args.max_bytes)))
         dtype = rng.choice(dtypes)
         op = rng.choice([hvd.Sum, hvd.Average]) if dtype.is_floating_point else hvd.Sum
         count = max(1, nbytes // torch.empty((), dtype=dtype).element_size())
         x = rank_input(count, dtype, rank)
-        pending.append((hvd.allreduce_async(x, op=op, name=f"soak.{i}"), count, dtype, op))
+        pending.append((i, hvd.allreduce_async(x, op=op, name=f"soak.{i}"), count, dtype, op))
         if len(pending) >= rng.randint(1, 4):
-            for handle, c, d, o in pending:
-                out = hvd.synchronize(handle)
-                exp = expected_sum(c, d, size)
-                if o == hvd.Average:
-                    assert torch.allclose(out.double(), exp.double() / size, rtol=1e-2, atol=1e-2), (i, c, d)
-                else:
-                    assert torch.equal(out, exp), (i, c, d)
-                checked += 1
+            for item in pending:
+                verify(*item)
             pending.clear()
         if i == args.count // 10:
             baseline = (proc.num_fds(), proc.memory_info().rss)
-    for handle, c, d, o in pending:
-        hvd.synchronize(handle)
-        checked += 1
+    for item in pending:  # the last ones in flight
+        verify(*item)
     fds, rss = proc.num_fds(), proc.memory_info().rss
-    assert fds - baseline[0] <= 2, f"fds grew from {baseline[0]} to {fds}"
-    print(f"SOAK rank {rank}: {checked} allreduces verified, 0 mismatches; fds {baseline[0]}->{fds}, "
+    print(f"SOAK rank {rank}: {verified} allreduces verified, {mismatches} mismatches; fds {baseline[0]}->{fds}, "
           f"rss {baseline[1] / 2**20:.0f}->{rss / 2**20:.0f} MiB", flush=True)
+    assert mismatches == 0, f"rank {rank}: {mismatches} of {verified} results wrong, e.g. {examples}"
+    assert verified == args.count, f"rank {rank}: {verified} of {args.count} allreduces verified"
+    assert fds - baseline[0] <= 2, f"fds grew from {baseline[0]} to {fds}"
 
 
 def main():
@@ -454,6 +501,8 @@ def main():
     parser.add_argument("--mbytes", type=int, default=100)
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--predivide", type=float, default=1.0)
+    parser.add_argument("--horovod-optimizer", action="store_true")
     parser.add_argument("--sockets", type=int, default=1)
     parser.add_argument("--out", default="")
     parser.add_argument("--cycles", type=int, default=4)
