@@ -174,20 +174,20 @@ def test_emulated_jobs_run_the_same_command_line_inside_the_cloud_with_hosts_add
     # --emulate-cloud=SPEC or abbreviated); --gloo, eth0 and -H hostI:P are added.
     assert _inner(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32", "--proxies", "3",
                    "python", "t.py", "--emulate-cloud", "x"], 2) == [
-        "--gloo", "--network-interfaces", "eth0", "-H", "host0:2,host1:2",
+        "--gloo", "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:2,host1:2",
         "-np", "4", "--fusion-threshold-mb", "32", "--proxies", "3", "python", "t.py", "--emulate-cloud", "x"]
     assert _inner(["--emulate=4:1gbit:100mbit", "--mpi", "-np", "2", "x"], 4) == [
-        "--network-interfaces", "eth0", "-H", "host0:1,host1:1", "--mpi", "-np", "2", "x"]
+        "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:1,host1:1", "--mpi", "-np", "2", "x"]
     # The user's hosts, interface and controller are theirs.
     assert _inner(["--emul", "3:1gbit:100mbit", "--gloo", "-H", "host2:1,host0:1", "--network-interfaces", "eth0",
-                   "-np", "2", "x"], 3) == ["--gloo", "-H", "host2:1,host0:1", "--network-interfaces", "eth0",
-                                            "-np", "2", "x"]
+                   "--disable-cache", "-np", "2", "x"], 3) == [
+        "--gloo", "-H", "host2:1,host0:1", "--network-interfaces", "eth0", "--disable-cache", "-np", "2", "x"]
     # Elastic: the cloud's discovery script, unless the user brings one.
     assert _inner(["--emulate-cloud", "3:1gbit:100mbit", "--min-np", "2", "--max-np", "3", "-np", "3", "x"], 3) == [
-        "--gloo", "--network-interfaces", "eth0", "--host-discovery-script", _FakeCloud(3).discovery_script,
+        "--gloo", "--network-interfaces", "eth0", "--disable-cache", "--host-discovery-script", _FakeCloud(3).discovery_script,
         "--min-np", "2", "--max-np", "3", "-np", "3", "x"]
     assert _inner(["--emulate-cloud", "3:1gbit:100mbit", "--host-discovery-script", "./mine.sh", "-np", "2", "x"],
-                  3) == ["--gloo", "--network-interfaces", "eth0", "--host-discovery-script", "./mine.sh", "-np", "2", "x"]
+                  3) == ["--gloo", "--network-interfaces", "eth0", "--disable-cache", "--host-discovery-script", "./mine.sh", "-np", "2", "x"]
 
 
 def test_emulated_launcher_gets_our_variables_and_the_hosts_interface(monkeypatch: pytest.MonkeyPatch) -> None:

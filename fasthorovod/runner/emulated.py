@@ -14,7 +14,9 @@ So this mode is a thin wrapper around the launcher that runs real clusters:
    horovodrun flag (elastic included) and FastHorovod's flags as given. Added only where the user
    gave none: ``--gloo`` (the default of this mode, as before; Horovod's own default is MPI when
    it is built with MPI), ``--network-interfaces eth0`` (skips Horovod's interface probe over
-   ssh; every host and the launcher have exactly that interface), and the hosts: ``-H
+   ssh; every host and the launcher have exactly that interface), ``--disable-cache`` (the hosts
+   are new every run, so horovodrun's cached ssh and interface checks in ``~/.horovod`` would
+   describe another cloud), and the hosts: ``-H
    host0:P,host1:P,...`` with P = N/HOSTS ranks per host for ``-np N``, or for an elastic job
    (``--min-np``/``--max-np``) ``--host-discovery-script`` of the cloud, which ``python -m
    fasthorovod.netem host-down``/``host-up`` change while the job runs. Horovod then starts each
@@ -78,6 +80,8 @@ def launcher_argv(args: argparse.Namespace, cloud: EmulatedCloud) -> list[str]:
         added.append("--gloo")
     if not args.nics:
         added += ["--network-interfaces", HOST_DEVICE]
+    if not args.disable_cache:  # the hosts are new every run: checks cached from another cloud mean nothing
+        added.append("--disable-cache")
     if not (args.hosts or args.hostfile or args.host_discovery_script):
         if is_elastic(args):
             added += ["--host-discovery-script", cloud.discovery_script]
