@@ -110,7 +110,7 @@ class Config:
     """FASTHOROVOD_BUCKET_BYTES: DistributedOptimizer gradient bucket size (a larger tensor gets its own)."""
     socket_buffer_bytes: int = 0
     """FASTHOROVOD_SOCKET_BUFFER_BYTES: SO_SNDBUF/SO_RCVBUF; 0 keeps Linux's autotuning."""
-    timeout_seconds: float = 120.0
+    timeout_seconds: float = 30.0
     """FASTHOROVOD_TIMEOUT_SECONDS: bound on every wait (start-up, and no progress in a collective)."""
     stall_check_seconds: float = 60.0
     """FASTHOROVOD_STALL_CHECK_SECONDS: report a tensor some ranks submitted and others not after this

@@ -8,12 +8,17 @@ must end with identical weights, every data plane must have carried collectives 
 lanes (the proxies are re-formed after each reset), and nothing may be left behind (the harness
 checks processes and shared memory after every job).
 """
+import importlib.util
 import re
 import stat
 
 import pytest
 
 from tests.multiproc.harness import REPO, run_job
+from tests.netns import skip_unless_usable
+from tests.test_runner import _leftovers
+
+netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdelastic")
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -27,7 +32,8 @@ def run_elastic(tmp_path, start: int, end: int, *worker_args: str, timeout: floa
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    result = run_job(start, "--hosts-file", str(hosts), "--resize-to", f"localhost:{end}", *worker_args,
+    result = run_job(start, "--sizes", f"{start},{end}", "--hosts-file", str(hosts), "--resize-to", f"localhost:{end}",
+                     *worker_args,
                      worker=WORKER, timeout=timeout,
                      launcher_args=["--network-interfaces", "lo", "--min-np", str(min(start, end)),
                                     "--max-np", str(max(start, end)), "--host-discovery-script", str(script)],
@@ -71,3 +77,44 @@ def test_a_killed_proxy_is_recovered_by_a_reset_and_training_goes_on(tmp_path):
     assert_every_plane_carried_collectives(planes)
     for rank in (0, 1):  # 3 ranks, 3 ranks again after the failure, then 2
         assert [size for _, size, _ in planes[rank]] == [3, 3, 2], planes
+
+
+# -- spot preemption on the emulated cloud, over ssh ----------------------------------------------------
+
+def _elastic_benchmark():
+    spec = importlib.util.spec_from_file_location("_benchmarks_elastic", REPO / "benchmarks" / "elastic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.parametrize("algorithm", ["ssgd", "cd-sgd"])
+def test_a_preempted_host_is_survived_and_the_job_grows_back_when_it_returns(tmp_path, algorithm):
+    """4 emulated hosts, ranks started by Horovod's horovodrun over ssh (fasthorovodrun
+    --emulate-cloud, elastic with the cloud's discovery script). After 4 steps one host is
+    preempted abruptly (link cut, its processes killed): the survivors raise within the timeout,
+    restore, re-form Horovod and the proxies for 3, and train; the host comes back and the job
+    grows to 4 again. Every rank ends with the same weights; every data plane carried collectives;
+    the cloud leaves nothing behind."""
+    timeout_s = 20.0
+    bench = _elastic_benchmark()
+    result = bench.preemption_run("fasthorovod", "4:1gbit:200mbit", 4, model="mlp", algorithm=algorithm,
+                                  timeout_s=timeout_s, job_timeout=600, log_path=tmp_path / "job.log")
+    text = (tmp_path / "job.log").read_text()
+    sizes = [size for size, _, _ in bench._log_steps(text)]
+    assert sizes[0] == 4 and 3 in sizes and sizes[-1] == 4, sizes
+    finals = LINE.findall(text)
+    assert sorted(int(f[0]) for f in finals) == [0, 1, 2, 3], text[-4000:]
+    assert len({f[3] for f in finals}) == 1, "ranks end with different weights"
+    survivors = {int(f[0]): eval(f[4]) for f in finals if len(eval(f[4])) == 3}  # noqa: S307 (our own output)
+    assert len(survivors) == 3, finals  # three processes saw 4, 3 and 4 ranks; the new one only 4
+    assert_every_plane_carried_collectives(survivors)
+    failed = [float(t) for t in re.findall(r"FAILED rank \d+ batch \d+ time ([\d.]+)", text)]
+    assert failed, "no survivor saw the failure in a step"
+    last_before = max(t for size, _, t in bench._log_steps(text) if size == 4 and t < min(failed))
+    assert max(failed) - last_before < timeout_s + 10, (last_before, failed)  # raised within the timeout
+    assert "emulated cloud" in text and "--host-discovery-script" in text
+    cloud_id = re.search(r"emulated cloud ([0-9a-f]{6}) ", text).group(1)
+    assert _leftovers(cloud_id) == []

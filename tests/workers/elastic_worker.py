@@ -1,16 +1,20 @@
-"""An elastic training job (Horovod elastic API) for tests/multiproc/test_elastic.py and the
-elastic benchmark: an MLP whose large gradients go through the proxies, ``hvd.elastic.run``,
-``TorchState`` and ``ElasticSampler``.
+"""An elastic training job (Horovod elastic API) for tests/multiproc/test_elastic.py,
+tests/test_runner.py and benchmarks/elastic.py: a model whose large gradients go through the
+proxies, ``hvd.elastic.run``, ``TorchState`` and ``ElasticSampler``.
 
-The job resizes itself: at batch ``--resize-at`` rank 0 rewrites the file that the discovery
-script prints (``--hosts-file``, e.g. ``localhost:2`` instead of ``localhost:3``), once. Training
-goes on until ``--after`` batches have run in the new size; then every rank prints one line
+The job trains until the world has gone through the sizes ``--sizes`` (e.g. ``3,2`` or ``4,3,4``)
+and then ``--after`` more batches. The resizes come from outside (a host taken away on the
+emulated cloud) or, with ``--hosts-file``, from the job itself: at batch ``--resize-at`` rank 0
+rewrites the file that the discovery script prints (e.g. ``localhost:2`` instead of
+``localhost:3``), once. Rank 0 prints ``STEP size S batch B time T`` after every step (T: wall
+clock), and at the end every rank prints one line
 
     ELASTIC rank R size S batch B digest D planes [[epoch, size, collectives], ...]
 
 where ``planes`` lists, per data plane this process used (one per hvd.init()), the world size and
 how many collectives its proxies' lanes carried. The digest is a hash of the parameters
-(identical on every rank, or the job fails).
+(identical on every rank, or the job fails). ``ELASTIC_WORKER_HOROVOD=1`` runs the same job with
+``import horovod.torch as hvd`` (the benchmark's peer).
 """
 import argparse
 import faulthandler
@@ -49,9 +53,12 @@ def make_optimizer(model, algorithm):
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hosts-file", required=True)
-    parser.add_argument("--resize-to", required=True, help="the hosts file's new content, e.g. localhost:2")
+    parser.add_argument("--sizes", required=True, help="world sizes to go through, e.g. 3,2 or 4,3,4")
+    parser.add_argument("--hosts-file", help="resize by rewriting this file (what the discovery script prints)")
+    parser.add_argument("--resize-to", help="the hosts file's new content, e.g. localhost:2")
     parser.add_argument("--resize-at", type=int, default=5)
+    parser.add_argument("--model", choices=["mlp", "alexnet"], default="mlp",
+                        help="alexnet: benchmarks/models.py at 32 px, batch 16 (61 M parameters)")
     parser.add_argument("--after", type=int, default=8)
     parser.add_argument("--commit-every", type=int, default=2)
     parser.add_argument("--algorithm", default="ssgd")
@@ -62,14 +69,21 @@ def main() -> int:
     args = parser.parse_args()
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    sizes = [int(n) for n in args.sizes.split(",")]
     hvd.init()
     torch.manual_seed(1234)
-    # 1024 x 640 float32 weights: a 2.6 MB gradient, above the proxies' threshold
-    model = torch.nn.Sequential(torch.nn.Linear(640, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    if args.model == "alexnet":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
+        from models import build_model
+        model, shape, classes = build_model("alexnet"), (3, 32, 32), 1000
+    else:
+        # 1024 x 640 float32 weights: a 2.6 MB gradient, above the proxies' threshold
+        model = torch.nn.Sequential(torch.nn.Linear(640, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+        shape, classes = (640,), 10
     opt = make_optimizer(model, args.algorithm)
     dataset = list(range(4096))
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
-    state = hvd.elastic.TorchState(model, opt, sampler=sampler, batch=0, resized_at=-1, first_size=hvd.size())
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, batch=0, sizes_seen=[hvd.size()], last_resize=0)
     planes = {}
     state.register_reset_callbacks([lambda: print(f"rank {hvd.rank()}: reset, size {hvd.size()}, batch {state.batch}",
                                                   flush=True)])
@@ -84,29 +98,38 @@ def main() -> int:
     @hvd.elastic.run
     def train(state):
         while state.batch < args.max_batches:
-            if state.resized_at < 0 and hvd.size() != state.first_size:
-                state.resized_at = state.batch
-            if state.resized_at >= 0 and state.batch >= state.resized_at + args.after:
+            if hvd.size() != state.sizes_seen[-1]:
+                state.sizes_seen = state.sizes_seen + [hvd.size()]
+                state.last_resize = state.batch
+            if state.sizes_seen == sizes and state.batch >= state.last_resize + args.after:
                 return
-            if state.batch == args.resize_at and hvd.rank() == 0 and not os.path.exists(args.hosts_file + ".done"):
+            if (args.hosts_file and state.batch == args.resize_at and hvd.rank() == 0
+                    and not os.path.exists(args.hosts_file + ".done")):
                 with open(args.hosts_file + ".tmp", "w") as f:
                     f.write(args.resize_to + "\n")
                 os.replace(args.hosts_file + ".tmp", args.hosts_file)
                 open(args.hosts_file + ".done", "w").close()
                 print(f"rank 0: hosts file now {args.resize_to!r} at batch {state.batch}", flush=True)
             if state.batch == args.kill_proxy_at and hvd.rank() == 1 and not os.path.exists(args.hosts_file + ".killed"):
-                open(args.hosts_file + ".killed", "w").close()
+                open(args.hosts_file + ".killed", "w").close()  # once, whatever resets follow
                 victim = hvd.proxy_group().processes[0]
                 os.kill(victim.pid, signal.SIGKILL)
                 print(f"rank 1: killed proxy {victim.pid} at batch {state.batch}", flush=True)
             indices = list(iter(state.sampler))[:16]
             gen = torch.Generator().manual_seed(sum(indices) + 31 * state.batch)
-            x = torch.randn(16, 640, generator=gen)
-            y = torch.randint(0, 10, (16,), generator=gen)
+            x = torch.randn(16, *shape, generator=gen)
+            y = torch.randint(0, classes, (16,), generator=gen)
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+            try:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            except hvd.HorovodInternalError as err:  # elastic restores and resets; say when it was seen
+                print(f"FAILED rank {hvd.rank()} batch {state.batch} time {time.time():.3f}: "
+                      f"{type(err).__name__}: {str(err)[:200]}", flush=True)
+                raise
             note_plane()
+            if hvd.rank() == 0:
+                print(f"STEP size {hvd.size()} batch {state.batch} time {time.time():.3f}", flush=True)
             state.sampler.record_batch(state.batch, 16)
             state.batch += 1
             time.sleep(args.batch_sleep)
