@@ -227,8 +227,9 @@ def fasthorovod_rate(cluster: Cluster, plane: Plane, p: Params) -> Dict[str, flo
 
 def stage_seconds(nbytes: float, cluster: Cluster, p: Params) -> float:
     """Copy in and copy out of shared memory (or of the GPU)."""
-    rate = cluster.stage_rate if cluster.stage_rate else 1.0 / p.copy_cost
-    return 2.0 * nbytes / rate
+    if cluster.stage_rate:
+        return 2.0 * nbytes / cluster.stage_rate
+    return 2.0 * nbytes * p.copy_cost
 
 
 def step_latency(cluster: Cluster, alpha: float) -> float:
