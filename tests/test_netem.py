@@ -308,8 +308,24 @@ def _leftovers(instance_id: str) -> list[str]:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
     namespaces = [line.split()[0] for line in listed.splitlines() if line.startswith(marker)]
     etc_dirs = [str(path) for path in ETC_NETNS.glob(f"{marker}*")]
-    state_files = [str(path) for path in STATE_DIR.glob(f"{instance_id}.json")]
-    return namespaces + etc_dirs + state_files
+    state_files = [str(path) for path in STATE_DIR.glob(f"{instance_id}*")]  # ID.json and the ID/ directory
+    processes = _live_processes(marker) + _live_processes(f"{STATE_DIR}/{instance_id}/")  # e.g. its sshd
+    return namespaces + etc_dirs + state_files + processes
+
+
+def _live_processes(pattern: str) -> list[str]:
+    """Processes (not zombies) whose command line contains ``pattern``, e.g. an instance's sshd
+    (its config path names the instance)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if state != "Z" and pattern in command and str(os.getpid()) != stat.parent.name:
+            found.append(f"pid {stat.parent.name}: {command.strip()}")
+    return found
 
 
 def _cloud_for_the_module(spec: str):
@@ -424,7 +440,8 @@ def test_the_kernel_puts_a_flow_in_the_bucket_flow_bucket_names(uneven_cloud: Em
 def test_down_removes_everything_and_is_idempotent() -> None:
     network = EmulatedCloud("3:100mbit:10mbit", prefix=PREFIX).up()
     instance_id = network.id
-    assert len(_leftovers(instance_id)) == 3 + 1 + 3 + 1  # namespaces, hosts files, state file
+    # namespaces, hosts files (the launcher's too), state file and directory
+    assert len(_leftovers(instance_id)) == 3 + 1 + 3 + 1 + 2
     network.down()
     assert _leftovers(instance_id) == []
     network.down()
@@ -465,3 +482,97 @@ def test_cleanup_stale_removes_a_killed_owners_network() -> None:
     assert instance_id and _leftovers(instance_id) != []
     assert instance_id in cleanup_stale(PREFIX)
     assert _leftovers(instance_id) == []
+
+
+# --- launcher, ssh, host discovery and spot preemption (root only) ----------------------------------
+
+
+netem_ssh = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), f"{PREFIX}probe")
+
+
+def _in(namespace: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", namespace, "sh", "-c", command],
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _discovered(network: EmulatedCloud) -> list[str]:
+    return subprocess.run([network.discovery_script], capture_output=True, text=True, timeout=10,
+                          check=True).stdout.split()  # fmt: skip
+
+
+@netem_ssh
+@pytest.mark.netem
+def test_ssh_cloud_reaches_every_host_from_the_launcher_and_leaves_nothing() -> None:
+    home_ssh = Path.home() / ".ssh"
+    home_before = sorted(home_ssh.iterdir()) if home_ssh.exists() else None
+    network = EmulatedCloud("3:200mbit:50mbit", prefix=PREFIX, ssh=True, slots_per_host=2).up()
+    instance_id = network.id
+    try:
+        state_dir = STATE_DIR / instance_id
+        assert (state_dir / "ssh" / "host_key").exists() and network.identity_file.startswith(str(state_dir))
+        for index, host in enumerate(network.hosts):
+            # as horovodrun does it: ssh -o StrictHostKeyChecking=no HOST COMMAND, from the launcher
+            answer = _in(network.launcher_namespace,
+                         f"ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no host{index} "
+                         "'echo $SSH_CONNECTION; getent hosts $(hostname) host0'")
+            assert answer.returncode == 0, answer.stderr
+            lines = answer.stdout.splitlines()
+            assert lines[0].split()[0] == network.launcher_address and lines[0].split()[2] == host.address
+            assert lines[1].split()[0] == host.address  # the machine's hostname is the host itself there
+            assert lines[2].split()[0] == network.hosts[0].address
+        # hosts reach each other too (mpirun's tree spawn does that)
+        assert _in(network.hosts[0].name, "ssh host2 true").returncode == 0
+        assert _discovered(network) == ["host0:2", "host1:2", "host2:2"]
+        assert _live_processes(f"{STATE_DIR}/{instance_id}/ssh/sshd_config")  # 3 daemons
+    finally:
+        network.down()
+    assert _leftovers(instance_id) == []
+    assert (sorted(home_ssh.iterdir()) if home_ssh.exists() else None) == home_before  # ~/.ssh untouched
+
+
+@netem_ssh
+@pytest.mark.netem
+def test_hosts_go_away_gracefully_or_abruptly_and_come_back() -> None:
+    network = EmulatedCloud("3:200mbit:50mbit", prefix=PREFIX, ssh=True).up()
+    instance_id = network.id
+    try:
+        host1 = network.hosts[1]
+        sleepers = [run_in_host(host1, ["sleep", "300"]) for _ in range(2)]
+        # Graceful: only what the discovery script prints changes.
+        assert main(["host-down", instance_id, "host1"]) == 0
+        assert _discovered(network) == ["host0:1", "host2:1"]
+        assert all(sleeper.poll() is None for sleeper in sleepers) and network.link_up(1)
+        assert main(["host-up", instance_id, "1"]) == 0
+        assert _discovered(network) == ["host0:1", "host1:1", "host2:1"]
+        # Abrupt: link cut, every process in the host killed (its sshd too), unlisted.
+        assert main(["host-down", instance_id, host1.name, "--abrupt"]) == 0
+        assert [sleeper.wait(timeout=10) for sleeper in sleepers] == [-signal.SIGKILL] * 2
+        listed = subprocess.run(["ip", "netns", "pids", host1.name], capture_output=True, text=True, timeout=10)
+        assert listed.stdout.split() == []
+        assert not network.link_up(1)
+        assert "NO-CARRIER" in _in(host1.name, "ip link show eth0").stdout  # the host's side sees the cut
+        assert _discovered(network) == ["host0:1", "host2:1"]
+        unreachable = _in(network.launcher_namespace, "ssh -o ConnectTimeout=2 host1 true")
+        assert unreachable.returncode == 255
+        assert _in(network.launcher_namespace, "ssh host2 true").returncode == 0  # the others are unaffected
+        # Back: link up, sshd running again, listed, still shaped.
+        assert main(["host-up", instance_id, "host1"]) == 0
+        assert network.link_up(1) and _discovered(network) == ["host0:1", "host1:1", "host2:1"]
+        assert _in(network.launcher_namespace, "ssh host1 hostname -I").stdout.split() == [host1.address]
+        shaper = subprocess.run(["tc", "-n", network.bridge_namespace, "class", "show", "dev", "h1"],
+                                capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+        assert shaper.count("ceil 50Mbit") == 256
+    finally:
+        network.down()
+    assert _leftovers(instance_id) == []
+
+
+def test_status_names_the_launcher_ssh_and_discovery() -> None:
+    hosts = tuple(Host(name=f"{PREFIX}-abcdef-h{index}", address=f"10.231.9.{index + 1}") for index in range(2))
+    state = InstanceState(id="abcdef", prefix=PREFIX, spec="2:1gbit:200mbit", subnet="10.231.9.0/24",
+                          bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=None,
+                          owner_start_ticks=None, created=0.0, launcher_address="10.231.9.254", ssh=True)  # fmt: skip
+    text = describe(state)
+    assert f"bridge namespace {PREFIX}-abcdef-br, launcher address 10.231.9.254 (eth0)" in text
+    assert f"identity file {STATE_DIR}/abcdef/ssh/id_ed25519" in text
+    assert f"host discovery script {STATE_DIR}/abcdef/discover-hosts" in text

@@ -2,9 +2,11 @@
 
 - Flag parsing and the environment the flags give the ranks run anywhere, in-process.
 - ``multiproc`` tests start real ranks on loopback through Horovod's runner.
-- ``netem`` tests (root, network namespaces) run jobs on an emulated cloud: a verified 4 MiB
-  allreduce with each rank in its own namespace, a failing rank, SIGTERM, a rank that never
-  reaches the rendezvous, and MPI; after each, nothing of that run's network may be left.
+- ``netem`` tests (root, network namespaces, sshd) run jobs on an emulated cloud, whose ranks
+  Horovod's launcher starts over ssh: a verified 4 MiB allreduce with each rank in its own
+  namespace, the real ``horovodrun -H`` run by hand in a cloud, an elastic job with the cloud's
+  discovery script, a failing rank, SIGTERM, a rank that never reaches the rendezvous, and MPI;
+  after each, nothing of that run (namespaces, sshd, keys) may be left.
 
 Every subprocess has a timeout; on expiry its whole process group is killed.
 """
@@ -28,7 +30,7 @@ from tests.netns import skip_unless_usable
 
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR
 from fasthorovod.runner import fasthorovod_env, launch, parse_args
-from fasthorovod.runner.emulated import EmulatedJob
+from fasthorovod.runner.emulated import EmulatedJob, launcher_argv
 
 REPO = Path(__file__).resolve().parents[1]
 FASTHOROVODRUN = Path(sys.executable).parent / "fasthorovodrun"
@@ -80,8 +82,7 @@ def test_flags_map_to_fasthorovod_variables() -> None:
          "argument --emulate-cloud: host override 'host4=50mbit' .* there is no host4, the 4 hosts are host0..host3"),
         (["-np", "4", "--emulate-cloud", "4:1gbit:200mbit,host1=50mbit,host1=60mbit", "x"], "host1 is already set"),
         (["-np", "6", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-np 6 is not a multiple of the 4 emulated hosts"),
-        (["-np", "4", "-H", "a:4", "--emulate-cloud", "4:1gbit:200mbit", "x"], "-H/--hosts and --hostfile do not apply"),
-        (["-np", "4", "--min-np", "2", "--emulate-cloud", "4:1gbit:200mbit", "x"], "elastic mode"),
+        (["-np", "4", "--jsrun", "--emulate-cloud", "4:1gbit:200mbit", "x"], "--jsrun is not supported"),
         (["-np", "4", "--network-interfaces", "eth1", "--emulate-cloud", "4:1gbit:200mbit", "x"], "eth0"),
         (["-np", "2"], "no command to run"),
     ],
@@ -150,17 +151,54 @@ def test_the_first_failed_ranks_exit_code_is_propagated(monkeypatch: pytest.Monk
     assert launch.main(["--gloo", "-np", "2", "python", "t.py"]) == 7
 
 
-def test_emulated_ranks_get_horovods_tunables_and_our_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+class _FakeCloud:
+    """What launcher_argv reads of an EmulatedCloud."""
+
+    def __init__(self, hosts: int) -> None:
+        self.hosts = list(range(hosts))
+        self.discovery_script = "/run/fasthorovod-netem/abcdef/discover-hosts"
+
+    def host_names(self) -> list[str]:
+        return [f"host{index}" for index in self.hosts]
+
+
+def _inner(argv: list[str], hosts: int) -> list[str]:
+    """The command line --emulate-cloud runs inside the cloud, after python -m fasthorovod.runner."""
+    inner = launcher_argv(parse_args(argv), _FakeCloud(hosts))
+    assert inner[:3] == [sys.executable, "-m", "fasthorovod.runner"]
+    return inner[3:]
+
+
+def test_emulated_jobs_run_the_same_command_line_inside_the_cloud_with_hosts_added() -> None:
+    # Static: everything but --emulate-cloud is kept (also in the command, and written as
+    # --emulate-cloud=SPEC or abbreviated); --gloo, eth0 and -H hostI:P are added.
+    assert _inner(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32", "--proxies", "3",
+                   "python", "t.py", "--emulate-cloud", "x"], 2) == [
+        "--gloo", "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:2,host1:2",
+        "-np", "4", "--fusion-threshold-mb", "32", "--proxies", "3", "python", "t.py", "--emulate-cloud", "x"]
+    assert _inner(["--emulate=4:1gbit:100mbit", "--mpi", "-np", "2", "x"], 4) == [
+        "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:1,host1:1", "--mpi", "-np", "2", "x"]
+    # The user's hosts, interface and controller are theirs.
+    assert _inner(["--emul", "3:1gbit:100mbit", "--gloo", "-H", "host2:1,host0:1", "--network-interfaces", "eth0",
+                   "--disable-cache", "-np", "2", "x"], 3) == [
+        "--gloo", "-H", "host2:1,host0:1", "--network-interfaces", "eth0", "--disable-cache", "-np", "2", "x"]
+    # Elastic: the cloud's discovery script, unless the user brings one.
+    assert _inner(["--emulate-cloud", "3:1gbit:100mbit", "--min-np", "2", "--max-np", "3", "-np", "3", "x"], 3) == [
+        "--gloo", "--network-interfaces", "eth0", "--disable-cache", "--host-discovery-script", _FakeCloud(3).discovery_script,
+        "--min-np", "2", "--max-np", "3", "-np", "3", "x"]
+    assert _inner(["--emulate-cloud", "3:1gbit:100mbit", "--host-discovery-script", "./mine.sh", "-np", "2", "x"],
+                  3) == ["--gloo", "--network-interfaces", "eth0", "--disable-cache", "--host-discovery-script", "./mine.sh", "-np", "2", "x"]
+
+
+def test_emulated_launcher_gets_our_variables_and_the_hosts_interface(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOME_USER_SETTING", "kept")
-    args = parse_args(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32",
-                       "--cycle-time-ms", "5", "--timeline-filename", "/tmp/tl.json", "--proxies", "3", "x"])
+    monkeypatch.setenv("FASTHOROVOD_IFACE", "lo")
+    args = parse_args(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--proxies", "3", "x"])
     job = EmulatedJob(args, fasthorovod_env(args))
-    env = job._base_env()
-    assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
-    assert env["HOROVOD_CYCLE_TIME"] == "5.0" and env["HOROVOD_TIMELINE"] == "/tmp/tl.json"
+    env = job._launcher_env()
     assert env["FASTHOROVOD_NUM_PROXIES"] == "3" and env["FASTHOROVOD_IFACE"] == "eth0"
-    assert env["SOME_USER_SETTING"] == "kept" and env["PYTHONUNBUFFERED"] == "1"
-    assert (job.hosts_used, job.slots_per_host) == (2, 2)
+    assert env["SOME_USER_SETTING"] == "kept"
+    assert job.cloud.ssh and job.cloud.slots_per_host == 2
 
 
 def test_without_root_the_emulated_mode_says_what_to_do(monkeypatch: pytest.MonkeyPatch,
@@ -218,7 +256,7 @@ def test_loopback_job_through_horovods_runner_with_proxies() -> None:
 # --- emulated cloud (root) -----------------------------------------------------------------------------
 
 
-netem = skip_unless_usable(("ip", "tc"), "fhvdrunprobe")
+netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdrunprobe")
 
 EMULATED_SCRIPT = """
 import os, socket, psutil, torch
@@ -241,6 +279,8 @@ hvd.allreduce_(x, op=hvd.Sum, name="x")
 assert torch.equal(x, pattern.float() * (size * (size + 1) // 2)), x[:4]
 addresses = hvd.allgather_object(me)
 assert len(set(addresses)) == size, addresses
+ssh_from, _, ssh_to, _ = os.environ["SSH_CONNECTION"].split()  # started by Horovod over ssh
+assert ssh_to == me and socket.gethostbyname("launcher") == ssh_from, os.environ["SSH_CONNECTION"]
 print(f"RESULT rank={rank} address={me}", flush=True)
 hvd.shutdown()
 """
@@ -254,11 +294,15 @@ def _cloud_id(stderr: str) -> str:
 
 def _leftovers(cloud_id: str) -> list[str]:
     """Everything of emulated cloud ``cloud_id`` still on the machine: namespaces (`ip netns
-    list`), /etc/netns directories, the state file, processes in its namespaces."""
+    list`), /etc/netns directories, the state file and directory (keys), its sshd processes."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=True).stdout
     marker = f"-{cloud_id}-"
     namespaces = [line.split()[0] for line in listed.splitlines() if marker in line]
-    return namespaces + [str(p) for p in ETC_NETNS.glob(f"*{marker}*")] + [str(p) for p in STATE_DIR.glob(f"{cloud_id}.json")]
+    sshd = [pid for pid in subprocess.run(["pgrep", "-f", f"{STATE_DIR}/{cloud_id}/"], capture_output=True,
+                                          text=True, timeout=10).stdout.split()
+            if Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()]
+    return (namespaces + [str(p) for p in ETC_NETNS.glob(f"*{marker}*")]
+            + [str(p) for p in STATE_DIR.glob(f"{cloud_id}*")] + [f"sshd pid {pid}" for pid in sshd])
 
 
 def _hosts(stderr: str) -> dict[str, str]:
@@ -342,14 +386,18 @@ def test_sigterm_kills_the_ranks_and_tears_the_network_down(tmp_path: Path) -> N
 @netem
 @pytest.mark.netem
 @pytest.mark.multiproc
-def test_a_rank_missing_the_rendezvous_fails_after_start_timeout(tmp_path: Path) -> None:
+def test_a_rank_missing_the_rendezvous_fails_the_job_after_gloos_timeout(tmp_path: Path) -> None:
+    # As on a real cluster: the rank that reached hvd.init() gives up after HOROVOD_GLOO_TIMEOUT_SECONDS,
+    # and Horovod's launcher then stops the other rank.
     script = tmp_path / "late.py"
     script.write_text("import os, time\nif os.environ['HOROVOD_RANK'] == '1':\n    time.sleep(600)\n"
                       "import horovod.torch as hvd\nhvd.init()\n")
-    result = _run([str(FASTHOROVODRUN), "--verbose", "--start-timeout", "5", "--emulate-cloud", "2:200mbit:50mbit",
-                   "-np", "2", sys.executable, str(script)], timeout=240)
-    assert result.returncode == 1
-    assert "ranks [1] did not reach Horovod's rendezvous within --start-timeout 5 s" in result.stderr
+    started = time.monotonic()
+    result = _run([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit",
+                   "-np", "2", sys.executable, str(script)], timeout=240, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "5"})
+    assert result.returncode not in (0, 124), result.stdout[-3000:] + result.stderr[-3000:]
+    assert time.monotonic() - started < 200  # rank 1 (sleeping 600 s) was stopped
+    assert "Process 0 exit with status code" in result.stdout, result.stdout[-3000:]
     assert _leftovers(_cloud_id(result.stderr)) == []
 
 
@@ -425,3 +473,109 @@ def test_the_probe_picks_more_flows_when_the_per_flow_cap_is_lower_and_the_ranks
     (knee_fast, sockets_fast), (knee_slow, sockets_slow) = chosen.values()
     assert knee_fast <= 4 and sockets_fast <= 2, chosen
     assert knee_slow >= 8 and sockets_slow >= 4, chosen
+
+
+# --- the emulated hosts as real hosts: Horovod's own launcher over ssh ------------------------------
+
+
+HORO_SCRIPT = """
+import os, socket, torch
+import fasthorovod.torch as hvd
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+me = socket.gethostbyname(os.environ["HOROVOD_HOSTNAME"])
+assert os.environ["SSH_CONNECTION"].split()[2] == me          # started over ssh on its own host
+assert len(hvd.proxy_group().processes) == 2
+pattern = torch.arange(1 << 20, dtype=torch.int32) % 1021 + 1   # 4 MiB of float32, exact sums
+x = pattern.float() * (rank + 1)
+hvd.allreduce_(x, op=hvd.Sum, name="x")
+assert torch.equal(x, pattern.float() * (size * (size + 1) // 2)), x[:4]
+print(f"HORO rank={rank} size={size} host={os.environ['HOROVOD_HOSTNAME']} address={me}", flush=True)
+hvd.shutdown()
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_plain_horovodrun_over_ssh_on_an_emulated_cloud(tmp_path: Path) -> None:
+    """What a user does by hand: bring a cloud up with ssh, run the real horovodrun in its launcher
+    namespace with -H hostI:1 (Horovod probes the interfaces itself over ssh)."""
+    from fasthorovod.netem import EmulatedCloud
+
+    script = tmp_path / "horo.py"
+    script.write_text(HORO_SCRIPT)
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    cloud = EmulatedCloud("3:200mbit:50mbit", ssh=True).up()
+    cloud_id = cloud.id
+    try:
+        result = _run(["ip", "netns", "exec", cloud.launcher_namespace, str(horovodrun), "--gloo", "-np", "3",
+                       "-H", "host0:1,host1:1,host2:1", sys.executable, str(script)], timeout=300,
+                      env={"FASTHOROVOD_NUM_PROXIES": "2",
+                           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        for rank, host in enumerate(cloud.hosts):
+            assert f"[{rank}]<stdout>:HORO rank={rank} size=3 host=host{rank} address={host.address}" in result.stdout
+    finally:
+        cloud.down()
+    assert _leftovers(cloud_id) == []
+
+
+ELASTIC_SCRIPT = """
+import os, sys, time, torch
+import horovod.torch as hvd
+hvd.init()
+state = hvd.elastic.TorchState(step=0, at_two=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 400:
+        x = torch.ones(4)
+        hvd.allreduce_(x, op=hvd.Sum, name="x")
+        assert x[0].item() == hvd.size(), (x, hvd.size())
+        state.step += 1
+        state.at_two += hvd.size() == 2
+        print(f"STEP rank={hvd.rank()} size={hvd.size()} step={state.step}", flush=True)
+        if state.at_two >= 5 if os.environ.get("EXPECT_SHRINK") else state.step >= 5:
+            break
+        time.sleep(0.3)
+        state.commit()
+    print(f"DONE rank={hvd.rank()} size={hvd.size()} host={os.environ['HOROVOD_HOSTNAME']}", flush=True)
+
+train(state)
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_elastic_job_shrinks_when_a_host_is_taken_away(tmp_path: Path) -> None:
+    """--min-np/--max-np without hosts: the cloud's discovery script; a graceful host-down of host2
+    while the job runs leaves it on host0 and host1 (plain horovod.torch elastic)."""
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC_SCRIPT)
+    log = tmp_path / "log"
+    env = dict(os.environ, EXPECT_SHRINK="1", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    with open(log, "w") as sink:
+        proc = subprocess.Popen([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "3:200mbit:50mbit",
+                                 "--min-np", "2", "--max-np", "3", "-np", "3", sys.executable, str(script)],
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not re.search(r"STEP rank=\d size=3 step=2", log.read_text()):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.5)
+            cloud_id = _cloud_id(log.read_text())
+            down = subprocess.run([sys.executable, "-m", "fasthorovod.netem", "host-down", cloud_id, "host2"],
+                                  capture_output=True, text=True, timeout=30, env=env)
+            assert down.returncode == 0, down.stderr
+            assert proc.wait(timeout=240) == 0, log.read_text()[-4000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log.read_text()
+    assert "--host-discovery-script" in text  # the cloud's
+    done = sorted(re.findall(r"DONE rank=(\d) size=(\d) host=(host\d)", text))
+    assert done == [("0", "2", "host0"), ("1", "2", "host1")] or done == [("0", "2", "host1"), ("1", "2", "host0")], text[-4000:]
+    assert _leftovers(cloud_id) == []

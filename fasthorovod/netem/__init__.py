@@ -23,6 +23,13 @@ package builds one from Linux network namespaces:
   mounts over it) maps the machine's hostname to the host's address, because Gloo resolves the
   hostname to find its own address, and maps every host's namespace name to its address.
 
+- The bridge's namespace is also the *launcher namespace*: an ``eth0`` on an unshaped bridge port
+  with the subnet's last address, from which launchers reach the hosts (``host0``, ``host1``, ...
+  resolve in every namespace). With ``ssh=True`` every host runs an sshd with keys made for the
+  instance (``ssh``), so ``horovodrun -H host0:P,...`` run there starts ranks as on a cluster; a
+  discovery script lists the hosts that are up, and ``host_down``/``host_up`` emulate spot
+  preemption.
+
 Processes run in a host with ``run_in_host(host, argv)`` (``ip netns exec NS ...``). Every
 instance records what it created in ``/run/fasthorovod-netem/ID.json`` before creating it, so
 ``down()`` and ``cleanup_stale()`` can always remove it all, even after a crash.

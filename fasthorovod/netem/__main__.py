@@ -1,4 +1,4 @@
-"""Command line: ``python -m fasthorovod.netem {up,down,status,check}`` (see ``--help``)."""
+"""Command line: ``python -m fasthorovod.netem {up,down,status,check,host-down,host-up}`` (see ``--help``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from . import ssh as ssh_hosts
 from .check import MANY_FLOWS, MANY_FLOWS_MIN, ONE_FLOW_BOUNDS, run_check
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, down_all
 from .errors import NetemError
@@ -22,6 +23,10 @@ Emulate a public-cloud network on this machine: HOSTS network namespaces joined 
 namespace of its own), each host's link capped at LINK_RATE in and out, and each TCP flow capped at
 PER_FLOW_RATE (flows are hashed into 256 buckets by port, so unlucky flows share a cap). No latency
 or loss is added. Needs root. Run a command in a host with `ip netns exec NAMESPACE COMMAND`.
+Every namespace resolves the hosts as host0, host1, ... and the launcher namespace (the bridge's,
+with an eth0 of its own) as launcher. With `up --ssh` every host runs an sshd, so that
+`ip netns exec BRIDGE_NAMESPACE horovodrun -H host0:1,host1:1 ...` starts ranks over ssh as on a
+real cluster; `host-down` and `host-up` take a host away (spot preemption) and bring it back.
 
 An uneven cloud gives some hosts other rates: after the base spec, `,hostI=PER_FLOW_RATE` changes
 host I's per-flow cap (I counts from 0; host I's namespace ends in -hI) and `,hostI=LINK:PER_FLOW`
@@ -41,15 +46,60 @@ def _describe(state: InstanceState) -> str:
         link, per_flow = spec.host_rates(index)
         rates = f"\thost{index}: link {format_rate(link)}, per flow {format_rate(per_flow)}" if spec.uneven else ""
         lines.append(f"  {host.name}\t{host.address}{rates}")
-    lines += [f"  bridge namespace {state.bridge_namespace}", f"  state {state.path}"]
+    lines.append(f"  bridge namespace {state.bridge_namespace}"
+                 + (f", launcher address {state.launcher_address} (eth0)" if state.launcher_address else ""))
+    if state.ssh:
+        lines.append(f"  sshd on every host, port {ssh_hosts.SSH_PORT}; identity file {ssh_hosts.identity_file(state)}")
+    if state.launcher_address:
+        lines.append(f"  host discovery script {state.directory / 'discover-hosts'}")
+    lines.append(f"  state {state.path}")
     return "\n".join(lines)
 
 
+def _availability(state: InstanceState) -> list[str]:
+    """A line per host that is away (unlisted by discovery, link cut), for a cloud that is up."""
+    cloud = EmulatedCloud.attach(state.id)
+    try:
+        listed = set(cloud.available_hosts())
+    except OSError:
+        return []
+    lines = []
+    for index in range(len(state.hosts)):
+        link = cloud.link_up(index)
+        if index not in listed or not link:
+            lines.append(f"  host{index} is away: " + ("unlisted" if index not in listed else "listed")
+                         + ("" if link else ", link cut"))
+    return lines
+
+
 def _up(args: argparse.Namespace) -> int:
-    cloud = EmulatedCloud(parse_spec(args.spec), args.prefix, detached=True).up()
+    cloud = EmulatedCloud(parse_spec(args.spec), args.prefix, detached=True, ssh=args.ssh,
+                          slots_per_host=args.slots).up()
     print(_describe(cloud.state))
     print(f"run in a host:  ip netns exec {cloud.hosts[0].name} COMMAND")
+    if args.ssh:
+        hosts = ",".join(f"{name}:{args.slots}" for name in cloud.host_names())
+        print(f"launch:         ip netns exec {cloud.launcher_namespace} horovodrun -np "
+              f"{args.slots * len(cloud.hosts)} -H {hosts} COMMAND")
     print(f"tear down:      python -m fasthorovod.netem down {cloud.id}")
+    return 0
+
+
+def _host_down(args: argparse.Namespace) -> int:
+    cloud = EmulatedCloud.attach(args.id)
+    index = cloud.host_index(args.host)
+    killed = cloud.host_down(index, abrupt=args.abrupt)
+    how = f"link cut, {len(set(killed))} processes killed, " if args.abrupt else ""
+    print(f"host{index} ({cloud.hosts[index].name}) is down: {how}no longer listed by {cloud.discovery_script}")
+    return 0
+
+
+def _host_up(args: argparse.Namespace) -> int:
+    cloud = EmulatedCloud.attach(args.id)
+    index = cloud.host_index(args.host)
+    cloud.host_up(index)
+    sshd = ", sshd running" if cloud.state.ssh else ""
+    print(f"host{index} ({cloud.hosts[index].name}) is up: link up{sshd}, listed by {cloud.discovery_script}")
     return 0
 
 
@@ -65,7 +115,16 @@ def _down(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     states = list_instances(args.prefix)
-    print("\n".join(_describe(state) for state in states) if states else "no emulated cloud is up")
+    described = []
+    for state in states:
+        lines = [_describe(state)]
+        if state.owner_alive() and state.launcher_address:
+            try:
+                lines += _availability(state)
+            except NetemError:  # going down right now
+                pass
+        described.append("\n".join(lines))
+    print("\n".join(described) if states else "no emulated cloud is up")
     return 0
 
 
@@ -90,7 +149,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(until `down ID`); prints the hosts, their addresses and the JSON state file.",
     )
     up.add_argument("spec", metavar="SPEC", help=SPEC_HELP)
+    up.add_argument("--ssh", action="store_true",
+                    help="run an sshd on every host (keys generated for this network only), so that launchers "
+                         "run in the bridge namespace reach the hosts over ssh (horovodrun -H host0:P,...)")
+    up.add_argument("--slots", type=int, default=1, metavar="P",
+                    help="slots per host printed by the host discovery script (default 1)")
     up.set_defaults(run=_up)
+
+    host_down = commands.add_parser(
+        "host-down", help="take a host away (spot preemption)",
+        description="Take a host away, as a spot instance is reclaimed. Graceful (default): the host discovery "
+        "script stops listing it (an elastic job stops using it), nothing else changes. --abrupt: its link is cut "
+        "first (its bridge port goes down, so no FIN or RST gets out), then every process in it is killed (sshd "
+        "and ranks included), then it is unlisted.")
+    host_down.add_argument("id", metavar="ID", help="id printed by `up` (see `status`)")
+    host_down.add_argument("host", metavar="HOST", help="hostI, I, or the host's namespace name")
+    host_down.add_argument("--abrupt", action="store_true", help="cut its link and kill its processes")
+    host_down.set_defaults(run=_host_down)
+
+    host_up = commands.add_parser(
+        "host-up", help="bring a host back",
+        description="Bring a host back: its link up, its sshd started again (with --ssh), listed by the host "
+        "discovery script again.")
+    host_up.add_argument("id", metavar="ID", help="id printed by `up` (see `status`)")
+    host_up.add_argument("host", metavar="HOST", help="hostI, I, or the host's namespace name")
+    host_up.set_defaults(run=_host_up)
 
     down = commands.add_parser("down", help="tear a network down", description="Tear down one network, or all.")
     which = down.add_mutually_exclusive_group(required=True)

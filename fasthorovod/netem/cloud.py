@@ -3,11 +3,20 @@
 See the package docstring for the topology. Every instance gets a random 6-hex-digit id; its
 namespaces are ``PREFIX-ID-br`` (the bridge) and ``PREFIX-ID-h0`` ... (the hosts), so two runs never
 collide, and ``cleanup_stale`` can recognise leftovers by name.
+
+Launchers (``horovodrun``, ``mpirun``) run in the bridge namespace, the *launcher namespace*: it has
+an ``eth0`` of its own (a veth pair whose other end, ``ln``, is an unshaped bridge port) with the
+subnet's last address, so a launcher reaches every host and, like a host, has an ``eth0`` (Horovod
+looks its own address up on the interface that the hosts share). With ``ssh=True`` every host
+runs an sshd (``ssh``). The hosts that are "up" for elastic jobs are listed in a file that a
+discovery script prints; ``host_down``/``host_up`` take a host away (spot preemption) and bring it
+back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import os
 import re
@@ -18,19 +27,22 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from . import ssh as ssh_hosts
 from ._command import DEFAULT_TIMEOUT_S, run_command
 from .errors import NetemError, NetemPermissionError
 from .shaping import shaping_commands
 from .spec import CloudSpec, parse_spec
-from .state import ETC_NETNS, Host, InstanceState, list_instances, process_start_ticks, state_lock
+from .state import ETC_NETNS, STATE_DIR, Host, InstanceState, list_instances, process_start_ticks, state_lock
 
 DEFAULT_PREFIX = "fhvd"
 SUBNET_POOL = ipaddress.IPv4Network("10.231.0.0/16")  # one /24 per instance
 BRIDGE_DEVICE = "br0"
 HOST_DEVICE = "eth0"  # the host's end of its veth pair, inside the host namespace
+LAUNCHER_PORT = "ln"  # the bridge's end of the launcher's veth pair (its other end: eth0 of the bridge namespace)
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_]{1,16}$")
 
 
@@ -70,11 +82,25 @@ def _list_namespaces() -> list[str]:
     return [line.split()[0] for line in run_command(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
+def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
+    """SIGKILL every process in namespace ``name`` until none is left (a process may fork while
+    its siblings die, hence rounds); returns the pids killed."""
+    killed: list[int] = []
+    for _ in range(rounds):
+        pids = [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed += pids
+        time.sleep(0.05)
+    return killed
+
+
 def _delete_namespace(name: str) -> None:
     """Kill what still runs inside ``name`` (it would keep the namespace alive), then delete it."""
-    for pid in run_command(["ip", "netns", "pids", name]).split():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGKILL)
+    _kill_namespace_processes(name, rounds=1)
     run_command(["ip", "netns", "del", name])
 
 
@@ -90,6 +116,11 @@ def _remove_instance(state: InstanceState) -> None:
                 shutil.rmtree(ETC_NETNS / name)
         except (NetemError, OSError) as err:
             problems.append(f"{name}: {err}")
+    try:
+        if state.directory.exists():
+            shutil.rmtree(state.directory)
+    except OSError as err:
+        problems.append(f"{state.directory}: {err}")
     if problems:  # keep the state file so that a later down/cleanup_stale can retry
         raise NetemError(f"could not remove all of emulated cloud {state.id}: " + "; ".join(problems))
     state.path.unlink(missing_ok=True)
@@ -106,7 +137,20 @@ def _remove_orphans(prefix: str, namespaces: Sequence[str], known_ids: set[str])
             _delete_namespace(name)
         if (ETC_NETNS / name).exists():
             shutil.rmtree(ETC_NETNS / name)
-    return orphans
+    return orphans + _remove_orphan_directories()
+
+
+def _remove_orphan_directories() -> list[str]:
+    """Instance directories (STATE_DIR/ID) without a state file: up() writes the state file before
+    the directory and down() removes the directory before the state file, so these are leftovers."""
+    if not STATE_DIR.is_dir():
+        return []
+    known = {path.stem for path in STATE_DIR.glob("*.json")}
+    orphans = [path for path in STATE_DIR.iterdir()
+               if path.is_dir() and re.fullmatch(r"[0-9a-f]{6}", path.name) and path.name not in known]
+    for path in orphans:
+        shutil.rmtree(path, ignore_errors=True)
+    return [str(path) for path in orphans]
 
 
 def _cleanup(prefix: str, *, only_dead_owners: bool) -> list[str]:
@@ -149,16 +193,20 @@ def _choose_subnet() -> ipaddress.IPv4Network:
     raise NetemError(f"no free /24 in {SUBNET_POOL}: other instances or this machine's addresses use them all")
 
 
-def _hosts_file(host: Host, hosts: Sequence[Host]) -> str:
-    """/etc/hosts inside ``host``: the machine's hostname is this host (Gloo resolves it to find its
-    own address), and every host's namespace name resolves to that host's address."""
+def _hosts_file(own_address: str, hosts: Sequence[Host], launcher_address: str | None = None) -> str:
+    """/etc/hosts inside a namespace whose address is ``own_address``: the machine's hostname is
+    that address (Gloo resolves it to find its own address), and every host is known by its
+    namespace name and as ``hostI`` (I counted from 0, as in the spec); the launcher namespace's
+    address is ``launcher``."""
     lines = [
         "# written by fasthorovod.netem; removed when the emulated cloud goes down",
         "127.0.0.1\tlocalhost",
         "::1\tlocalhost ip6-localhost ip6-loopback",
-        f"{host.address}\t{socket.gethostname()}",
-        *(f"{other.address}\t{other.name}" for other in hosts),
+        f"{own_address}\t{socket.gethostname()}",
+        *(f"{other.address}\t{other.name} host{index}" for index, other in enumerate(hosts)),
     ]
+    if launcher_address:
+        lines.append(f"{launcher_address}\tlauncher")
     return "\n".join(lines) + "\n"
 
 
@@ -172,14 +220,23 @@ class EmulatedCloud:
 
     ``detached=True`` records no owner process, so ``cleanup_stale`` leaves the network alone after
     this process exits (the command line's ``up`` uses it; ``down ID`` removes it).
+
+    ``ssh=True`` starts an sshd on every host (``fasthorovod.netem.ssh``), so that ``horovodrun -H
+    host0:P,...`` or ``mpirun`` run in ``launcher_namespace`` start ranks on the hosts over ssh.
+    ``slots_per_host`` is what ``discovery_script`` prints after each host name.
     """
 
-    def __init__(self, spec: CloudSpec | str, prefix: str = DEFAULT_PREFIX, *, detached: bool = False) -> None:
+    def __init__(self, spec: CloudSpec | str, prefix: str = DEFAULT_PREFIX, *, detached: bool = False,
+                 ssh: bool = False, slots_per_host: int = 1) -> None:
         if not _PREFIX_RE.match(prefix):
             raise ValueError(f"prefix {prefix!r} must be 1-16 letters, digits or underscores")
+        if slots_per_host < 1:
+            raise ValueError(f"slots_per_host must be at least 1, got {slots_per_host}")
         self.spec = parse_spec(spec) if isinstance(spec, str) else spec
         self.prefix = prefix
         self.detached = detached
+        self.ssh = ssh
+        self.slots_per_host = slots_per_host
         self._state: InstanceState | None = None
 
     @classmethod
@@ -187,7 +244,8 @@ class EmulatedCloud:
         """The instance with ``instance_id`` that is already up (e.g. from the command line)."""
         for state in list_instances():
             if state.id == instance_id:
-                cloud = cls(state.spec, state.prefix, detached=state.owner_pid is None)
+                cloud = cls(state.spec, state.prefix, detached=state.owner_pid is None, ssh=state.ssh,
+                            slots_per_host=state.slots_per_host)
                 cloud._state = state
                 return cloud
         raise NetemError(f"no emulated cloud with id {instance_id!r} (see: python -m fasthorovod.netem status)")
@@ -216,6 +274,38 @@ class EmulatedCloud:
     def bridge_namespace(self) -> str:
         return self.state.bridge_namespace
 
+    @property
+    def launcher_namespace(self) -> str:
+        """Where launchers run: the bridge namespace, which reaches every host through its eth0."""
+        return self.state.bridge_namespace
+
+    @property
+    def launcher_address(self) -> str:
+        if self.state.launcher_address is None:
+            raise NetemError(f"emulated cloud {self.id} has no launcher address (254 hosts use the whole /24)")
+        return self.state.launcher_address
+
+    @property
+    def identity_file(self) -> str:
+        """The ssh client key every host accepts (only with ``ssh=True``)."""
+        if not self.state.ssh:
+            raise NetemError(f"emulated cloud {self.id} was brought up without ssh")
+        return str(ssh_hosts.identity_file(self.state))
+
+    @property
+    def discovery_script(self) -> str:
+        """An executable that prints the hosts that are up, ``hostI:SLOTS`` a line, for
+        ``horovodrun --host-discovery-script`` (``host_down``/``host_up`` change what it prints)."""
+        return str(self.state.directory / "discover-hosts")
+
+    @property
+    def discovery_file(self) -> Path:
+        return self.state.directory / "hosts"
+
+    def host_names(self) -> list[str]:
+        """``host0``, ``host1``, ...: the names every namespace of the instance resolves."""
+        return [f"host{index}" for index in range(len(self.state.hosts))]
+
     exec_prefix = staticmethod(exec_prefix)
 
     # --- up and down -------------------------------------------------------------------------------
@@ -235,6 +325,10 @@ class EmulatedCloud:
             self._wire()
             self._shape()
             self._write_hosts_files()
+            self._write_discovery()
+            if state.ssh:
+                ssh_hosts.prepare(state)
+                ssh_hosts.start_sshd(state, range(len(state.hosts)))
         except BaseException as failure:
             try:
                 self.down()
@@ -268,7 +362,11 @@ class EmulatedCloud:
         while instance_id in taken_ids:
             instance_id = secrets.token_hex(3)
         subnet = _choose_subnet()
-        addresses = list(subnet.hosts())[: self.spec.hosts]
+        usable = list(subnet.hosts())
+        addresses = usable[: self.spec.hosts]
+        launcher = str(usable[-1]) if len(usable) > self.spec.hosts else None
+        if self.ssh and launcher is None:
+            raise NetemError(f"ssh needs a launcher address: at most {len(usable) - 1} hosts")
         base = f"{self.prefix}-{instance_id}"
         pid = None if self.detached else os.getpid()
         return InstanceState(
@@ -281,6 +379,9 @@ class EmulatedCloud:
             owner_pid=pid,
             owner_start_ticks=None if pid is None else process_start_ticks(pid),
             created=time.time(),
+            launcher_address=launcher,
+            ssh=self.ssh,
+            slots_per_host=self.slots_per_host,
         )
 
     def _create_namespaces(self) -> None:
@@ -296,8 +397,16 @@ class EmulatedCloud:
                 f"link set {port} master {BRIDGE_DEVICE}",
                 f"link set {port} up",
             ]
-        _batch(["ip", "-n", self.bridge_namespace], bridge_lines)
         prefix_length = ipaddress.IPv4Network(self.state.subnet).prefixlen
+        if self.state.launcher_address:  # the launcher's eth0 on an unshaped port of its own
+            bridge_lines += [
+                f"link add {LAUNCHER_PORT} type veth peer name {HOST_DEVICE}",
+                f"link set {LAUNCHER_PORT} master {BRIDGE_DEVICE}",
+                f"link set {LAUNCHER_PORT} up",
+                f"link set {HOST_DEVICE} up",
+                f"addr add {self.state.launcher_address}/{prefix_length} dev {HOST_DEVICE}",
+            ]
+        _batch(["ip", "-n", self.bridge_namespace], bridge_lines)
         for host in self.state.hosts:
             address = f"{host.address}/{prefix_length}"
             host_lines = ["link set lo up", f"link set {HOST_DEVICE} up", f"addr add {address} dev {HOST_DEVICE}"]
@@ -320,7 +429,89 @@ class EmulatedCloud:
         _batch(["tc", "-n", self.bridge_namespace], bridge_lines, timeout=timeout)
 
     def _write_hosts_files(self) -> None:
-        for host in self.state.hosts:
+        state = self.state
+        for host in state.hosts:
             directory = ETC_NETNS / host.name
             directory.mkdir(parents=True, exist_ok=False)
-            (directory / "hosts").write_text(_hosts_file(host, self.state.hosts))
+            (directory / "hosts").write_text(_hosts_file(host.address, state.hosts, state.launcher_address))
+        if state.launcher_address:
+            directory = ETC_NETNS / state.bridge_namespace
+            directory.mkdir(parents=True, exist_ok=False)
+            (directory / "hosts").write_text(_hosts_file(state.launcher_address, state.hosts, state.launcher_address))
+
+    def _write_discovery(self) -> None:
+        """The hosts file (every host up) and the script that prints it."""
+        self.state.directory.mkdir(mode=0o755, parents=True, exist_ok=False)
+        self._write_available(range(len(self.state.hosts)))
+        script = Path(self.discovery_script)
+        script.write_text("#!/bin/sh\n"
+                          f"# host discovery of emulated cloud {self.id} (fasthorovod.netem): the hosts that are up\n"
+                          f"exec cat {self.discovery_file}\n")
+        script.chmod(0o755)
+
+    # --- hosts going away and coming back (spot preemption) -------------------------------------
+
+    @contextlib.contextmanager
+    def _hosts_lock(self):
+        with open(self.state.directory / ".hosts.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _write_available(self, indices) -> None:
+        lines = "".join(f"host{index}:{self.state.slots_per_host}\n" for index in sorted(set(indices)))
+        temporary = self.discovery_file.with_suffix(".tmp")
+        temporary.write_text(lines)
+        os.replace(temporary, self.discovery_file)  # the discovery script never sees half a file
+
+    def available_hosts(self) -> list[int]:
+        """The hosts the discovery script lists, by index."""
+        text = self.discovery_file.read_text()
+        return [int(line.split(":")[0].removeprefix("host")) for line in text.split() if line]
+
+    def host_index(self, name: str | int) -> int:
+        """Host ``name`` (``hostI``, ``I`` or the namespace name) as an index."""
+        names = {str(index): index for index in range(len(self.state.hosts))}
+        names.update({f"host{index}": index for index in range(len(self.state.hosts))})
+        names.update({host.name: index for index, host in enumerate(self.state.hosts)})
+        if str(name) not in names:
+            raise NetemError(f"emulated cloud {self.id} has no host {name!r} "
+                             f"(its hosts are host0..host{len(self.state.hosts) - 1})")
+        return names[str(name)]
+
+    def link_up(self, index: int) -> bool:
+        """Whether host ``index``'s bridge port (its cable) is up."""
+        shown = run_command(["ip", "-n", self.bridge_namespace, "-o", "link", "show", _bridge_port(index)])
+        flags = shown.split("<", 1)[1].split(">", 1)[0].split(",")  # e.g. BROADCAST,MULTICAST,UP,LOWER_UP
+        return "UP" in flags
+
+    def host_down(self, name: str | int, *, abrupt: bool = False) -> list[int]:
+        """Take a host away, as a spot instance is reclaimed; returns the pids killed.
+
+        Graceful (the default): the host stops being listed by ``discovery_script`` and nothing else
+        changes, like an instance that got its two-minute notice: an elastic job stops using it.
+        Abrupt: first its link is cut (its bridge port goes down, so no FIN or RST gets out), then
+        every process in it is killed (sshd and ranks included), then it is unlisted: its peers
+        see it vanish and notice only through their own timeouts."""
+        index = self.host_index(name)
+        killed: list[int] = []
+        if abrupt:
+            run_command(["ip", "-n", self.bridge_namespace, "link", "set", _bridge_port(index), "down"])
+            killed = _kill_namespace_processes(self.state.hosts[index].name)
+        with self._hosts_lock():
+            self._write_available(i for i in self.available_hosts() if i != index)
+        return killed
+
+    def host_up(self, name: str | int) -> None:
+        """Bring a host back: its link up, its sshd running (with ssh), listed again."""
+        index = self.host_index(name)
+        host = self.state.hosts[index]
+        run_command(["ip", "-n", self.bridge_namespace, "link", "set", _bridge_port(index), "up"])
+        # Whoever tried to reach the host while it was away holds a FAILED neighbour entry for it,
+        # which answers "no route to host" for a while: forget those, as a new instance's peers would.
+        for namespace in [self.bridge_namespace, *(other.name for other in self.state.hosts if other != host)]:
+            run_command(["ip", "-n", namespace, "neigh", "flush", "to", host.address])
+        run_command(["ip", "-n", host.name, "neigh", "flush", "dev", HOST_DEVICE])
+        if self.state.ssh and not ssh_hosts.sshd_running(self.state, index):
+            ssh_hosts.start_sshd(self.state, [index])
+        with self._hosts_lock():
+            self._write_available([*self.available_hosts(), index])

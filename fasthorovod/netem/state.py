@@ -2,7 +2,9 @@
 
 One JSON file per instance in ``STATE_DIR``, written *before* the first namespace is created and
 removed only after the last one is gone: a namespace whose id has no state file is a leftover that
-nobody will ever clean up otherwise. The owner (pid plus the process's start time, so a recycled pid
+nobody will ever clean up otherwise. Beside it, a directory ``STATE_DIR/ID/`` holds what the
+instance keeps while it is up: the discovery hosts file and script (``hosts``), and with ssh the
+cloud's keys and sshd/ssh configuration (``ssh``). It goes with the instance. The owner (pid plus the process's start time, so a recycled pid
 is not mistaken for the owner) marks instances that live only as long as the process that made
 them; instances brought up by the command line are detached (no owner) and live until ``down``.
 """
@@ -42,6 +44,15 @@ class InstanceState:
     owner_pid: int | None
     owner_start_ticks: int | None
     created: float
+    # Added with the launcher endpoint and sshd (defaults keep older state files readable).
+    launcher_address: str | None = None  # eth0 of the bridge namespace, where launchers run
+    ssh: bool = False  # whether every host runs an sshd (keys in ``directory / "ssh"``)
+    slots_per_host: int = 1  # what the discovery script prints after each host name
+
+    @property
+    def directory(self) -> Path:
+        """The instance's own files (discovery, ssh keys and configs); removed by down()."""
+        return STATE_DIR / self.id
 
     @property
     def path(self) -> Path:

@@ -5,8 +5,9 @@
   variables in the launcher's environment, which Horovod's runner forwards to every rank. Real
   clusters are then run by Horovod's runner itself (Gloo, MPI or jsrun, static or elastic).
 - ``emulated``: ``--emulate-cloud HOSTS:LINK:PER_FLOW`` brings up an emulated network
-  (``fasthorovod.netem``), starts the ranks inside its hosts with Horovod's rendezvous (Gloo) or
-  mpirun (MPI), and always tears the network down.
+  (``fasthorovod.netem``) whose hosts run sshd, runs the same command line with Horovod's runner
+  from the cloud's launcher namespace (ranks start over ssh, static or elastic), and always tears
+  the network down.
 
 See docs/runner.md.
 """

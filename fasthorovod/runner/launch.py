@@ -12,7 +12,8 @@ FastHorovod's flags only set environment variables (``fasthorovod_env``). Withou
 Horovod's runner (``horovod.runner.launch._run``, what horovodrun itself calls), which forwards the
 launcher's environment to every rank: to local ranks directly, to remote ones on the ssh command
 line (Gloo) or with ``mpirun -x`` (MPI). With ``--emulate-cloud`` the job goes to
-``fasthorovod.runner.emulated``.
+``fasthorovod.runner.emulated``, which brings the emulated cloud up and runs this same command line,
+minus ``--emulate-cloud`` (``horovodrun_argv``), from inside it.
 """
 
 from __future__ import annotations
@@ -107,10 +108,14 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
         help="Run the job on an emulated public-cloud network on this machine, e.g. "
              "4:1gbit:200mbit: HOSTS network namespaces on a bridge, each host's link capped at "
              "LINK in both directions and every TCP connection at PER_FLOW (fasthorovod.netem, "
-             "docs/netem.md). -np N ranks go one per host (N/HOSTS per host when N is a multiple "
-             "of HOSTS; on the first N hosts when N < HOSTS), start with Horovod's rendezvous "
-             "(--gloo, the default here) or mpirun (--mpi), and the network is always torn down "
-             "afterwards. Needs root; -H/--hostfile and elastic flags do not apply. Hosts on slower "
+             "docs/netem.md), each running an sshd. The rest of the command line then runs as on a "
+             "real cluster, from a launcher namespace that reaches the hosts as host0, host1, ...: "
+             "Horovod's runner starts the ranks over ssh (--gloo, the default here, or --mpi), "
+             "static or elastic. Without -H/--hostfile, -np N ranks go one per host (N/HOSTS per "
+             "host when N is a multiple of HOSTS; on the first N hosts when N < HOSTS); an elastic "
+             "job (--min-np/--max-np) without a discovery script gets the cloud's, which `python -m "
+             "fasthorovod.netem host-down/host-up` change. The network is always torn down "
+             "afterwards. Needs root and openssh-server. Hosts on slower "
              "paths (other racks or zones) are per-host overrides after commas: ,hostI=PER_FLOW sets "
              "host I's per-flow cap, ,hostI=LINK:PER_FLOW its link and per-flow cap (I counts from 0; "
              "host I runs ranks I*P..I*P+P-1 for P ranks per host), e.g. "
@@ -168,14 +173,13 @@ def _emulated_conflicts(args: argparse.Namespace) -> list[str]:
     """Reasons why ``args`` cannot run with --emulate-cloud (empty when they can)."""
     spec = args.emulate_cloud
     problems = []
-    if args.hosts or args.hostfile:
-        problems.append("-H/--hosts and --hostfile do not apply: the emulated cloud brings its own hosts")
-    if args.host_discovery_script or args.min_num_proc or args.max_num_proc:
-        problems.append("elastic mode (--host-discovery-script, --min-np, --max-np) is not supported")
     if args.use_jsrun:
         problems.append("--jsrun is not supported (use --gloo or --mpi)")
     if args.nics and set(args.nics) != {"eth0"}:
         problems.append("--network-interfaces: an emulated host has one interface, eth0")
+    elastic = args.host_discovery_script or args.min_num_proc or args.max_num_proc
+    if args.hosts or args.hostfile or elastic:
+        return problems  # the user's hosts (host0, host1, ...), or the cloud's discovery script
     if args.num_proc is None or args.num_proc < 1:
         problems.append("-np must be at least 1")
     elif args.num_proc > spec.hosts and args.num_proc % spec.hosts:
@@ -185,11 +189,36 @@ def _emulated_conflicts(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def _without_option(parser: argparse.ArgumentParser, argv: Sequence[str], command: Sequence[str],
+                    dest: str) -> list[str]:
+    """``argv`` without the option whose destination is ``dest`` and its value, however it was
+    written (``--emulate-cloud X``, ``--emulate-cloud=X``, or an abbreviation argparse accepted);
+    the command (the tail of argv) is kept whole."""
+    options, tail = list(argv[: len(argv) - len(command)]), list(argv[len(argv) - len(command):])
+    by_string = {string: action for action in parser._actions for string in action.option_strings}
+    kept, index = [], 0
+    while index < len(options):
+        token = options[index]
+        name, has_value, _ = token.partition("=")
+        action = by_string.get(name)
+        if action is None and name.startswith("--"):
+            matches = {by_string[s] for s in by_string if s.startswith(name) and s.startswith("--")}
+            action = matches.pop() if len(matches) == 1 else None
+        if action is not None and action.dest == dest:
+            index += 1 if has_value or action.nargs == 0 else 2
+            continue
+        kept.append(token)
+        index += 1
+    return kept + tail
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse a fasthorovodrun command line (``sys.argv[1:]`` by default); exits on errors, like
     horovodrun. The result is Horovod's namespace plus ``proxies``, ``sockets_per_proxy``,
-    ``proxy_threshold`` (ints or None) and ``emulate_cloud`` (a ``CloudSpec`` or None)."""
-    args, parser = _parse_with_horovod(sys.argv[1:] if argv is None else argv)
+    ``proxy_threshold`` (ints or None), ``emulate_cloud`` (a ``CloudSpec`` or None) and, with
+    --emulate-cloud, ``horovodrun_argv``: the command line without it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, parser = _parse_with_horovod(argv)
     if not args.command:
         parser.error("no command to run given (e.g. python train.py)")
     try:
@@ -200,6 +229,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         problems = _emulated_conflicts(args)
         if problems:
             parser.error("--emulate-cloud: " + "; ".join(problems))
+        args.horovodrun_argv = _without_option(parser, argv, args.command, "emulate_cloud")
     return args
 
 
