@@ -264,6 +264,23 @@ def residual_table(res: List[Dict]) -> str:
 # -- validate -----------------------------------------------------------------------------------
 
 
+def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background: float = 0.0) -> List[Dict]:
+    """Predicts every configuration of a saved benchmarks/sweep.py result (k x S grid, one size)."""
+    doc = json.load(open(path))
+    rows = []
+    for net in doc.get("networks", []):
+        spec = net["network"].split("--emulate-cloud")[-1].strip() if "--emulate-cloud" in net["network"] else net["network"]
+        for cfg in net.get("configs", []):
+            if cfg.get("status") != "ok" or not cfg["backend"].startswith("fasthorovod"):
+                continue
+            plane = cfg["result"].get("data_plane") or {}
+            r = cfg["result"]["results"][0]
+            rows.append({"spec": spec, "hosts": net.get("np"), "backend": cfg["backend"], "bytes": r["bytes"],
+                         "seconds": r["median_s"], "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
+                         "background_cores": background})
+    return fitting.residuals(rows, p, cores, threshold)
+
+
 def cmd_validate(a) -> int:
     from fasthorovod.sim import runs
 
@@ -273,6 +290,12 @@ def cmd_validate(a) -> int:
     start = time.monotonic()
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv), "model": a.model, "params": p.to_json(), "allreduce": [], "training": []}
+    for path in a.saved_sweep or []:
+        res = sweep_check(path, p, cores, threshold, a.saved_background)
+        doc["saved_sweep"] = {"path": path, "background_cores": a.saved_background, "rows": res,
+                              "summary": fitting.summary(res)}
+        print(f"saved sweep {path} (measured earlier; other jobs' CPU assumed {a.saved_background:g}):")
+        print(residual_table(res), flush=True)
     for spec in a.clouds:
         print(f"[{time.monotonic() - start:5.0f} s] allreduce on {spec} ...", flush=True)
         job = runs.allreduce_job(spec, a.sizes, iters=a.iters, warmup=1, timeout=a.job_timeout)
@@ -489,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--steps", type=int, default=3, help="timed training steps (default: 3)")
     va.add_argument("--trace-root", help="keep the training traces here (default: a temporary directory)")
     va.add_argument("--job-timeout", type=float, default=400)
+    va.add_argument("--saved-sweep", nargs="*", metavar="JSON",
+                    help="also predict every k x S cell of saved benchmarks/sweep.py results (no jobs run)")
+    va.add_argument("--saved-background", type=float, default=0.0,
+                    help="other jobs' CPU to assume for --saved-sweep (not recorded there) (default: 0)")
     va.set_defaults(func=cmd_validate)
 
     pj = sub.add_parser("project", help="tables (and plots) for 16-256 GPUs on AWS-like clusters")
