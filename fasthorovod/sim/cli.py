@@ -222,6 +222,10 @@ def cmd_calibrate(a) -> int:
               f"{job['measure']['background_cores']:.2f} cores" + ("" if rows else f"; tail: {job['measure']['tail'][-3:]}"),
               flush=True)
         obs.extend(rows)
+    if a.background_scale != 1.0:
+        for o in obs:
+            o["background_cores_measured"] = o.get("background_cores_measured", o.get("background_cores", 0.0))
+            o["background_cores"] = a.background_scale * o["background_cores_measured"]
     doc["observations"] = obs
     params = fitting.fit(obs, prior, cores=a.machine_cores, threshold=a.threshold) if obs else prior
     res = fitting.residuals(obs, params, a.machine_cores, a.threshold)
@@ -366,6 +370,10 @@ def cmd_project(a) -> int:
         "ranks_per_host": 8, "rtt_s": a.rtt, "stage_rate_Bps": a.stage_rate / 8, "compute_cores_per_rank": 1,
         "kappa_net": p.kappa_net if a.keep_kappa_net else 0.0, "goodput": a.goodput}, "rows": []}
     q = dataclasses.replace(p, kappa_net=p.kappa_net if a.keep_kappa_net else 0.0, goodput=a.goodput)
+    if not a.keep_latency:  # the emulator's t0/alpha are mostly its scheduler's wake-up latency under load
+        d = m.Params()
+        q = dataclasses.replace(q, t0_fh=d.t0_fh, alpha_fh=d.alpha_fh, t0_hvd=d.t0_hvd, alpha_hvd=d.alpha_hvd)
+    doc["assumptions"].update(t0_fh=q.t0_fh, alpha_fh=q.alpha_fh, t0_hvd=q.t0_hvd, alpha_hvd=q.alpha_hvd)
     for wl in a.workloads:
         prof = tr.published_profile(wl, compute_factor=a.compute_factor)
         for nic in a.nics:
@@ -498,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="take kappa, eta, gamma from a benchmarks/placement.py result")
     ca.add_argument("--reuse", nargs="*", metavar="JSON", help="also fit on the observations of earlier calibrations")
     ca.add_argument("--skip-micro", action="store_true", help="do not measure the unit costs")
+    ca.add_argument("--background-scale", type=float, default=1.0,
+                    help="multiply the measured CPU of other jobs by this before fitting (0: ignore it; the "
+                         "measurement counts ranks started over ssh as other jobs) (default: 1)")
     ca.set_defaults(func=cmd_calibrate)
 
     va = sub.add_parser("validate", help="measure runs the model was not fitted on and compare")
@@ -535,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="TCP goodput of a configured cloud rate (default: 0.97)")
     pj.add_argument("--keep-kappa-net", action="store_true",
                     help="keep the emulator's network-stack cost (default: 0 on a real NIC)")
+    pj.add_argument("--keep-latency", action="store_true",
+                    help="keep the calibrated t0 and alpha (default: the priors, 2 ms and 0.2 ms: the emulator's are "
+                         "its loaded scheduler's wake-up latency)")
     pj.add_argument("--compute-factor", type=float, default=1.0,
                     help="scale the published compute times (0.33: a GPU 3x faster)")
     pj.add_argument("--decode-rate", type=float, default=5e11,
