@@ -15,6 +15,8 @@ FORBIDDEN = {
     "fasthorovod/scheduler": ("fasthorovod.torch", "horovod"),
     "fasthorovod/proxy": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch"),
     "fasthorovod/buckets.py": ("fasthorovod.torch", "fasthorovod.scheduler", "fasthorovod.proxy", "horovod"),
+    # the model runs anywhere, quickly: no torch, no facade, no scheduler
+    "fasthorovod/sim": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch", "torch"),
 }
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from fasthorovod.sim.cli import main
+
+sys.exit(main())

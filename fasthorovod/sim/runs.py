@@ -1,0 +1,178 @@
+"""Measurements for calibrate and validate: unit costs on this machine, and the repository's own
+benchmark drivers (benchmarks/allreduce.py, benchmarks/train.py) on emulated clouds.
+
+Every job also records the CPU other processes took meanwhile (``background_cores``): the
+machine's busy time from /proc/stat, less softirq, less what this job's process tree used
+(children's rusage), over the job's wall time. The model gets it as ``Cluster.background_cores``,
+because on a shared 2-core machine another engineer's build is part of the measurement."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+MiB = 1 << 20
+
+
+def repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def benchmark_script(name: str) -> str:
+    path = os.path.join(repo_root(), "benchmarks", name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: calibrate and validate run the repository's benchmarks "
+                                "(use a source checkout)")
+    return path
+
+
+def _proc_stat():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / hz, softirq / hz
+
+
+def run_measured(argv: List[str], timeout: float, env: Optional[dict] = None) -> Dict:
+    """Runs a driver; returns its exit status, wall seconds and the other processes' CPU."""
+    busy0, soft0 = _proc_stat()
+    ch0 = os.times()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, timeout=timeout, env=dict(os.environ, **(env or {})),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        rc, out = proc.returncode, proc.stdout
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+    wall = time.monotonic() - t0
+    busy1, soft1 = _proc_stat()
+    ch1 = os.times()
+    ours = (ch1.children_user - ch0.children_user) + (ch1.children_system - ch0.children_system)
+    other = max(0.0, (busy1 - busy0) - (soft1 - soft0) - ours) / max(wall, 1e-9)
+    return {"rc": rc, "seconds": wall, "background_cores": other, "tail": out.splitlines()[-15:]}
+
+
+def launcher(spec: str) -> str:
+    exe = os.path.join(os.path.dirname(sys.executable), "fasthorovodrun")
+    if not os.path.exists(exe):
+        exe = "fasthorovodrun"
+    return f"{exe} --emulate-cloud {spec}"
+
+
+def allreduce_job(spec: str, sizes: List[int], backends: str = "horovod,fasthorovod", iters: int = 3,
+                  warmup: int = 1, timeout: float = 400, threshold: int = 64 << 10) -> Dict:
+    """benchmarks/allreduce.py on one emulated cloud (one rank per host). Returns the driver's JSON
+    with this job's background CPU and wall time."""
+    from fasthorovod.netem.spec import parse_spec
+
+    hosts = parse_spec(spec).hosts
+    with tempfile.TemporaryDirectory(prefix="fhvd-sim-") as tmp:
+        out = os.path.join(tmp, "allreduce.json")
+        argv = [sys.executable, benchmark_script("allreduce.py"), "--launcher-prefix", launcher(spec),
+                "--np", str(hosts), "--backends", backends, "--sizes", ",".join(str(s) for s in sizes),
+                "--iters", str(iters), "--warmup", str(warmup), "--proxy-threshold", str(threshold),
+                "--timeout", str(timeout), "--out", out]
+        meas = run_measured(argv, timeout * 2 + 60, env={"PYTHONPATH": _pythonpath()})
+        doc = json.load(open(out)) if os.path.exists(out) else None
+    return {"spec": spec, "hosts": hosts, "argv": shlex.join(argv), "measure": meas, "report": doc}
+
+
+def train_job(spec: str, np: int, model: str, backends: str, steps: int, warmup: int, trace_root: str,
+              timeout: float = 600) -> Dict:
+    with tempfile.TemporaryDirectory(prefix="fhvd-sim-") as tmp:
+        out = os.path.join(tmp, "train.json")
+        argv = [sys.executable, benchmark_script("train.py"), "--launcher-prefix", launcher(spec), "--np", str(np),
+                "--model", model, "--backends", backends, "--steps", str(steps), "--warmup-steps", str(warmup),
+                "--compute-steps", "0", "--trace-root", trace_root, "--timeout", str(timeout), "--out", out]
+        meas = run_measured(argv, timeout * 2 + 60, env={"PYTHONPATH": _pythonpath()})
+        doc = json.load(open(out)) if os.path.exists(out) else None
+    return {"spec": spec, "np": np, "argv": shlex.join(argv), "measure": meas, "report": doc}
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (repo_root(), os.environ.get("PYTHONPATH")) if p)
+
+
+def observations(job: Dict) -> List[Dict]:
+    """Flat rows (backend, hosts, bytes, seconds, k, S, probe 1-flow rate) from an allreduce job."""
+    rows = []
+    doc = job.get("report") or {}
+    for entry in doc.get("backends", []):
+        if entry.get("status") != "ok":
+            continue
+        result = entry["result"]
+        plane = result.get("data_plane") or {}
+        curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
+        one_flow = curve.get("1", curve.get(1))
+        for r in result["results"]:
+            rows.append({"spec": job["spec"], "hosts": job["hosts"], "backend": entry["backend"],
+                         "bytes": r["bytes"], "seconds": r["median_s"], "busbw_gbps": r["busbw_gbps"],
+                         "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
+                         "background_cores": job["measure"]["background_cores"],
+                         "probe_one_flow_Bps": float(one_flow) if one_flow else None})
+    return rows
+
+
+def unit_costs() -> Dict[str, float]:
+    """CPU-seconds per byte of a float32 reduce (the proxies' own kernel), a memcpy and loopback TCP
+    (send + receive), each the best of three, thread CPU time."""
+    import socket
+    import threading
+
+    import numpy as np
+
+    from fasthorovod import _C, _C_testing
+
+    f32 = _C.DTYPES["float32"]
+    shard = np.ones(16 * MiB // 4, dtype=np.float32)
+    temp = np.ones(MiB // 4, dtype=np.float32)
+    dst = np.zeros_like(shard)
+    seg = MiB // 4
+    best: Dict[str, float] = {}
+    for name in ("reduce", "copy"):
+        samples = []
+        for _ in range(3):
+            t0 = time.thread_time()
+            if name == "reduce":
+                for i in range(0, shard.size, seg):
+                    _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
+            else:
+                np.copyto(dst, shard)
+            samples.append((time.thread_time() - t0) / shard.nbytes)
+        best[name] = min(samples)
+    total = 64 * MiB
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    cli = socket.create_connection(srv.getsockname())
+    conn, _ = srv.accept()
+    recv_cpu: List[float] = []
+
+    def receiver():
+        buf = memoryview(bytearray(MiB))
+        got, t0 = 0, time.thread_time()
+        while got < total:
+            n = conn.recv_into(buf)
+            if n == 0:
+                break
+            got += n
+        recv_cpu.append(time.thread_time() - t0)
+
+    th = threading.Thread(target=receiver)
+    th.start()
+    payload = bytes(MiB)
+    t0 = time.thread_time()
+    for _ in range(total // MiB):
+        cli.sendall(payload)
+    send = time.thread_time() - t0
+    th.join()
+    for s in (cli, conn, srv):
+        s.close()
+    best["socket"] = (send + recv_cpu[0]) / total
+    return best
