@@ -56,7 +56,7 @@ from fasthorovod.proxy.buffers import Buffer, BufferPool
 
 # At shutdown, how long the proxies get to exit on their own before they are killed (a proxy that
 # is aborting a collective may spend seconds telling its neighbours; hvd.shutdown() must not).
-SHUTDOWN_GRACE_SECONDS = 0.4
+SHUTDOWN_GRACE_SECONDS = 0.3
 
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
 # Private to the data plane: callers ask ProxyGroup.supports(dtype).
