@@ -74,18 +74,16 @@ class PyPathProbe {
   int port_ = 0;
 };
 
-// A shared-memory segment created by the worker, exposed as a writable Python buffer.
+// A shared-memory segment created by the worker (an anonymous memfd, shm/segment.h), exposed as
+// a writable Python buffer. The mapping lives as long as this object and any view of it.
 class PyShmBuffer {
  public:
-  PyShmBuffer(const std::string& name, size_t nbytes) { Check(ShmSegment::Create(name, nbytes, &seg_)); }
-  std::string name() const { return seg_.name(); }
-  size_t nbytes() const { return seg_.size(); }
-  bool linked() const { return seg_.linked(); }
-  void unlink() { seg_.Unlink(); }
-  void close() {
-    seg_.Unlink();
-    seg_.Unmap();
+  explicit PyShmBuffer(size_t nbytes) {
+    Check(ShmSegment::Create(nbytes, Str("a ", HumanBytes(nbytes), " buffer"), &seg_));
+    seg_.CloseFd();  // never handed to anyone: the mapping is all it needs
   }
+  explicit PyShmBuffer(ShmSegment&& seg) : seg_(std::move(seg)) {}
+  size_t nbytes() const { return seg_.size(); }
   ShmSegment& segment() { return seg_; }
 
  private:
@@ -98,20 +96,17 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "FastHorovod's native core: proxy data plane, shared memory, ring collectives.";
 
   m.def("run_proxy",
-        [](const std::string& channel, uint32_t lane) {
-          CallReleased([&] { return RunProxy(channel, lane); });
+        [](int fd, uint32_t lane) {
+          CallReleased([&] { return RunProxy(fd, lane); });
         },
-        py::arg("channel"), py::arg("lane"),
-        R"pbdoc(Runs a proxy's loop for `lane` of the worker's `channel` until stopped.)pbdoc");
+        py::arg("fd"), py::arg("lane"),
+        R"pbdoc(Runs a proxy's loop for `lane` until stopped; `fd` is its end of the worker's socket pair.)pbdoc");
 
   py::class_<PyShmBuffer>(m, "ShmBuffer", py::buffer_protocol(),
-                          R"pbdoc(A shared-memory segment created by this process, as a writable buffer.)pbdoc")
-      .def(py::init<const std::string&, size_t>(), py::arg("name"), py::arg("nbytes"))
-      .def_property_readonly("name", &PyShmBuffer::name)
+                          R"pbdoc(An anonymous shared-memory segment (memfd) of this process, as a writable buffer;
+its pages are reserved at creation (a shortage raises here, never a SIGBUS later).)pbdoc")
+      .def(py::init<size_t>(), py::arg("nbytes"))
       .def_property_readonly("nbytes", &PyShmBuffer::nbytes)
-      .def_property_readonly("linked", &PyShmBuffer::linked)
-      .def("unlink", &PyShmBuffer::unlink, R"pbdoc(Removes the name from /dev/shm; the mapping stays.)pbdoc")
-      .def("close", &PyShmBuffer::close, R"pbdoc(Unlinks and unmaps. No view may be used afterwards.)pbdoc")
       .def_buffer([](PyShmBuffer& b) -> py::buffer_info {
         return py::buffer_info(b.segment().data(), 1, py::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.segment().size())}, {1});
@@ -129,8 +124,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property(
           "token", [](const ChannelConfig& c) { return py::bytes(c.token); },
           [](ChannelConfig& c, const py::bytes& token) { c.token = token; })
-      .def_readwrite("bind_host", &ChannelConfig::bind_host)
-      .def_readwrite("buffer_prefix", &ChannelConfig::buffer_prefix);
+      .def_readwrite("bind_host", &ChannelConfig::bind_host);
 
   py::class_<ProbeOptions>(m, "ProbeOptions", R"pbdoc(The path probe's schedule (csrc/transport/probe.h).)pbdoc")
       .def(py::init<>())
@@ -195,15 +189,27 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
           R"pbdoc(Element boundaries of the lanes' shards: num_lanes + 1 entries from 0 to count.)pbdoc");
 
   py::class_<ProxyChannel>(m, "ProxyChannel", R"pbdoc(The worker's end of the shared-memory request channel.)pbdoc")
-      .def(py::init([](const std::string& name, const ChannelConfig& config) {
+      .def(py::init([](const ChannelConfig& config) {
              std::unique_ptr<ProxyChannel> channel;
-             Check(ProxyChannel::Create(name, config, &channel));
+             Check(ProxyChannel::Create(config, &channel));
              return channel;
            }),
-           py::arg("name"), py::arg("config"))
-      .def_property_readonly("name", &ProxyChannel::name)
+           py::arg("config"))
       .def_property_readonly("num_lanes", &ProxyChannel::num_lanes)
-      .def("watch_proxy", [](ProxyChannel& c, uint32_t lane, int pid) { Check(c.WatchProxy(lane, pid)); })
+      .def("proxy_fd", &ProxyChannel::ProxyFd, py::arg("lane"),
+           R"pbdoc(The descriptor lane's proxy must inherit (its end of the socket pair); -1 once handed over.)pbdoc")
+      .def("watch_proxy", [](ProxyChannel& c, uint32_t lane, int pid) { Check(c.WatchProxy(lane, pid)); },
+           py::arg("lane"), py::arg("pid"),
+           R"pbdoc(Registers lane's spawned proxy: closes this process's copy of its descriptor and reaps it when it exits.)pbdoc")
+      .def_property_readonly("uses_pidfds", &ProxyChannel::UsesPidfds)
+      .def("create_buffer",
+           [](ProxyChannel& c, uint32_t id, size_t nbytes) {
+             ShmSegment seg;
+             CallReleased([&] { return c.CreateBuffer(id, nbytes, &seg); });
+             return std::make_unique<PyShmBuffer>(std::move(seg));
+           },
+           py::arg("id"), py::arg("nbytes"),
+           R"pbdoc(A zero-filled ShmBuffer every proxy knows as buffer `id`.)pbdoc")
       .def("wait_listening",
            [](ProxyChannel& c, double timeout) {
              std::vector<int> ports;
@@ -217,7 +223,6 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
            },
            py::arg("hosts"), py::arg("ports"), py::arg("sockets_per_lane"), py::arg("timeout"),
            R"pbdoc(Lets the proxies connect lane j to (hosts[j], ports[j]) with `sockets_per_lane` sockets each way.)pbdoc")
-      .def("unlink_name", &ProxyChannel::UnlinkName)
       .def("post",
            [](ProxyChannel& c, const RequestDesc& request) {
              uint64_t seq = 0;
@@ -238,6 +243,21 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
            R"pbdoc(Starts (dir) or stops ("") the proxies' traces; a stop waits for every live lane.)pbdoc")
       .def("stop", &ProxyChannel::Stop)
       .def("abort", &ProxyChannel::Abort)
+      .def("in_flight", &ProxyChannel::InFlight, R"pbdoc(Whether a posted request has not completed.)pbdoc")
+      .def("terminate",
+           [](ProxyChannel& c, double grace) {
+             py::gil_scoped_release release;
+             c.Terminate(grace);
+           },
+           py::arg("grace_seconds"),
+           R"pbdoc(Waits up to grace_seconds for the proxies to exit, kills the rest, reaps them all.)pbdoc")
+      .def("exit_code",
+           [](const ProxyChannel& c, uint32_t lane) -> py::object {
+             int code = 0;
+             if (!c.ExitCode(lane, &code)) return py::none();
+             return py::int_(code);
+           },
+           py::arg("lane"), R"pbdoc(The lane's proxy's exit code as Popen has it (-signal), or None while it runs.)pbdoc")
       .def("lane", [](const ProxyChannel& c, uint32_t lane) {
         LaneSnapshot s = c.Lane(lane);
         py::dict d;
@@ -288,8 +308,7 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
           [](MemberOptions& o, const py::bytes& token) { o.token = token; })
       .def_readwrite("coordinator_host", &MemberOptions::coordinator_host)
       .def_readwrite("coordinator_port", &MemberOptions::coordinator_port)
-      .def_readwrite("timeout_seconds", &MemberOptions::timeout_seconds)
-      .def_readwrite("buffer_prefix", &MemberOptions::buffer_prefix);
+      .def_readwrite("timeout_seconds", &MemberOptions::timeout_seconds);
 
   py::class_<PyMember>(m, "Member", R"pbdoc(This rank's member of the negotiation (csrc/negotiation/member.h).)pbdoc")
       .def(py::init([](ProxyChannel& channel, const MemberOptions& options) {

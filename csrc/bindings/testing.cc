@@ -2,13 +2,17 @@
 //
 // The ring over loopback threads (_loopback_allreduce), the handshake bytes of a proxy (_hello), a
 // negotiation member that holds the token and sends what it is given (_hostile_member),
-// a synthetic trace written by the real recorder (_trace_selftest), and the element-wise
-// reductions the proxies use (reduce_sum, scale). Errors raise the same exceptions as _C.
+// a synthetic trace written by the real recorder (_trace_selftest), the element-wise
+// reductions the proxies use (reduce_sum, scale), and a kernel without pidfds (deny_pidfd_open).
+// Errors raise the same exceptions as _C.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <arpa/inet.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -30,6 +34,22 @@ using namespace fasthorovod;
 namespace {
 
 py::buffer_info WritableBuffer(py::buffer& b) { return b.request(true); }
+
+// A seccomp filter under which pidfd_open fails with ENOSYS, as on Linux < 5.3 (the same helper as
+// tests/cpp/no_pidfd.h). Inherited by every process started afterwards; irreversible.
+void DenyPidfdOpen() {
+  constexpr unsigned kPidfdOpen = 434;  // the same number on every architecture
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kPidfdOpen, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+    throw std::runtime_error("installing the seccomp filter failed: " + ErrnoString(errno));
+  }
+}
 
 // Opens a connection to `port` on loopback and sends `payload` (empty: nothing at all).
 Socket ConnectStranger(int port, const std::string& payload) {
@@ -295,6 +315,9 @@ error).)pbdoc");
         R"pbdoc(Test helper: connects to a negotiation coordinator as `rank`, proves `token` (a
 member that holds the job token), then sends `payload` — raw bytes, hostile frames — and returns
 the connected socket's fd (the caller closes it).)pbdoc");
+  m.def("deny_pidfd_open", &DenyPidfdOpen,
+        R"pbdoc(Test helper: from now on pidfd_open fails with ENOSYS in this process and every process it
+starts (a seccomp filter), as on Linux < 5.3. Irreversible.)pbdoc");
   m.def("_trace_selftest", &TraceSelftest, py::arg("dir"), py::arg("n"), py::arg("rank") = 0, py::arg("lane") = 0,
         py::arg("size") = 2, py::arg("capacity") = 0, py::arg("flush_interval_ms") = 20,
         R"pbdoc(Records n synthetic ring frames into DIR with the C++ recorder and closes it;

@@ -56,7 +56,6 @@ void Member::Close() {
     sock_.Close();
   }
   FailAll(Status::Error(Code::kAborted, Str("rank ", opt_.rank, " shut down its data plane")));
-  for (auto& z : zeros_) z->segment.Unlink();
 }
 
 void Member::Wake() {
@@ -389,7 +388,7 @@ Status Member::PostZeros(const WireDesc& desc, const std::vector<uint64_t>& boun
   if (zero == nullptr) {
     auto z = std::make_unique<ZeroBuffer>();
     z->id = kZeroBufferIds + static_cast<uint32_t>(zeros_.size());
-    FHVD_RETURN_IF_ERROR(ShmSegment::Create(Str(opt_.buffer_prefix, ".", z->id), bytes, &z->segment));
+    FHVD_RETURN_IF_ERROR(channel_->CreateBuffer(z->id, bytes, &z->segment));
     zeros_.push_back(std::move(z));
     zero = zeros_.back().get();
   }

@@ -44,7 +44,6 @@ struct MemberOptions {
   std::string coordinator_host;
   int coordinator_port = 0;
   double timeout_seconds = 120.0;
-  std::string buffer_prefix;  // the channel's data buffer names; zero buffers are added under it
   uint64_t max_tensor_bytes = DefaultMaxTensorBytes();  // the largest run order (zero buffer) accepted
 };
 

@@ -1,27 +1,25 @@
 #include "proxy/client.h"
 
-#include <poll.h>
-#include <sys/syscall.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
+#include "shm/handoff.h"
 
 namespace fasthorovod {
 
-Status ProxyChannel::Create(const std::string& name, const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out) {
+Status ProxyChannel::Create(const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out) {
   if (config.num_lanes == 0 || config.num_lanes > kMaxLanes) {
     return Status::Error(Code::kInvalidArgument, Str("number of proxies must be in [1, ", kMaxLanes, "], got ",
                                                      config.num_lanes));
   }
   if (config.token.size() != kTokenBytes) return Status::Error(Code::kInvalidArgument, "job token must be 16 bytes");
   std::unique_ptr<ProxyChannel> channel(new ProxyChannel());
-  FHVD_RETURN_IF_ERROR(ShmSegment::Create(name, sizeof(ChannelHeader), &channel->segment_));
-  auto* h = static_cast<ChannelHeader*>(channel->segment_.data());  // zero-filled by ftruncate
+  FHVD_RETURN_IF_ERROR(ShmSegment::Create(sizeof(ChannelHeader), Str("rank ", config.rank, "'s proxy channel"),
+                                          &channel->segment_));
+  auto* h = static_cast<ChannelHeader*>(channel->segment_.data());  // zero-filled
   h->magic = kChannelMagic;
   h->version = kChannelVersion;
   h->num_lanes = config.num_lanes;
@@ -35,53 +33,63 @@ Status ProxyChannel::Create(const std::string& name, const ChannelConfig& config
   std::memcpy(h->token, config.token.data(), kTokenBytes);
   h->worker_pid = getpid();
   CopyString(h->bind_host, config.bind_host);
-  CopyString(h->buffer_prefix, config.buffer_prefix);
   channel->header_ = h;
-  channel->pidfds_.assign(config.num_lanes, -1);
+  for (uint32_t lane = 0; lane < config.num_lanes; ++lane) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+      return Status::Error(Code::kIoError, Str("socketpair(): ", ErrnoString(errno)));
+    }
+    channel->worker_socks_.push_back(pair[0]);
+    channel->proxy_socks_.push_back(pair[1]);
+    FHVD_RETURN_IF_ERROR(SendSegment(pair[0], kChannelSegment, sizeof(ChannelHeader), channel->segment_.fd(),
+                                     Deadline::After(config.timeout_seconds)));
+  }
+  channel->segment_.CloseFd();
   *out = std::move(channel);
   return Status::Ok();
 }
 
 ProxyChannel::~ProxyChannel() {
-  for (int fd : pidfds_) {
+  if (header_ != nullptr) Stop();
+  watch_.Terminate(0.5);  // only reached with proxies running when the owner never shut them down
+  for (int fd : worker_socks_) close(fd);
+  for (int fd : proxy_socks_) {
     if (fd >= 0) close(fd);
   }
 }
 
-Status ProxyChannel::WatchProxy(uint32_t lane, int pid) {
-  if (lane >= header_->num_lanes) return Status::Error(Code::kInvalidArgument, "lane out of range");
-  int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0) return Status::Error(Code::kIoError, Str("pidfd_open(", pid, "): ", ErrnoString(errno)));
-  if (pidfds_[lane] >= 0) close(pidfds_[lane]);
-  pidfds_[lane] = fd;
-  return Status::Ok();
+int ProxyChannel::ProxyFd(uint32_t lane) const {
+  return lane < proxy_socks_.size() ? proxy_socks_[lane] : -1;
 }
 
-bool ProxyChannel::ProcessExited(uint32_t lane) const {
-  if (pidfds_[lane] < 0) return false;
-  pollfd p{pidfds_[lane], POLLIN, 0};
-  return poll(&p, 1, 0) > 0;  // a pidfd becomes readable when its process exits
+Status ProxyChannel::WatchProxy(uint32_t lane, int pid) {
+  if (lane >= header_->num_lanes) return Status::Error(Code::kInvalidArgument, "lane out of range");
+  if (proxy_socks_[lane] >= 0) {
+    close(proxy_socks_[lane]);  // the proxy holds it now; a later proxy must not inherit it
+    proxy_socks_[lane] = -1;
+  }
+  return watch_.Add(lane, pid);
+}
+
+Status ProxyChannel::CreateBuffer(uint32_t id, size_t bytes, ShmSegment* out) {
+  ShmSegment seg;
+  FHVD_RETURN_IF_ERROR(
+      ShmSegment::Create(bytes, Str("a ", HumanBytes(bytes), " data buffer of rank ", header_->rank), &seg));
+  const Deadline deadline = Deadline::After(header_->timeout_seconds);
+  for (int sock : worker_socks_) FHVD_RETURN_IF_ERROR(SendSegment(sock, id, bytes, seg.fd(), deadline));
+  seg.CloseFd();  // the proxies hold their own descriptors (or will, once they read them)
+  *out = std::move(seg);
+  return Status::Ok();
 }
 
 // The first of this worker's proxies that has exited (kProxyDied), waiting up to wait_ms for one
-// to; Ok if none has. A pidfd becomes readable when its process exits.
+// to; Ok if none has. The watch reaps exited proxies at once (proxy/watch.h).
 Status ProxyChannel::ExitedProxy(int wait_ms) const {
-  std::vector<pollfd> fds;
-  std::vector<uint32_t> lanes;
-  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
-    if (pidfds_[lane] < 0) continue;
-    fds.push_back({pidfds_[lane], POLLIN, 0});
-    lanes.push_back(lane);
-  }
-  if (fds.empty() || poll(fds.data(), fds.size(), wait_ms) <= 0) return Status::Ok();
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (fds[i].revents == 0) continue;
-    const uint32_t lane = lanes[i];
-    return Status::Error(Code::kProxyDied, Str("the proxy process of rank ", header_->rank, " lane ", lane, " (pid ",
-                                               header_->lanes[lane].pid,
-                                               ") exited unexpectedly (killed or crashed); see its stderr"));
-  }
-  return Status::Ok();
+  std::string how;
+  const int lane = watch_.FirstExited(wait_ms, &how);
+  if (lane < 0) return Status::Ok();
+  return Status::Error(Code::kProxyDied, Str("the proxy process of rank ", header_->rank, " lane ", lane,
+                                             " exited unexpectedly (", how, "); see its stderr"));
 }
 
 Status ProxyChannel::CheckProxiesAlive() {
@@ -314,12 +322,20 @@ Status ProxyChannel::SetTrace(const std::string& dir, int64_t clock_offset_ns, d
     LaneInfo& lane = header_->lanes[j];
     // A lane that exited or was killed has no trace to close (its file keeps what it flushed).
     while (lane.trace_ack.load(std::memory_order_acquire) != gen &&
-           lane.state.load() == static_cast<uint32_t>(LaneState::kConnected) && !ProcessExited(j)) {
+           lane.state.load() == static_cast<uint32_t>(LaneState::kConnected) && !watch_.Exited(j)) {
       if (deadline.Expired()) return Status::Error(Code::kTimeout, Str("lane ", j, " did not close its trace"));
       usleep(1000);
     }
   }
   return Status::Ok();
+}
+
+bool ProxyChannel::InFlight() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t seq = tail_; seq < head_; ++seq) {
+    if (!collected_[seq % kNumSlots] && !SlotComplete(seq)) return true;
+  }
+  return false;
 }
 
 void ProxyChannel::Abort() {

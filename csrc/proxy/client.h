@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "proxy/watch.h"
 #include "shm/channel.h"
 #include "shm/segment.h"
 
@@ -29,7 +30,6 @@ struct ChannelConfig {
   uint64_t config_hash = 0;
   std::string token;  // kTokenBytes bytes
   std::string bind_host;
-  std::string buffer_prefix;
 };
 
 struct LaneSnapshot {
@@ -47,13 +47,17 @@ struct LaneSnapshot {
 
 class ProxyChannel {
  public:
-  static Status Create(const std::string& name, const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out);
-  ~ProxyChannel();
+  // Creates the channel (an anonymous shared-memory segment) and one socket pair per lane, and
+  // queues the channel's descriptor on each (shm/handoff.h).
+  static Status Create(const ChannelConfig& config, std::unique_ptr<ProxyChannel>* out);
+  ~ProxyChannel();  // kills and reaps proxies still running; closes every descriptor
 
-  const std::string& name() const { return segment_.name(); }
   uint32_t num_lanes() const { return header_->num_lanes; }
 
-  // Set-up: proxies started by the caller register their pids; then wait until each listens.
+  // Set-up: the caller spawns lane j's proxy with ProxyFd(j) inherited (its only way to the
+  // worker), then registers its pid: the worker's copy of that descriptor is closed, and the
+  // process is watched (reaped as soon as it exits; proxy/watch.h). Then wait until each listens.
+  int ProxyFd(uint32_t lane) const;
   Status WatchProxy(uint32_t lane, int pid);
   Status WaitListening(double timeout_seconds, std::vector<int>* ports);
   // Gives lane j the address of lane j of the next rank and lets the proxies connect with
@@ -61,7 +65,11 @@ class ProxyChannel {
   // or what the path probe chose); returns once every lane is connected.
   Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
                  uint32_t sockets_per_lane, double timeout_seconds);
-  void UnlinkName() { segment_.Unlink(); }
+
+  // A zero-filled shared-memory data buffer of `bytes` (pages reserved: a shortage is an error
+  // here, never a SIGBUS later) whose descriptor every proxy has been handed under `id` before
+  // this returns, so any request posted afterwards may name it.
+  Status CreateBuffer(uint32_t id, size_t bytes, ShmSegment* out);
 
   // Requests. Post never blocks for long: when all slots are in use it waits for the oldest.
   // request.num_lanes must equal num_lanes(); its seq is assigned here.
@@ -78,6 +86,13 @@ class ProxyChannel {
   // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
   void Stop();
   void Abort();
+  // Whether a posted request has not completed yet.
+  bool InFlight();
+  // Waits up to grace_seconds for the proxies to exit, kills the rest, and reaps them all.
+  void Terminate(double grace_seconds) { watch_.Terminate(grace_seconds); }
+  // A proxy's exit code in Popen's convention (-signal or status); false while it runs.
+  bool ExitCode(uint32_t lane, int* code) const { return watch_.ExitCode(lane, code); }
+  bool UsesPidfds() const { return watch_.uses_pidfds(); }
   // Starts (dir non-empty) or stops the proxies' traces; a stop waits until every live lane closed its file.
   Status SetTrace(const std::string& dir, int64_t clock_offset_ns, double timeout_seconds);
   LaneSnapshot Lane(uint32_t lane) const;
@@ -92,13 +107,14 @@ class ProxyChannel {
   void ReapLocked();                 // frees completed slots in order
   Status CheckProxiesAlive();
   Status ExitedProxy(int wait_ms) const;  // kProxyDied for the first proxy that exited, else Ok
-  bool ProcessExited(uint32_t lane) const;
   Status Fail(const Status& why);  // the channel is broken from now on: abort every lane
   Status WaitSlot(uint64_t seq, double timeout_seconds);
 
   ShmSegment segment_;
   ChannelHeader* header_ = nullptr;
-  std::vector<int> pidfds_;
+  std::vector<int> worker_socks_;  // the worker's end of each lane's socket pair
+  std::vector<int> proxy_socks_;   // the proxy's end, until its proxy was spawned
+  ChildWatch watch_;
   std::mutex mu_;
   uint64_t head_ = 0;  // next seq to post
   uint64_t tail_ = 0;  // oldest slot still owned by a request

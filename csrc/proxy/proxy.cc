@@ -2,20 +2,20 @@
 //
 // A proxy is a plain OS process started by its worker (python -m fasthorovod.proxy) for one lane.
 // It owns that lane's TCP connections and nothing else; all it knows about a request is in the
-// request slot (which buffer, which elements are this lane's shard, dtype, scale factors). It
-// exits when the worker sets `stop`, and also when the worker dies: the kernel sends it SIGTERM
-// (PR_SET_PDEATHSIG) and the loops below notice within 100 ms; the sockets then close, so the
-// neighbouring proxies fail their collectives at once instead of waiting for a timeout.
+// request slot (which buffer, which elements are this lane's shard, dtype, scale factors); the
+// buffers themselves arrive as memfds on the socket it inherited from the worker (shm/handoff.h).
+// It exits when the worker sets `stop`, and also when the worker process dies, whichever of its
+// threads spawned the proxy: a WorkerWatch (proxy/watch.h) raises the abort flag at once, the
+// loops below notice within 100 ms, and the sockets close, so the neighbouring proxies fail their
+// collectives at once instead of waiting for a timeout. Nothing is left to clean up after the
+// worker: its segments have no names.
 //
 // Requests arrive in the order the ranks negotiated (csrc/negotiation), the same on every rank,
 // so a proxy simply runs them one after the other. hvd.join() needs nothing here: a joined rank's
 // worker posts the collectives the others run, with a zero buffer (kRequestZeroFill).
 #include "proxy/proxy.h"
 
-#include <dirent.h>
-#include <sys/mman.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "collectives/ring.h"
+#include "proxy/watch.h"
 #include "shm/channel.h"
+#include "shm/handoff.h"
 #include "shm/segment.h"
 #include "trace/frame_trace.h"
 #include "trace/recorder.h"
@@ -37,28 +39,25 @@ namespace {
 std::atomic<uint32_t> g_signalled{0};
 ChannelHeader* g_channel = nullptr;
 
+constexpr char kWorkerGone[] = "its worker process died or was terminated";
+
 // Async-signal-safe: plain stores only.
 void OnTerminate(int) {
   g_signalled.store(1);
   if (g_channel != nullptr && g_channel->abort.load() == 0) {
-    static const char kReason[] = "its worker process died or was terminated";
-    for (size_t i = 0; i < sizeof(kReason); ++i) g_channel->abort_reason[i] = kReason[i];
+    for (size_t i = 0; i < sizeof(kWorkerGone); ++i) g_channel->abort_reason[i] = kWorkerGone[i];
     g_channel->abort_code = static_cast<uint32_t>(Code::kAborted);
     g_channel->abort.store(1);
   }
 }
 
-void RemoveWorkerSegments(const std::string& buffer_prefix, const std::string& channel_name) {
-  shm_unlink(channel_name.c_str());
-  const std::string prefix = (buffer_prefix.rfind('/', 0) == 0 ? buffer_prefix.substr(1) : buffer_prefix) + ".";
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return;
-  while (dirent* entry = readdir(dir)) {
-    if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) {
-      shm_unlink(("/" + std::string(entry->d_name)).c_str());
-    }
+// The worker process is gone (WorkerWatch): stop as a SIGTERM would, and wake the loops.
+void OnWorkerDeath() {
+  OnTerminate(0);
+  if (g_channel != nullptr) {
+    FutexWakeAll(&g_channel->head);
+    FutexWakeAll(&g_channel->go);
   }
-  closedir(dir);
 }
 
 void InstallSignalHandlers() {
@@ -66,22 +65,26 @@ void InstallSignalHandlers() {
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_handler = OnTerminate;
   sigaction(SIGTERM, &sa, nullptr);
+  // SIGHUP also arrives (with SIGCONT) when the worker died while this proxy was stopped: the
+  // proxy is alone in its process group, which the worker's death orphans.
   sigaction(SIGHUP, &sa, nullptr);
   // Ctrl-C reaches the whole process group; the worker decides what happens, not the proxy.
   signal(SIGINT, SIG_IGN);
   signal(SIGPIPE, SIG_IGN);
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
 }
 
 class Proxy {
  public:
-  Proxy(ChannelHeader* channel, uint32_t lane) : ch_(channel), lane_(lane), info_(channel->lanes[lane]) {}
+  Proxy(ChannelHeader* channel, uint32_t lane, int segments)
+      : ch_(channel), lane_(lane), info_(channel->lanes[lane]), segments_(segments) {}
 
   Status Run() {
     Status st = Serve();
     trace_.Close();
     if (!st.ok()) Fail(st);
-    DrainIncoming(links_, 1.0);  // keeps an abort frame just sent from being reset away (lane.h)
+    // Keeps an abort frame just sent from being reset away (lane.h); an orderly stop sent none,
+    // and does not wait for the neighbours.
+    if (!st.ok() || !dead_.ok()) DrainIncoming(links_, 1.0);
     info_.state.store(static_cast<uint32_t>(st.ok() ? LaneState::kExited : LaneState::kFailed));
     FutexWakeAll(&ch_->head);
     return st;
@@ -142,6 +145,7 @@ class Proxy {
         Handle(ch_->slots[next_request % kNumSlots]);
         ++next_request;
       } else {
+        (void)ReceiveSegments(0);  // takes new buffers while idle (bounds descriptors in flight)
         FutexWait(&ch_->head, next_request, 100);
       }
     }
@@ -231,15 +235,36 @@ class Proxy {
     return st;
   }
 
+  // The worker hands every buffer over before it posts a request naming it, so an unknown id
+  // is already queued on the socket (or the worker is gone).
   Status MapBuffer(uint32_t id, ShmSegment** out) {
+    const Deadline deadline = Deadline::After(ch_->timeout_seconds);
     auto it = buffers_.find(id);
-    if (it == buffers_.end()) {
-      ShmSegment seg;
-      FHVD_RETURN_IF_ERROR(ShmSegment::Open(Str(ch_->buffer_prefix, ".", id), &seg));
-      it = buffers_.emplace(id, std::move(seg)).first;
+    while (it == buffers_.end()) {
+      if (Stopping()) return Status::Error(Code::kAborted, "stopping");
+      if (deadline.Expired()) {
+        return Status::Error(Code::kTimeout, Str("the worker never handed over data buffer ", id));
+      }
+      FHVD_RETURN_IF_ERROR(ReceiveSegments(100));
+      it = buffers_.find(id);
     }
     *out = &it->second;
     return Status::Ok();
+  }
+
+  // Maps every buffer queued on the worker's socket, waiting up to timeout_ms for the first.
+  Status ReceiveSegments(int timeout_ms) {
+    while (!segments_closed_) {
+      SegmentGrant grant;
+      Status st = ReceiveSegment(segments_, timeout_ms, &grant);
+      if (st.code() == Code::kAborted) segments_closed_ = true;  // the worker closed the channel
+      if (!st.ok() || grant.fd < 0) return st;
+      ShmSegment seg;
+      FHVD_RETURN_IF_ERROR(ShmSegment::Map(grant.fd, grant.bytes, Str("data buffer ", grant.id), &seg));
+      buffers_[grant.id] = std::move(seg);
+      timeout_ms = 0;
+    }
+    return Status::Error(Code::kAborted, "the worker closed the channel");
   }
 
   void Fail(const Status& st) {
@@ -253,6 +278,8 @@ class Proxy {
   ChannelHeader* ch_;
   const uint32_t lane_;
   LaneInfo& info_;
+  const int segments_;  // the socket the worker hands buffers over (shm/handoff.h)
+  bool segments_closed_ = false;
   RingLinks links_;
   RingOptions options_;
   std::unordered_map<uint32_t, ShmSegment> buffers_;
@@ -265,10 +292,16 @@ class Proxy {
 
 }  // namespace
 
-Status RunProxy(const std::string& channel_name, uint32_t lane) {
+Status RunProxy(int segments, uint32_t lane) {
   InstallSignalHandlers();
+  SegmentGrant grant;
+  FHVD_RETURN_IF_ERROR(ReceiveSegment(segments, 10000, &grant));
+  if (grant.fd < 0 || grant.id != kChannelSegment) {
+    if (grant.fd >= 0) close(grant.fd);
+    return Status::Error(Code::kInvalidArgument, "the worker did not hand over its channel");
+  }
   ShmSegment segment;
-  FHVD_RETURN_IF_ERROR(ShmSegment::Open(channel_name, &segment));
+  FHVD_RETURN_IF_ERROR(ShmSegment::Map(grant.fd, grant.bytes, "the proxy channel", &segment));
   if (segment.size() < sizeof(ChannelHeader)) return Status::Error(Code::kInvalidArgument, "channel segment too small");
   auto* channel = static_cast<ChannelHeader*>(segment.data());
   if (channel->magic != kChannelMagic || channel->version != kChannelVersion) {
@@ -276,15 +309,16 @@ Status RunProxy(const std::string& channel_name, uint32_t lane) {
   }
   if (lane >= channel->num_lanes) return Status::Error(Code::kInvalidArgument, Str("lane ", lane, " out of range"));
   g_channel = channel;
-  if (getppid() != channel->worker_pid) return Status::Error(Code::kAborted, "worker exited before the proxy started");
-  Proxy proxy(channel, lane);
-  Status st = proxy.Run();
+  Status st;
+  {
+    WorkerWatch watch;
+    st = watch.Start(channel->worker_pid, OnWorkerDeath);
+    if (st.ok()) {
+      Proxy proxy(channel, lane, segments);
+      st = proxy.Run();
+    }
+  }  // the watch's thread has stopped here
   g_channel = nullptr;
-  if (g_signalled.load() != 0 || getppid() != channel->worker_pid) {
-    // The worker died and cannot unlink its shared memory: do it for it (every lane may; it is
-    // idempotent). Its segments are exactly the names under its buffer prefix, and its channel.
-    RemoveWorkerSegments(channel->buffer_prefix, channel_name);
-  }
   return st;
 }
 

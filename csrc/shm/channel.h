@@ -1,4 +1,5 @@
-// The request channel between a worker and its k proxies: one shared-memory control segment.
+// The request channel between a worker and its k proxies: one shared-memory control segment (an
+// anonymous memfd each proxy receives over its socket from the worker: shm/handoff.h).
 //
 //   ChannelHeader   job identity and data-plane settings (written once by the worker),
 //                   `go`   futex: the worker has written the neighbours' addresses,
@@ -11,7 +12,8 @@
 // `lanes_done` (the worker waits on it as a futex). A lane that fails sets `failed`, writes the
 // error code and message (first failure wins) and still bumps `lanes_done`, so the worker never waits for a
 // lane that has given up. Tensor bytes never travel through this segment: a request names a data
-// buffer (another shared-memory segment, "<prefix>.<buffer id>") and an offset into it.
+// buffer (another shared-memory segment, handed to every proxy under its id before any request
+// names it) and an offset into it.
 #pragma once
 
 #include <atomic>
@@ -25,7 +27,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 4;
+constexpr uint32_t kChannelVersion = 5;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_PROXY's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
@@ -104,7 +106,6 @@ struct ChannelHeader {
   int32_t worker_pid;
   uint32_t reserved;
   char bind_host[kHostBytes];
-  char buffer_prefix[kNameBytes];
   std::atomic<uint32_t> go;
   std::atomic<uint32_t> head;
   std::atomic<uint32_t> stop;

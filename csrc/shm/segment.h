@@ -1,10 +1,19 @@
-// RAII POSIX shared-memory segments: created (or opened), mapped, and unmapped/unlinked exactly
-// once. The worker creates every segment; proxies only open and map them. A segment is unlinked
-// as soon as every process that needs it has mapped it, so a crash cannot leave it behind in
-// /dev/shm; the mapping itself lives until the last process unmaps it.
+// RAII shared-memory segments without names: anonymous memfds (memfd_create), mapped shared.
+//
+// The worker creates every segment; a proxy gets the segment's file descriptor over a Unix socket
+// (shm/handoff.h) and maps it. Nothing is ever named in /dev/shm, so no crash of any process at
+// any moment can leave a segment behind: the memory goes away with the last mapping or descriptor,
+// which the kernel drops when the processes exit. A memfd lives in the kernel's internal shmem
+// mount, so it is bounded by memory (and the cgroup's limit), not by the size of /dev/shm (64 MiB
+// in a default Docker container).
+//
+// Never a SIGBUS: a segment's pages are reserved when it is created (fallocate), after a check
+// that the memory is there at all (MemAvailable, the cgroup's limit); a shortage is an error that
+// names the size needed, what is short and what to do, at creation, never a signal at first touch.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/status.h"
@@ -20,26 +29,33 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  // Creates a new segment of `bytes` (fails if the name exists) and maps it, zero-filled.
-  static Status Create(const std::string& name, size_t bytes, ShmSegment* out);
-  // Opens and maps an existing segment with its full size.
-  static Status Open(const std::string& name, ShmSegment* out);
+  // Creates a zero-filled segment of `bytes` whose pages are reserved, and maps it. `what` names
+  // the segment in errors ("a 256 MiB data buffer") and in /proc/<pid>/fd ("memfd:fasthorovod").
+  // The segment keeps its descriptor until CloseFd() (to be handed to proxies first).
+  static Status Create(size_t bytes, const std::string& what, ShmSegment* out);
+  // Maps the segment behind `fd` (received from the worker), which must hold at least `bytes`;
+  // takes ownership of fd (closed here, on success or not).
+  static Status Map(int fd, size_t bytes, const std::string& what, ShmSegment* out);
 
-  // Removes the name (idempotent); the mapping stays valid.
-  void Unlink();
   void Unmap();
+  void CloseFd();  // the mapping stays valid
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
-  const std::string& name() const { return name_; }
-  bool linked() const { return owner_ && !unlinked_; }
+  int fd() const { return fd_; }
 
  private:
-  std::string name_;
   void* data_ = nullptr;
   size_t size_ = 0;
-  bool owner_ = false;  // created by us: we unlink it on destruction if nobody did
-  bool unlinked_ = false;
+  int fd_ = -1;
 };
+
+// Bytes this process could still fill without running out of memory: /proc/meminfo's MemAvailable,
+// and for each memory cgroup above it with a limit, limit - usage + inactive file cache. *source
+// says which bound it is ("MemAvailable", "the memory cgroup /x/y limit").
+uint64_t MemoryHeadroom(std::string* source);
+
+// "256.0 MiB" (binary units, one decimal).
+std::string HumanBytes(uint64_t bytes);
 
 }  // namespace fasthorovod

@@ -1,7 +1,8 @@
-"""Entry point of one proxy process: ``python -m fasthorovod.proxy CHANNEL LANE``.
+"""Entry point of one proxy process: ``python -m fasthorovod.proxy FD LANE``.
 
-Started by :class:`fasthorovod.proxy.ProxyGroup`, never by hand; it runs the native loop with the
-GIL released until the worker stops it or dies.
+Started by :class:`fasthorovod.proxy.ProxyGroup`, never by hand: FD is the proxy's end of a socket
+pair its worker created, on which the worker hands over the channel and every data buffer (memfd
+descriptors). It runs the native loop with the GIL released until the worker stops it or dies.
 """
 import argparse
 import sys
@@ -12,11 +13,11 @@ from fasthorovod.exceptions import FastHorovodError
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fasthorovod.proxy", description=__doc__)
-    parser.add_argument("channel", help="name of the worker's shared-memory channel")
+    parser.add_argument("fd", type=int, help="inherited socket on which the worker hands over shared memory")
     parser.add_argument("lane", type=int, help="lane (proxy index) this process serves")
     args = parser.parse_args(argv)
     try:
-        _C.run_proxy(args.channel, args.lane)
+        _C.run_proxy(args.fd, args.lane)
     except (FastHorovodError, ValueError) as e:
         print(f"[fasthorovod proxy lane {args.lane}] {e}", file=sys.stderr, flush=True)
         return 1

@@ -1,20 +1,23 @@
 """Shared-memory buffers that proxies can read and write in place.
 
-Two kinds, one mechanism (a :class:`ShmBuffer` segment named ``<prefix>.<id>``):
+Two kinds, one mechanism (a :class:`ShmBuffer`: an anonymous memfd that the channel hands to every
+proxy under the buffer's id when it is created, ``ProxyChannel.create_buffer``):
 
 * staging buffers, pooled by size class: an allreduce of an ordinary tensor copies it in, the
   proxies reduce it in place, and the result is copied out;
 * persistent buffers (``register``): memory the caller keeps using, e.g. the DistributedOptimizer's
   gradient buckets, whose tensors are views into the segment, so no copy is needed at all.
 
-Names are unlinked from /dev/shm as soon as every proxy has mapped the segment (after its first
-completed request) and at close; the memory itself is freed when the last mapping — including any
-tensor view still alive — goes away, so closing never invalidates a view.
+Segments have no names (nothing in /dev/shm, nothing a crash can leave behind, no bound from
+/dev/shm's size); their pages are reserved at creation, so a shortage of memory raises a
+FastHorovodError naming the size here rather than a SIGBUS later. The memory is freed when the
+last mapping — including any tensor view still alive — goes away, so closing never invalidates a
+view.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -36,9 +39,9 @@ def size_class(nbytes: int) -> int:
 class Buffer:
     """One shared-memory segment with a uint8 tensor view of all of it."""
 
-    def __init__(self, buffer_id: int, name: str, nbytes: int) -> None:
+    def __init__(self, buffer_id: int, shm: "_C.ShmBuffer", nbytes: int) -> None:
         self.id = buffer_id
-        self.shm = _C.ShmBuffer(name, nbytes)
+        self.shm = shm
         self.bytes = torch.frombuffer(self.shm, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
         self.nbytes = nbytes
         self.address = self.bytes.data_ptr()
@@ -48,9 +51,16 @@ class Buffer:
         return self.bytes[offset:offset + numel * itemsize].view(dtype)
 
 
+def unshared(buffer_id: int, nbytes: int) -> "_C.ShmBuffer":
+    """A segment no proxy sees (for a pool without a channel, e.g. in unit tests)."""
+    return _C.ShmBuffer(nbytes)
+
+
 class BufferPool:
-    def __init__(self, prefix: str) -> None:
-        self._prefix = prefix
+    def __init__(self, create: Callable[[int, int], "_C.ShmBuffer"] = unshared) -> None:
+        """`create(id, nbytes)` makes the segment of a new buffer (``ProxyChannel.create_buffer``:
+        every proxy holds it under `id` before a request can name it)."""
+        self._create_segment = create
         self._lock = threading.Lock()
         self._next_id = 0
         self._free: Dict[int, List[Buffer]] = {}
@@ -60,7 +70,7 @@ class BufferPool:
     def _create(self, nbytes: int) -> Buffer:
         buffer_id = self._next_id
         self._next_id += 1
-        buf = Buffer(buffer_id, f"{self._prefix}.{buffer_id}", nbytes)
+        buf = Buffer(buffer_id, self._create_segment(buffer_id, nbytes), nbytes)
         self._all[buffer_id] = buf
         return buf
 
@@ -95,17 +105,9 @@ class BufferPool:
                 return buf, start - buf.address
         return None
 
-    @staticmethod
-    def mapped_by_proxies(buf: Buffer) -> None:
-        """Every proxy has mapped `buf` (a request on it completed): drop its name."""
-        if buf.shm.linked:
-            buf.shm.unlink()
-
     def close(self) -> None:
-        """Unlinks every name; mappings go away with the last reference (views stay valid)."""
+        """Forgets every buffer; mappings go away with the last reference (views stay valid)."""
         with self._lock:
-            for buf in self._all.values():
-                buf.shm.unlink()
             self._all.clear()
             self._free.clear()
             self._persistent.clear()

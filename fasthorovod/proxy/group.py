@@ -4,9 +4,11 @@ Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES 
 
 1. rank 0 draws a random 16-byte job token; ``broadcast_object`` gives it to every rank (Horovod's
    control plane, no home-made rendezvous);
-2. the worker creates its shared-memory channel (named from an independent random id, never from
-   the token: /dev/shm names are visible to every local user) and spawns ``python -m fasthorovod.proxy CHANNEL j``
-   for j < k; each proxy binds on the job's interface and reports its port in the channel;
+2. the worker creates its shared-memory channel (an anonymous memfd: no name anywhere) and one
+   Unix socket pair per proxy, and spawns ``python -m fasthorovod.proxy FD j`` for j < k, each in
+   a process group of its own with its end of the pair inherited as FD; the proxy receives the
+   channel's descriptor on it (and later every data buffer's), binds on the job's interface and
+   reports its port in the channel;
 3. rank 0 starts the negotiation's coordinator (csrc/negotiation/coordinator.h);
    ``allgather_object`` exchanges (address, ports, coordinator port) between workers; lane j of
    rank r is told the address of lane j of rank r+1, connects, and accepts lane j of rank r−1
@@ -14,11 +16,15 @@ Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES 
    travels, and agree on ranks, lane and configuration hash; csrc/transport/socket.h);
 4. each worker's member connects to the coordinator (the same handshake); from then on every request is submitted to
    the member, which posts it to the proxies in the order the ranks negotiated;
-5. once every lane is connected the channel's name is unlinked (the mappings stay).
+5. from then on the channel reaps any proxy the moment it exits (csrc/proxy/watch.h: a pidfd per
+   proxy, or waitpid polling where pidfds are missing), so none stays a zombie.
 
-``close()`` (``hvd.shutdown()`` or interpreter exit) stops the proxies, waits for them with a
-timeout, kills any that do not exit, and unlinks every shared-memory name. If the worker dies, the
-kernel signals its proxies (PR_SET_PDEATHSIG) and they exit on their own.
+``close()`` (``hvd.shutdown()`` or interpreter exit) aborts collectives still in flight, stops the
+proxies, gives them :data:`SHUTDOWN_GRACE_SECONDS` to exit, kills any that have not, and reaps them
+all. If the worker process dies, whichever thread started the proxies, each proxy sees it at once
+(a pidfd of the worker, or getppid() polling) and exits; a proxy that was stopped (SIGSTOP) then
+gets SIGHUP and SIGCONT from the kernel, since the worker's death orphans its process group. No
+shared memory has a name, so nothing is left in /dev/shm by any crash.
 
 What callers above use (the data plane's public API): :meth:`ProxyGroup.supports` (dtypes the
 proxies carry), :meth:`ProxyGroup.alloc` (a zero-copy shared-memory tensor), :meth:`ProxyGroup.allreduce`
@@ -48,6 +54,10 @@ from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy import probe
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
+# At shutdown, how long the proxies get to exit on their own before they are killed (a proxy that
+# is aborting a collective may spend seconds telling its neighbours; hvd.shutdown() must not).
+SHUTDOWN_GRACE_SECONDS = 0.3
+
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
 # Private to the data plane: callers ask ProxyGroup.supports(dtype).
 DTYPE_CODES = {getattr(torch, name): code for name, code in _C.DTYPES.items()}
@@ -72,14 +82,13 @@ def request(**fields) -> "_C.Request":
     return native(_C.Request, **fields)
 
 
-def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str,
-                   buffer_prefix: str) -> "_C.ChannelConfig":
+def channel_config(cfg: Config, rank: int, size: int, token: bytes, bind_host: str) -> "_C.ChannelConfig":
     """The settings the proxies read from the channel (the wire settings of `cfg`, this rank's place;
     the sockets per lane are given at connect time)."""
     return native(_C.ChannelConfig, num_lanes=cfg.num_proxies, rank=rank, size=size,
                   socket_buffer_bytes=cfg.socket_buffer_bytes,
                   segment_bytes=cfg.segment_bytes, timeout_seconds=cfg.timeout_seconds,
-                  config_hash=cfg.wire_hash(), token=token, bind_host=bind_host, buffer_prefix=buffer_prefix)
+                  config_hash=cfg.wire_hash(), token=token, bind_host=bind_host)
 
 
 def bind_address(config: Config) -> str:
@@ -124,7 +133,6 @@ class Request:
         except BaseException:
             self._finish()
             raise
-        BufferPool.mapped_by_proxies(self._buffer)
         if self._staged:
             self._copy_out()
         self._finish()
@@ -160,12 +168,22 @@ class GatherRequest(Request):
             out[:, begin:end].copy_(torch.roll(region.view(size, end - begin), shifts=-1, dims=0))
 
 
-def proxy_command(channel_name: str, lane: int) -> List[str]:
-    """``python -P -m fasthorovod.proxy CHANNEL LANE``: -P (Python 3.11+) keeps the worker's current
+def proxy_command(fd: int, lane: int) -> List[str]:
+    """``python -P -m fasthorovod.proxy FD LANE``: -P (Python 3.11+) keeps the worker's current
     directory off sys.path, so a file there named like a module (e.g. ``fasthorovod/``, ``torch.py``)
     cannot shadow the proxy's imports."""
     safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *safe_path, "-m", "fasthorovod.proxy", channel_name, str(lane)]
+    return [sys.executable, *safe_path, "-m", "fasthorovod.proxy", str(fd), str(lane)]
+
+
+def spawn_proxy(channel: "_C.ProxyChannel", lane: int) -> subprocess.Popen:
+    """Starts lane's proxy with its end of the channel's socket pair as its only inherited descriptor,
+    in a process group of its own: if the worker dies while the proxy is stopped, the orphaned group
+    makes the kernel send it SIGHUP and SIGCONT, so it exits instead of staying behind stopped."""
+    fd = channel.proxy_fd(lane)
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    return subprocess.Popen(proxy_command(fd, lane), env=proxy_environment(), stdin=subprocess.DEVNULL,
+                            close_fds=True, pass_fds=(fd,), **group)
 
 
 def proxy_environment() -> dict:
@@ -210,16 +228,12 @@ class ProxyGroup:
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
         cfg = self.config
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
-        # The shm names are visible to every local user: an independent random id, no token bytes.
-        prefix = f"/fasthorovod.{os.urandom(6).hex()}.{self.rank}.{os.getpid()}"
         host = bind_address(cfg)
-        self.pool = BufferPool(prefix + ".buf")
-        self.channel = _C.ProxyChannel(prefix + ".ctl", channel_config(cfg, self.rank, self.size, token, host,
-                                                                       prefix + ".buf"))
+        self.channel = _C.ProxyChannel(channel_config(cfg, self.rank, self.size, token, host))
+        self.pool = BufferPool(self.channel.create_buffer)
         atexit.register(self.close)
         for lane in range(cfg.num_proxies):
-            proc = subprocess.Popen(proxy_command(self.channel.name, lane), env=proxy_environment(),
-                                    stdin=subprocess.DEVNULL, close_fds=True)
+            proc = spawn_proxy(self.channel, lane)
             self.processes.append(proc)
             self.channel.watch_proxy(lane, proc.pid)
         ports = self.channel.wait_listening(cfg.timeout_seconds)
@@ -243,9 +257,7 @@ class ProxyGroup:
                              cfg.timeout_seconds)
         self.member = _C.Member(self.channel, native(
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
-            coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds,
-            buffer_prefix=prefix + ".buf"))
-        self.channel.unlink_name()
+            coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
 
     def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable) -> None:
         """Measures the incoming hop, exchanges the curves, and takes the sockets per lane every rank
@@ -411,27 +423,27 @@ class ProxyGroup:
     # -- shutdown ---------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stops and reaps the proxies and unlinks all shared memory. Idempotent."""
+        """Aborts collectives in flight, stops the proxies and reaps them (killed after
+        :data:`SHUTDOWN_GRACE_SECONDS`). Returns in well under a second. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        # Names first (mappings stay valid): if this process is killed while it waits for its
-        # proxies below, which then exit normally and clean nothing, no segment is left behind.
+        started = time.monotonic()
         if self.channel is not None:
-            self.channel.unlink_name()
+            if self.channel.in_flight():
+                self.channel.abort()  # a stop alone would wait for them: their waiters raise now
+            self.channel.stop()  # the proxies start leaving while the rest shuts down
         if self.pool is not None:
             self.pool.close()
         if self.member is not None:
             self.member.close()  # says goodbye to the coordinator; pending tickets fail
-        if self.channel is not None:
-            self.channel.stop()
-        for proc in self.processes:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
         if self.coordinator is not None:
             self.coordinator.stop()
+        if self.channel is not None:
+            self.channel.terminate(max(0.0, started + SHUTDOWN_GRACE_SECONDS - time.monotonic()))
+            for lane, proc in enumerate(self.processes):
+                # Reaped by the channel: Popen must never wait for (or signal) that pid again.
+                code = self.channel.exit_code(lane)
+                proc.returncode = code if code is not None else proc.returncode
         atexit.unregister(self.close)

@@ -388,10 +388,8 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
   config.size = 2;
   config.token = kToken;
   config.bind_host = "127.0.0.1";
-  const std::string prefix = Str("/fhvd-hostile-test.", getpid());
-  config.buffer_prefix = prefix + ".buf";
   std::unique_ptr<ProxyChannel> channel;
-  CHECK(ProxyChannel::Create(prefix + ".ctl", config, &channel).ok());
+  CHECK(ProxyChannel::Create(config, &channel).ok());
   MemberOptions o;
   o.rank = 1;
   o.size = 2;
@@ -399,7 +397,6 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
   o.coordinator_host = "127.0.0.1";
   o.coordinator_port = port;
   o.timeout_seconds = 5;
-  o.buffer_prefix = config.buffer_prefix;
   o.max_tensor_bytes = 1u << 30;
   std::unique_ptr<Member> member;
   CHECK(Member::Start(channel.get(), o, &member).ok());
@@ -422,7 +419,6 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
   if (rss_growth != nullptr) *rss_growth = RssBytes() - rss_before;
   coordinator.join();
   member->Close();
-  channel->UnlinkName();
   return st;
 }
 

@@ -1,8 +1,10 @@
 """Runs a test worker as real Horovod ranks: horovodrun --gloo, a timeout, kill-all on failure.
 
-Each job runs in its own process group; if it exceeds its timeout the whole group (launcher,
-ranks and their proxies) is killed and the test fails with the captured output. After every job
-the harness checks that no proxy process and no FastHorovod shared-memory segment is left.
+Each job runs in its own session; if it exceeds its timeout the launcher's process group is
+killed (a proxy, alone in its process group, exits when its worker dies) and the test fails with
+the captured output. After every job the harness checks that
+no process of the job is left, and that /dev/shm holds nothing named after its workers (FastHorovod's
+shared memory has no names at all since issue 15; the check guards against any coming back).
 """
 from __future__ import annotations
 
@@ -43,10 +45,10 @@ def alive(pids: Set[int]) -> list:
 
 
 def leftovers(job_pids: Set[int]) -> Dict[str, list]:
-    """What the job left: its processes still alive, shm segments named after its workers' pids.
+    """What the job left: its processes still alive, /dev/shm names that mention its workers' pids.
 
-    Only this job's resources count, so that jobs of other runs on the same machine do not
-    make a test fail (segment names embed the worker's pid: /fasthorovod.<token>.<rank>.<pid>.*).
+    Only this job's resources count, so that jobs of other runs on the same machine do not make a
+    test fail (the shared-memory names of earlier versions embedded the worker's pid).
     """
     shm = [n for n in os.listdir("/dev/shm")
            if n.startswith("fasthorovod.") and any(f".{pid}." in n for pid in job_pids)]

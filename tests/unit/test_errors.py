@@ -4,7 +4,6 @@ The multi-process kinds (a timeout from a frozen proxy, a dead proxy, a dead pee
 mismatch) are checked with real ranks in tests/multiproc/test_faults.py and test_dataplane.py;
 here the table itself and the errors a single process can provoke.
 """
-import os
 
 import pytest
 import torch
@@ -42,13 +41,13 @@ def test_the_family_is_horovods_internal_error_and_invalid_arguments_are_value_e
 def _config(num_lanes):
     c = _C.ChannelConfig()
     c.num_lanes, c.rank, c.size, c.token = num_lanes, 0, 2, b"\x01" * 16
-    c.bind_host, c.buffer_prefix = "127.0.0.1", f"/fasthorovod.test.err.{os.getpid()}.buf"
+    c.bind_host = "127.0.0.1"
     return c
 
 
 def test_invalid_arguments_raise_the_value_error_of_the_family():
     with pytest.raises(ex.FastHorovodValueError, match=r"number of proxies must be in \[1, 64\], got 0"):
-        _C.ProxyChannel(f"/fasthorovod.test.err.{os.getpid()}.ctl", _config(0))
+        _C.ProxyChannel(_config(0))
     with pytest.raises(ex.FastHorovodValueError, match="lane_begin needs 2 to 65 boundaries, got 1"):
         request(lane_begin=[0])
     with pytest.raises(ex.FastHorovodValueError, match="invalid dtype"):
@@ -56,16 +55,13 @@ def test_invalid_arguments_raise_the_value_error_of_the_family():
 
 
 def test_a_request_that_does_not_fit_the_channel_is_refused_before_it_is_posted():
-    channel = _C.ProxyChannel(f"/fasthorovod.test.err.{os.getpid()}.ctl", _config(2))
-    try:
-        with pytest.raises(ex.FastHorovodValueError, match="3 lanes? .*channel has 2 lanes"):
-            channel.post(request(count=9, lane_begin=[0, 3, 6, 9]))
-        with pytest.raises(ex.FastHorovodValueError, match="must not decrease"):
-            channel.post(request(count=9, lane_begin=[0, 10, 9]))
-        with pytest.raises(ex.FastHorovodValueError, match="from 0 to the element count"):
-            channel.post(request(count=9, lane_begin=[0, 4, 8]))
-    finally:
-        channel.unlink_name()
+    channel = _C.ProxyChannel(_config(2))
+    with pytest.raises(ex.FastHorovodValueError, match="3 lanes? .*channel has 2 lanes"):
+        channel.post(request(count=9, lane_begin=[0, 3, 6, 9]))
+    with pytest.raises(ex.FastHorovodValueError, match="must not decrease"):
+        channel.post(request(count=9, lane_begin=[0, 10, 9]))
+    with pytest.raises(ex.FastHorovodValueError, match="from 0 to the element count"):
+        channel.post(request(count=9, lane_begin=[0, 4, 8]))
 
 
 def test_request_struct_round_trips_and_dtype_codes_come_from_the_core():

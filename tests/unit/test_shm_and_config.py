@@ -11,44 +11,58 @@ from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy.buffers import BufferPool, size_class
 
 
-def _shm_names(prefix):
-    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix.lstrip("/"))]
+def _memfd_fds():
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:fasthorovod"):
+                fds.append(fd)
+        except FileNotFoundError:  # the directory's own descriptor, closed since
+            pass
+    return fds
 
 
-def test_segment_is_created_unlinked_and_stays_mapped():
-    name = f"/fasthorovod.test.{os.getpid()}"
-    seg = _C.ShmBuffer(name, 4096)
-    assert _shm_names(name) and seg.linked and seg.nbytes == 4096
-    with pytest.raises(FastHorovodError, match="File exists"):
-        _C.ShmBuffer(name, 16)
+def _memfd_mappings():
+    with open("/proc/self/maps") as maps:
+        return sum("/memfd:fasthorovod" in line for line in maps)
+
+
+def test_segments_have_no_name_and_their_views_outlive_them():
+    fds, mappings = _memfd_fds(), _memfd_mappings()
+    seg = _C.ShmBuffer(4096)
+    assert seg.nbytes == 4096 and not hasattr(seg, "unlink")
+    assert _memfd_fds() == fds  # only the mapping holds the memory
     view = torch.frombuffer(seg, dtype=torch.uint8)
+    assert int(view.sum()) == 0
     view.fill_(7)
-    seg.unlink()
-    assert not _shm_names(name) and not seg.linked
-    assert int(view.sum()) == 7 * 4096  # the mapping outlives the name
-
-
-def test_segment_name_is_removed_when_the_object_dies_without_unlink():
-    name = f"/fasthorovod.test.gc.{os.getpid()}"
-    seg = _C.ShmBuffer(name, 128)
-    assert _shm_names(name)
     del seg
-    assert not _shm_names(name)
+    assert int(view.sum()) == 7 * 4096  # the mapping lives as long as a view
+    del view
+    assert _memfd_mappings() == mappings
+
+
+def test_a_buffer_larger_than_the_memory_left_raises_naming_the_shortage():
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    with pytest.raises(FastHorovodError, match=r"not enough memory for a .* buffer: it needs .* of shared "
+                                               r"memory but only .* is free .*raise the memory limit"):
+        _C.ShmBuffer(2 * total)  # refused before anything is allocated
+    assert int(torch.frombuffer(_C.ShmBuffer(1 << 20), dtype=torch.uint8).sum()) == 0  # and nothing broke
 
 
 def test_pool_recycles_by_size_class_and_locates_persistent_views():
-    prefix = f"/fasthorovod.test.pool.{os.getpid()}"
-    pool = BufferPool(prefix)
+    created = []
+    pool = BufferPool(lambda buffer_id, nbytes: created.append((buffer_id, nbytes)) or _C.ShmBuffer(nbytes))
     a = pool.acquire(100_000)
-    assert a.nbytes == size_class(100_000) == 131072
+    assert a.nbytes == size_class(100_000) == 131072 and created == [(0, 131072)]
     pool.release(a)
     assert pool.acquire(70_000) is a
     persistent = pool.register(4096)
+    assert created[-1] == (1, 4096)
     view = persistent.view(torch.float32, 1024, 256)
     assert pool.locate(view) == (persistent, 1024)
     assert pool.locate(torch.zeros(4)) is None
     pool.close()
-    assert not _shm_names(prefix)
     view.fill_(1.0)  # still mapped after close
 
 
@@ -112,8 +126,8 @@ def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_p
     shadow = tmp_path / "fasthorovod"
     shadow.mkdir()
     (shadow / "__init__.py").write_text("raise ImportError('the shadowing copy was imported')\n")
-    argv = pg.proxy_command("/fasthorovod.x.ctl", 3)
-    assert argv[-4:] == ["-m", "fasthorovod.proxy", "/fasthorovod.x.ctl", "3"]
+    argv = pg.proxy_command(9, 3)
+    assert argv[-4:] == ["-m", "fasthorovod.proxy", "9", "3"]
     probe = argv[:-4] + ["-c", "import fasthorovod.proxy.__main__, fasthorovod; print(fasthorovod.__file__)"]
     out = subprocess.run(probe, cwd=tmp_path, env=pg.proxy_environment(), capture_output=True, text=True,
                          timeout=120)
