@@ -115,26 +115,26 @@ def main() -> int:
                 victim = hvd.proxy_group().processes[0]
                 os.kill(victim.pid, signal.SIGKILL)
                 print(f"rank 1: killed proxy {victim.pid} at batch {state.batch}", flush=True)
-            indices = list(iter(state.sampler))[:16]
-            gen = torch.Generator().manual_seed(sum(indices) + 31 * state.batch)
-            x = torch.randn(16, *shape, generator=gen)
-            y = torch.randint(0, classes, (16,), generator=gen)
-            opt.zero_grad()
             try:
+                indices = list(iter(state.sampler))[:16]
+                gen = torch.Generator().manual_seed(sum(indices) + 31 * state.batch)
+                x = torch.randn(16, *shape, generator=gen)
+                y = torch.randint(0, classes, (16,), generator=gen)
+                opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
+                note_plane()
+                if hvd.rank() == 0:
+                    print(f"STEP size {hvd.size()} batch {state.batch} time {time.time():.3f}", flush=True)
+                state.sampler.record_batch(state.batch, 16)
+                state.batch += 1
+                time.sleep(args.batch_sleep)
+                if state.batch % args.commit_every == 0:
+                    state.commit()
             except hvd.HorovodInternalError as err:  # elastic restores and resets; say when it was seen
                 print(f"FAILED rank {hvd.rank()} batch {state.batch} time {time.time():.3f}: "
                       f"{type(err).__name__}: {str(err)[:200]}", flush=True)
                 raise
-            note_plane()
-            if hvd.rank() == 0:
-                print(f"STEP size {hvd.size()} batch {state.batch} time {time.time():.3f}", flush=True)
-            state.sampler.record_batch(state.batch, 16)
-            state.batch += 1
-            time.sleep(args.batch_sleep)
-            if state.batch % args.commit_every == 0:
-                state.commit()
 
     train(state)
     if hasattr(opt, "sync_weights"):
