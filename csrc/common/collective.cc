@@ -14,8 +14,9 @@ bool SameCollective(const CollectiveDesc& a, const CollectiveDesc& b) {
 std::string DescribeCollective(const CollectiveDesc& d) {
   std::string name(d.name, strnlen(d.name, kWireNameBytes));
   const char* kind = d.op == static_cast<uint32_t>(ReduceOp::kAverage) ? "average"
-                     : d.op == static_cast<uint32_t>(ReduceOp::kGather) ? "allgather"
-                                                                        : "sum";
+                     : d.op == static_cast<uint32_t>(ReduceOp::kGather)    ? "allgather"
+                     : d.op == static_cast<uint32_t>(ReduceOp::kBroadcast) ? "broadcast"
+                                                                           : "sum";
   return Str("tensor '", name, "' (collective #", d.seq, ", ", d.total_bytes, " bytes, lane shard ", d.shard_bytes,
              " bytes, ", DTypeValid(d.dtype) ? DTypeName(static_cast<DType>(d.dtype)) : "bad dtype", ", ", kind, ")");
 }
