@@ -23,7 +23,8 @@ is the global one and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTE
 allreduce of the tensor's bytes as integers to which only the root contributes
 (``ProxyGroup.broadcast``), so every rank receives the root's bytes exactly. Horovod's own checks
 come first and raise Horovod's own errors (a dtype Horovod cannot broadcast, a non-contiguous
-tensor, a root rank out of range), so a broadcast fails or succeeds exactly where Horovod's would.
+tensor), and a root rank out of range raises the ValueError Horovod raises, so a broadcast fails
+or succeeds where Horovod's would.
 """
 from __future__ import annotations
 
