@@ -692,10 +692,12 @@ def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
     if backend.trace:
         shutil.rmtree(entry["env"]["FASTHOROVOD_TRACE_DIR"], ignore_errors=True)  # no stale lanes
     print(f"== {backend.spec}: {entry['commands'][0]}", file=sys.stderr, flush=True)
+    entry["started_at"] = time.time()  # wall clock, for the workers' own timelines (train.py)
     try:
         job = run_job(processes, args.timeout, dict(base_env(args.threads), **entry["env"]))
     except OSError as err:
         return dict(entry, status="failed", reason=f"could not start the job: {err}")
+    entry["ended_at"] = time.time()
     entry["seconds"] = round(job.seconds, 1)
     failure = dict(entry, status="failed", tail=job.tail)
     if job.timed_out:  # what the killed processes printed last is not the cause

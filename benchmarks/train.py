@@ -41,20 +41,25 @@ fasthorovod: ...``) with the elapsed time.
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
 """
-import argparse
-import hashlib
-import importlib
-import os
-import random
-import sys
 import time
 
-import numpy as np
-import torch
-from torch import nn
+SCRIPT_STARTED = time.time()  # wall clock when this interpreter reached this file (start-up timeline)
 
-import _common as common
-from models import MIN_IMAGE_SIZE, MODELS, build_model
+import argparse  # noqa: E402  (after the clock above: importing torch is part of a job's start-up)
+import hashlib  # noqa: E402
+import importlib  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+import _common as common  # noqa: E402
+from models import MIN_IMAGE_SIZE, MODELS, build_model  # noqa: E402
+
+IMPORTS_DONE = time.time()
 
 KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod")
 
@@ -295,10 +300,24 @@ def exposed_comm(differences):
             "note": None if measurable else "not measurable (within noise)"}
 
 
+def process_created():
+    """Wall-clock time at which this process was created (its age from /proc, to 10 ms; psutil's
+    create_time() adds the boot time, which the kernel gives in whole seconds)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def worker(args):
+    # Wall-clock times of this rank's start-up, in order (STARTUP_PHASES names what each one ends).
+    clock = {"process_created": process_created(), "script_started": SCRIPT_STARTED, "imports_done": IMPORTS_DONE}
     backend = common.parse_backend(args.backend, KINDS, with_algorithm=True)
     hvd = importlib.import_module(common.HVD_MODULES[backend.kind])
+    clock["hvd_imported"] = time.time()
     hvd.init()
+    clock["hvd_init_done"] = time.time()
     rank = hvd.rank()
     torch.set_num_threads(args.threads)
     model, train_step, compute_step = synthetic_problem(args, rank)
@@ -315,14 +334,22 @@ def worker(args):
             common.write_json(args.result_file, {"skipped": reason})
         hvd.shutdown()
         return
+    clock["model_ready"] = time.time()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    clock["parameters_broadcast"] = time.time()
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    clock["optimizer_state_broadcast"] = time.time()
     schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
     steps, compute, paired = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0)
+    clock["steps_done"] = time.time()
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
     digest = check_identical_weights(hvd, model)
     result = summarize(hvd, args, steps, compute, paired, kwargs.get("algorithm", "ssgd"), model, digest)
+    clock["result_ready"] = time.time()
+    clocks = hvd.allgather_object(clock)
+    result["clock"] = {mark: max(c[mark] for c in clocks) for mark in clock}  # when the last rank got there
+    result["rank_clocks"] = clocks
     if rank == 0:
         common.write_json(args.result_file, result)
     hvd.shutdown()
@@ -520,14 +547,64 @@ def plot(entries, args, path):
     common.save_figure(fig, path)
 
 
+# A job's timeline, phase by phase: (name, the clock mark that ends it). The first phase starts when
+# the driver starts the job (``started_at``), the last ends when the job has exited (``ended_at``);
+# the marks between are the times the last rank reached each mark (worker(): wall clock, the same
+# clock as the driver's), so a collective phase lasts from the last rank's start to the last rank's end.
+STARTUP_PHASES = (
+    ("launch", "process_created"),           # the launcher: emulated cloud, horovodrun, spawning ranks
+    ("interpreter", "script_started"),       # Python start-up until train.py runs
+    ("imports", "imports_done"),             # numpy, torch, models
+    ("hvd_import", "hvd_imported"),          # import horovod.torch / fasthorovod.torch
+    ("hvd_init", "hvd_init_done"),           # hvd.init(): Horovod, proxies, path probe
+    ("model", "model_ready"),                # model, synthetic batch, DistributedOptimizer
+    ("broadcast_parameters", "parameters_broadcast"),
+    ("broadcast_optimizer_state", "optimizer_state_broadcast"),
+)
+LATER_PHASES = (
+    ("steps", "steps_done"),                 # warm-up, timed and compute-only steps
+    ("finish", "ended_at"),                  # weights check, results, hvd.shutdown(), launcher exit
+)
+
+
+def job_timeline(entry):
+    """{phase: seconds} of a finished job (STARTUP_PHASES, then ``startup``, their sum: from the
+    driver starting the job to the first training step; then LATER_PHASES and ``path_probe``, the
+    part of hvd_init that FastHorovod's path probe took); None without the worker's clock."""
+    clock = (entry.get("result") or {}).get("clock")
+    if not clock or "started_at" not in entry:
+        return None
+    marks = dict(clock, started_at=entry["started_at"], ended_at=entry.get("ended_at"))
+    phases, previous = {}, "started_at"
+    for name, mark in STARTUP_PHASES + LATER_PHASES:
+        if marks.get(mark) is None or marks.get(previous) is None:
+            return None
+        phases[name] = round(marks[mark] - marks[previous], 2)
+        previous = mark
+    phases["startup"] = round(marks["optimizer_state_broadcast"] - marks["started_at"], 2)
+    probe = ((entry["result"].get("data_plane") or {}).get("probe") or {}).get("seconds")
+    phases["path_probe"] = round(probe, 2) if probe is not None else None
+    return phases
+
+
+def timeline_line(phases):
+    """'start-up 55.1 s (launch 4.0, imports 12.3, ...)' from ``job_timeline``."""
+    parts = ", ".join(f"{name} {phases[name]:.1f}" for name, _ in STARTUP_PHASES)
+    probe = f"; path probe {phases['path_probe']:.1f} of hvd_init" if phases.get("path_probe") is not None else ""
+    return f"start-up {phases['startup']:.1f} s ({parts}{probe}); steps {phases['steps']:.1f} s, finish {phases['finish']:.1f} s"
+
+
 def job_line(entry):
-    """A finished job in one line (progress)."""
+    """A finished job in one line (progress), with its start-up breakdown."""
     r = entry["result"]
     line = f"{r['images_per_s']:.2f} images/s, {r['step_s']:.2f} s/step"
     if r.get("compute_s") is not None:
         line += f", compute {r['compute_s']:.2f} s"
     if r.get("data_plane"):
         line += f", data plane {common.data_plane_label(r['data_plane'])}"
+    phases = job_timeline(entry)
+    if phases is not None:
+        line += f"; {timeline_line(phases)}"
     return line
 
 
@@ -540,6 +617,9 @@ def driver(args):
     start = time.monotonic()
     plan = [(backend, worker_argv(backend, args)) for backend in backends]
     rounds = common.run_rounds("train", plan, args, job_line, args.proxy_threshold)
+    for entry in (e for entries in rounds for e in entries):
+        if job_timeline(entry) is not None:
+            entry["timeline"] = job_timeline(entry)  # kept in the JSON with each round's entry
     entries = merge_rounds(rounds)
     seconds = time.monotonic() - start
     print()

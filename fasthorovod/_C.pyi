@@ -12,6 +12,7 @@ NUM_SLOTS: int
 OP_SUM: int
 OP_AVERAGE: int
 OP_GATHER: int
+OP_BROADCAST: int
 REQUEST_ALLREDUCE: int
 DTYPES: Dict[str, int]       # torch dtype name -> the core's dtype code
 ERROR_CODES: Dict[str, int]  # error kind name -> code (keys of fasthorovod.exceptions.error_for)

@@ -218,6 +218,12 @@ def test_train_driver_end_to_end(tmp_path):
         assert difference > 0 and result["exposed_comm_s"] == pytest.approx(difference)
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "1.00x" in stdout and "round 1/1, backend horovod:" in stdout
+    timeline = job["timeline"]  # the job's start-up, phase by phase (every rank's clock in the JSON)
+    assert len(job["result"]["rank_clocks"]) == 2
+    assert min(timeline[name] for name, _ in train.STARTUP_PHASES + train.LATER_PHASES) >= 0
+    assert timeline["startup"] == pytest.approx(sum(timeline[name] for name, _ in train.STARTUP_PHASES), abs=0.05)
+    assert timeline["startup"] + timeline["steps"] + timeline["finish"] <= job["seconds"] + 0.2
+    assert "start-up " in stdout and "broadcast_parameters " in stdout
 
 
 @pytest.mark.multiproc
@@ -651,6 +657,22 @@ def test_train_merge_rounds_and_breakdown(capsys):
     failed = train.merge_rounds([[dict(horovod[0], backend="horovod")],
                                  [{"backend": "horovod", "status": "failed", "reason": "timed out"}]])
     assert failed[0]["status"] == "failed" and len(failed[0]["rounds"]) == 2
+
+
+def test_train_job_timeline():
+    marks = ["process_created", "script_started", "imports_done", "hvd_imported", "hvd_init_done", "model_ready",
+             "parameters_broadcast", "optimizer_state_broadcast", "steps_done"]
+    clock = {mark: 1000.0 + 2 * i for i, mark in enumerate(marks)}
+    entry = {"started_at": 999.0, "ended_at": 1020.0,
+             "result": {"clock": clock, "data_plane": {"probe": {"seconds": 1.25}}}}
+    phases = train.job_timeline(entry)
+    assert phases["launch"] == 1.0 and phases["broadcast_optimizer_state"] == 2.0 and phases["steps"] == 2.0
+    assert phases["startup"] == 15.0 and phases["finish"] == 4.0 and phases["path_probe"] == 1.25
+    line = train.timeline_line(phases)
+    assert line.startswith("start-up 15.0 s (launch 1.0, interpreter 2.0,") and "path probe 1.2" in line
+    assert train.job_timeline({"started_at": 1.0, "result": {}}) is None  # an older worker: no clock
+    assert train.job_timeline(dict(entry, result={"clock": dict(clock, model_ready=None)})) is None
+    assert train.process_created() <= time.time()
 
 
 def test_a_terminated_driver_leaves_no_job_running(tmp_path):

@@ -7,6 +7,8 @@ the namespaces they created, and check afterwards that nothing of theirs is left
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -264,6 +266,21 @@ def test_status_lists_each_hosts_rates_on_an_uneven_cloud() -> None:
     assert lines[3].endswith("host2: link 1gbit, per flow 200mbit")
     even = describe(InstanceState(**{**state.__dict__, "spec": "3:1gbit:200mbit"})).splitlines()
     assert even[2] == f"  {PREFIX}-abcdef-h1\t10.231.9.2"
+
+
+def test_a_state_file_with_fields_of_a_newer_version_is_read(tmp_path) -> None:
+    """/run/fasthorovod-netem is shared by every checkout on the machine: another version's instance
+    (with a field this one does not know) must not make this one's runs fail."""
+    hosts = (Host(name=f"{PREFIX}-abcdef-h0", address="10.231.9.1"),)
+    state = InstanceState(id="abcdef", prefix=PREFIX, spec="1:1gbit:200mbit", subnet="10.231.9.0/24",
+                          bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=1,
+                          owner_start_ticks=1, created=0.0)  # fmt: skip
+    record = dataclasses.asdict(state)
+    record["launcher_address"] = "10.231.9.254"
+    record["hosts"][0]["future"] = True
+    path = tmp_path / "abcdef.json"
+    path.write_text(json.dumps(record))
+    assert InstanceState.read(path) == state
 
 
 def test_flow_bucket_is_what_the_u32_hash_picks() -> None:

@@ -352,6 +352,7 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
   m.attr("OP_SUM") = static_cast<uint32_t>(ReduceOp::kSum);
   m.attr("OP_AVERAGE") = static_cast<uint32_t>(ReduceOp::kAverage);
   m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
+  m.attr("OP_BROADCAST") = static_cast<uint32_t>(ReduceOp::kBroadcast);
   m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
   py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
   for (uint32_t d = 0; d < kNumDTypes; ++d) dtypes[DTypeName(static_cast<DType>(d))] = d;

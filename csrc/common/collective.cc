@@ -13,10 +13,11 @@ bool SameCollective(const CollectiveDesc& a, const CollectiveDesc& b) {
 
 std::string DescribeCollective(const CollectiveDesc& d) {
   std::string name(d.name, strnlen(d.name, kWireNameBytes));
-  const std::string kind = d.op == static_cast<uint32_t>(ReduceOp::kSum)       ? std::string("sum")
-                          : d.op == static_cast<uint32_t>(ReduceOp::kAverage) ? std::string("average")
-                          : d.op == static_cast<uint32_t>(ReduceOp::kGather)  ? std::string("allgather")
-                                                                              : Str("op code ", d.op);
+  const std::string kind = d.op == static_cast<uint32_t>(ReduceOp::kSum)         ? std::string("sum")
+                          : d.op == static_cast<uint32_t>(ReduceOp::kAverage)   ? std::string("average")
+                          : d.op == static_cast<uint32_t>(ReduceOp::kGather)    ? std::string("allgather")
+                          : d.op == static_cast<uint32_t>(ReduceOp::kBroadcast) ? std::string("broadcast")
+                                                                                : Str("op code ", d.op);
   return Str("tensor '", name, "' (collective #", d.seq, ", ", d.total_bytes, " bytes, lane shard ", d.shard_bytes,
              " bytes, ", DTypeValid(d.dtype) ? DTypeName(static_cast<DType>(d.dtype)) : "bad dtype", ", ", kind, ")");
 }

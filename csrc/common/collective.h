@@ -17,7 +17,12 @@ namespace fasthorovod {
 constexpr size_t kWireNameBytes = 32;
 
 // kGather is not a reduction: the collective is an allgather (see RingAllreduce).
-enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2 };
+// kBroadcast is reduced as kSum of integer words: the worker stages the root's tensor on the root and
+// zeros everywhere else (fasthorovod/proxy/group.py, ProxyGroup.broadcast), so every rank receives the
+// root's bytes. It has its own code so that a broadcast and an allreduce of one name never match, and
+// so that the negotiation can refuse it while a rank has joined (a joined rank's zeros could stand in
+// for the root's tensor), as Horovod does.
+enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2, kBroadcast = 3 };
 
 // Plain data, embedded in the wire header: the layout is fixed (88 bytes, static_assert below).
 struct CollectiveDesc {

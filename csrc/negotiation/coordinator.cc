@@ -290,6 +290,12 @@ void Coordinator::Finish(Pending& p) {
       return;
     }
   }
+  if (p.desc[submitters[0]].op == static_cast<uint32_t>(ReduceOp::kBroadcast) && !missing.empty()) {
+    Error(p.name, Code::kInvalidArgument,
+          Str("Broadcast is not supported with Join at this time: tensor '", p.name, "' was broadcast by ranks ",
+              RankList(submitters), " while ranks ", RankList(missing), " had joined"));
+    return;
+  }
   const uint32_t lead = submitters[0];
   bool same = true;
   for (uint32_t r : submitters) same &= p.desc[r] == p.desc[lead];

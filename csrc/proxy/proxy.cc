@@ -191,7 +191,7 @@ class Proxy {
 
   Status Execute(const RequestDesc& r) {
     if (r.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(r.dtype) ||
-        r.op > static_cast<uint32_t>(ReduceOp::kGather)) {
+        r.op > static_cast<uint32_t>(ReduceOp::kBroadcast)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
     const DType dtype = static_cast<DType>(r.dtype);

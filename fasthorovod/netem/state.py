@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 STATE_DIR = Path("/run/fasthorovod-netem")
@@ -77,9 +77,12 @@ class InstanceState:
 
     @classmethod
     def read(cls, path: Path) -> InstanceState:
+        """The state in `path`. Fields this version does not know are ignored: the directory is shared
+        by every checkout on the machine, and a newer one's instance must not make this one fail."""
         record = json.loads(path.read_text())
-        record["hosts"] = tuple(Host(**host) for host in record["hosts"])
-        return cls(**record)
+        record["hosts"] = tuple(Host(name=host["name"], address=host["address"]) for host in record["hosts"])
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in record.items() if key in known})
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -61,7 +61,11 @@ SHUTDOWN_GRACE_SECONDS = 0.3
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
 # Private to the data plane: callers ask ProxyGroup.supports(dtype).
 DTYPE_CODES = {getattr(torch, name): code for name, code in _C.DTYPES.items()}
-OP_SUM, OP_AVERAGE, OP_GATHER = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER
+OP_SUM, OP_AVERAGE, OP_GATHER, OP_BROADCAST = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER, _C.OP_BROADCAST
+
+# A broadcast travels as a sum of the tensor's bytes read as integers of the element's width
+# (ProxyGroup.broadcast): the integer dtype for each element size.
+BROADCAST_WORDS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _hash64(text: str) -> int:
@@ -334,12 +338,44 @@ class ProxyGroup:
     def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str,
                   average: bool, prescale: float, postscale: float) -> Request:
         """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
+        shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
+        return self._reduce(tensors, outputs, name, OP_AVERAGE if average else OP_SUM, prescale,
+                            postscale / self.size if average else postscale, shapes)
+
+    def broadcast(self, tensor: torch.Tensor, output: torch.Tensor, name: str, root: int) -> Request:
+        """Posts a broadcast of rank `root`'s `tensor`; on wait() every rank's `output` holds it.
+        Both are contiguous CPU tensors of one shape and dtype (`output` may be `tensor`); only the
+        root reads `tensor`.
+
+        It runs as a ring allreduce (op OP_BROADCAST, reduced as a sum) of the tensor's bytes read
+        as integers of the element's width: the root contributes its tensor, every other rank
+        zeros, and adding integer zeros changes no bit, so every rank receives the root's bytes
+        exactly, for any dtype and any value (-0.0, infinities, every NaN payload, signalling
+        NaNs, which a floating-point sum would quiet). The description the ranks negotiate names
+        the root rank, the dtype and the shape, so ranks that disagree on any of them fail with
+        CollectiveMismatchError (the lanes stay up); the negotiation refuses a broadcast while a
+        rank is in join(), as Horovod does. Per rank it moves 2(n-1)/n of the tensor, like an
+        allreduce, over every lane's flows."""
+        words = BROADCAST_WORDS.get(tensor.element_size())
+        if words is None or output.element_size() != tensor.element_size():
+            raise ValueError(f"the proxies cannot broadcast {tensor.dtype} (element size {tensor.element_size()})")
+        description = f"{','.join(map(str, tensor.shape))} {str(tensor.dtype).replace('torch.', '')} from root rank {root}"
+        source = tensor.view(words)
+        destination = source if output is tensor else output.view(words)  # in place: zero-copy when in shm
+        return self._reduce([source], [destination], name, OP_BROADCAST, 1.0, 1.0, description,
+                            contribute=self.rank == root)
+
+    def _reduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str, op: int,
+                prescale: float, postscale: float, description: str, contribute: bool = True) -> Request:
+        """Stages `tensors` (zeros instead when not `contribute`) unless the one tensor already lies in
+        a shared-memory buffer, and submits the collective (`description`: what the ranks compare)."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
         dtype = tensors[0].dtype
         count = sum(t.numel() for t in tensors)
         itemsize = tensors[0].element_size()
-        located = self.pool.locate(tensors[0]) if len(tensors) == 1 and outputs[0] is tensors[0] else None
+        located = (self.pool.locate(tensors[0]) if contribute and len(tensors) == 1 and outputs[0] is tensors[0]
+                   else None)
         if located is not None:
             buffer, offset = located
             staged, offsets = False, [offset]
@@ -348,15 +384,18 @@ class ProxyGroup:
             staged, offsets, offset = True, [], 0
             for t in tensors:
                 offsets.append(offset)
-                buffer.view(dtype, offset, t.numel()).copy_(t.reshape(-1))
+                staging = buffer.view(dtype, offset, t.numel())
+                if contribute:
+                    staging.copy_(t.reshape(-1))
+                else:
+                    staging.zero_()
                 offset += t.numel() * itemsize
-        shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
         try:
             ticket = self.member.submit(request(
                 buffer_id=buffer.id, buffer_offset=offsets[0], count=count,
-                dtype=DTYPE_CODES[dtype], op=OP_AVERAGE if average else OP_SUM, prescale=prescale,
-                postscale=postscale / self.size if average else postscale, name_hash=_hash64(name),
-                shape_hash=_hash64(shapes), name=name, lane_begin=self.lane_boundaries(count)), shapes)
+                dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale,
+                name_hash=_hash64(name), shape_hash=_hash64(description), name=name,
+                lane_begin=self.lane_boundaries(count)), description)
         except BaseException:
             if staged:
                 self.pool.release(buffer)

@@ -1,9 +1,11 @@
 """Drop-in replacement for ``horovod.torch``: ``import fasthorovod.torch as hvd``.
 
 Every public name of ``horovod.torch`` 0.28.1 is available here with the same signature. The
-lifecycle (``init``/``shutdown``), the allreduce family, ``poll``/``synchronize``, ``join`` and
-``DistributedOptimizer`` are FastHorovod's own (large Sum/Average allreduces travel through the
-proxy processes); everything else is Horovod's object itself.
+lifecycle (``init``/``shutdown``), the allreduce and broadcast families, ``poll``/``synchronize``,
+``join`` and ``DistributedOptimizer`` are FastHorovod's own (large Sum/Average allreduces and large
+broadcasts travel through the proxy processes); ``broadcast_parameters``,
+``broadcast_optimizer_state`` and ``broadcast_object`` are Horovod's functions running with these
+broadcasts (fasthorovod/torch/functions.py); everything else is Horovod's object itself.
 """
 from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Adasum,
@@ -23,13 +25,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     alltoall,
     alltoall_async,
     barrier,
-    broadcast,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    broadcast_object,
-    broadcast_optimizer_state,
-    broadcast_parameters,
     ccl_built,
     cross_rank,
     cross_size,
@@ -62,11 +57,16 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
 from horovod.torch.mpi_ops import handle_average_backwards_compatibility, is_homogeneous  # noqa: F401
 
 from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError, FastHorovodTimeoutError  # noqa: F401
+from fasthorovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from fasthorovod.torch.mpi_ops import (  # noqa: F401
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,

@@ -1,4 +1,5 @@
-"""Horovod's torch collectives with large Sum/Average allreduces routed through the proxies.
+"""Horovod's torch collectives with large Sum/Average allreduces and large broadcasts routed
+through the proxies.
 
 Every function here has the signature and behaviour of its namesake in ``horovod.torch`` 0.28.1.
 An allreduce goes through FastHorovod's proxies when all of these hold, and through Horovod
@@ -14,6 +15,16 @@ The proxy path stages tensors through shared memory, so it also accepts non-cont
 (out-of-place allreduces of small non-contiguous tensors are made contiguous before Horovod sees
 them). Proxy handles are plain ints like Horovod's (drawn from a range Horovod never uses), so
 ``poll``/``synchronize`` accept both kinds.
+
+A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
+``broadcast_parameters``, ``broadcast_optimizer_state`` and ``broadcast_object`` of
+fasthorovod/torch/functions.py) goes through the proxies when proxies are running, the process set
+is the global one and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES; it runs as an
+allreduce of the tensor's bytes as integers to which only the root contributes
+(``ProxyGroup.broadcast``), so every rank receives the root's bytes exactly. Horovod's own checks
+come first and raise Horovod's own errors (a dtype Horovod cannot broadcast, a non-contiguous
+tensor), and a root rank out of range raises the ValueError Horovod raises, so a broadcast fails
+or succeeds where Horovod's would.
 """
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compati
 
 from fasthorovod.config import Config
 from fasthorovod.proxy.balance import LaneBalancer
-from fasthorovod.proxy.group import ProxyGroup, Request
+from fasthorovod.proxy.group import BROADCAST_WORDS, ProxyGroup, Request
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
@@ -181,15 +192,32 @@ class _ProxyHandle:
         self.name = name
 
 
-def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
+def _reserve(name: Optional[str], verb: str) -> str:
+    """The collective's name (a fresh one when None), marked in flight: Horovod refuses a second
+    collective of a name while the first is in flight, and so does the negotiation."""
     if name is None:
-        name = f"allreduce.noname.{next(_runtime.names)}"
+        name = f"{verb}.noname.{next(_runtime.names)}"
     with _runtime.lock:
         if name in _runtime.in_flight_names:
-            raise ValueError(f"Requested to allreduce a tensor with the same name as another tensor that is "
+            raise ValueError(f"Requested to {verb} a tensor with the same name as another tensor that is "
                              f"currently being processed: {name!r}")
         _runtime.in_flight_names.add(name)
+    return name
+
+
+def _register(requests, result, name: str, nbytes: int) -> int:
+    """A new handle for posted proxy requests (traced as one request)."""
+    handle = next(_runtime.handle_ids)
+    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
+    tracer = _trace.tracer
+    if tracer is not None:
+        tracer.event("request", name, bytes=nbytes, requests=[req.ticket for req, _, _ in requests], proxied=True)
+    return handle
+
+
+def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
+    name = _reserve(name, "allreduce")
     balancer = _runtime.balancer
     requests = []
     try:
@@ -207,13 +235,7 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    handle = next(_runtime.handle_ids)
-    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
-    tracer = _trace.tracer
-    if tracer is not None:
-        tracer.event("request", name, bytes=sum(t.numel() * t.element_size() for t in tensors),
-                     requests=[req.ticket for req, _, _ in requests], proxied=True)
-    return handle
+    return _register(requests, result, name, sum(t.numel() * t.element_size() for t in tensors))
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
@@ -373,6 +395,91 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
                                       *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+# -- broadcast ----------------------------------------------------------------------------------------
+
+def _broadcast_proxies_for(tensor: torch.Tensor, process_set) -> Optional[ProxyGroup]:
+    group = _runtime.group
+    if group is None or process_set.process_set_id != global_process_set.process_set_id:
+        return None
+    if tensor.device.type not in ("cpu", "cuda") or tensor.element_size() not in BROADCAST_WORDS:
+        return None
+    return group if tensor.numel() * tensor.element_size() >= group.config.proxy_threshold_bytes else None
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    # Horovod's own checks first (a dtype it cannot broadcast, a non-contiguous tensor: ValueError),
+    # so that the proxies take only what Horovod would have taken.
+    _hvd._check_function(_hvd._broadcast_function_factory, tensor)
+    group = _broadcast_proxies_for(tensor, process_set)
+    if group is None:
+        handle = _hvd._broadcast_async(tensor, output, root_rank, name, process_set)
+        tracer = _trace.tracer
+        if tracer is not None and name:
+            _runtime.horovod_names[handle] = name
+            tracer.event("request", name, bytes=tensor.numel() * tensor.element_size(), proxied=False)
+        return handle
+    if not 0 <= root_rank < group.size:  # Horovod's message (EnqueueTensorBroadcast)
+        raise ValueError(f"broadcast received invalid root rank {root_rank} for provided process set")
+    name = _reserve(name, "broadcast")
+    try:
+        root = group.rank == root_rank
+        host_in = _host(tensor) if root else tensor  # only the root's tensor is read
+        host_out = output if output.device.type == "cpu" else torch.empty(output.shape, dtype=output.dtype)
+        if root and output is tensor and host_in is not tensor:
+            host_out = host_in  # an in-place broadcast of a GPU tensor: one host copy, in and out
+        balancer = _runtime.balancer
+        if balancer is not None:
+            balancer.before_request()
+        req = group.broadcast(host_in, host_out, name, root_rank)
+    except BaseException:
+        with _runtime.lock:
+            _runtime.in_flight_names.discard(name)
+        raise
+    return _register([(req, [output], [host_out])], output, name, tensor.numel() * tensor.element_size())
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Asynchronous broadcast of the root's `tensor`; the input is not modified. See
+    ``horovod.torch.broadcast_async``."""
+    output = tensor.new(tensor.shape)
+    return _broadcast_async(tensor, output, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Asynchronous in-place broadcast. See ``horovod.torch.broadcast_async_``."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast. See ``horovod.torch.broadcast_``."""
+    handle = broadcast_async_(tensor, root_rank, name, process_set)
+    return synchronize(handle)
+
+
+class _Broadcast(torch.autograd.Function):
+    """broadcast as an autograd function: Horovod's gradient (the average of the ranks' gradients on
+    the root, zero elsewhere)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        if _hvd.rank() != ctx.root_rank:
+            grad_reduced *= 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """The root's `tensor` on every rank (differentiable); the input is not modified. See
+    ``horovod.torch.broadcast``."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
 # -- join ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/collective.h"
 #include "harness.h"
 #include "negotiation/coordinator.h"
 #include "negotiation/wire.h"
@@ -190,6 +191,25 @@ TEST(CoordinatorCountsJoinedRanksAsReadyAndNamesTheLastJoiner) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // so that rank 0 is surely the last
   a.Send(MsgType::kJoin);
   for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().join_done, 0);
+}
+
+TEST(CoordinatorRefusesABroadcastWhileARankHasJoined) {
+  int port = 0;
+  auto coordinator = Start(3, &port);
+  FakeMember a(port, 0, 3), b(port, 1, 3), c(port, 2, 3);
+  WireDesc broadcast = Desc("p", 8);
+  broadcast.op = static_cast<uint32_t>(ReduceOp::kBroadcast);
+  b.Send(MsgType::kJoin);  // a joined rank's zeros must never stand in for the root's tensor
+  a.Announce({{broadcast, -1}});
+  c.Announce({{broadcast, -1}});
+  for (FakeMember* m : {&a, &b, &c}) {
+    Reply r = m->Receive();
+    CHECK(r.runs.empty() && r.errors.size() == 1);
+    CHECK(r.errors[0].first == "p" && r.errors[0].second == Code::kInvalidArgument);
+  }
+  a.Announce({{Desc("q", 8), -1}});  // an allreduce still runs, rank 1 filling zeros
+  c.Announce({{Desc("q", 8), -1}});
+  for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().runs.size(), 1u);
 }
 
 TEST(CoordinatorStallShutdownFailsTheTensor) {
