@@ -10,18 +10,27 @@ shrinks (docs/elastic.md):
   at any start. ``DistributedOptimizer`` moves its gradient buckets into the new proxies' shared
   memory on first use.
 * An optimizer with a delayed-SGD policy (``algorithm=...``) is committed, restored and
-  synchronized by :class:`ScheduledOptimizerStateHandler` (registered with Horovod's handler
-  registry on import, so ``horovod.torch.elastic.TorchState`` uses it too).
+  synchronized by :class:`ScheduledOptimizerStateHandler`; models and other optimizers by
+  Horovod's handlers whose ``sync`` broadcasts go through the proxies (large tensors) instead of
+  Horovod's single flow. All are registered first in Horovod's handler registry on import, so
+  ``horovod.torch.elastic.TorchState`` uses them too.
 """
 from __future__ import annotations
 
 from horovod.common.elastic import ObjectState, State, run_fn  # noqa: F401  (as horovod.torch.elastic)
 from horovod.torch.elastic import sampler, state  # noqa: F401
 from horovod.torch.elastic.sampler import ElasticSampler
-from horovod.torch.elastic.state import StateHandler, TorchState, get_handler_registry, set_handler_registry
-from horovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from horovod.torch.elastic.state import (
+    ModelStateHandler,
+    OptimizerStateHandler,
+    StateHandler,
+    TorchState,
+    get_handler_registry,
+    set_handler_registry,
+)
 
 from fasthorovod.scheduler import ScheduledOptimizer
+from fasthorovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from fasthorovod.torch.mpi_ops import init, shutdown
 
 
@@ -74,13 +83,32 @@ class ScheduledOptimizerStateHandler(StateHandler):
                                                name="fasthorovod.elastic.scheduler"))
 
 
-def _register_handler() -> None:
+class ModelStateSyncHandler(ModelStateHandler):
+    """Horovod's model handler; ``sync`` broadcasts the parameters through the proxies."""
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateSyncHandler(OptimizerStateHandler):
+    """Horovod's optimizer handler; ``sync`` broadcasts the state through the proxies."""
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+def _register_handlers() -> None:
+    import torch
+
     registry = get_handler_registry()
-    if all(cls is not ScheduledOptimizer for cls, _ in registry):
-        # before (torch.optim.Optimizer, OptimizerStateHandler): the first match wins
-        set_handler_registry([(ScheduledOptimizer, ScheduledOptimizerStateHandler), *registry])
+    ours = [(ScheduledOptimizer, ScheduledOptimizerStateHandler), (torch.nn.Module, ModelStateSyncHandler),
+            (torch.optim.Optimizer, OptimizerStateSyncHandler)]
+    if not any(handler is ScheduledOptimizerStateHandler for _, handler in registry):
+        # first: the first match wins (ScheduledOptimizer is a torch.optim.Optimizer)
+        set_handler_registry([*ours, *registry])
 
 
-_register_handler()
+_register_handlers()
 
-__all__ = ["ElasticSampler", "ScheduledOptimizerStateHandler", "TorchState", "run"]
+__all__ = ["ElasticSampler", "ModelStateSyncHandler", "OptimizerStateSyncHandler", "ScheduledOptimizerStateHandler",
+           "TorchState", "run"]
