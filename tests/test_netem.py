@@ -276,7 +276,7 @@ def test_a_state_file_with_fields_of_a_newer_version_is_read(tmp_path) -> None:
                           bridge_namespace=f"{PREFIX}-abcdef-br", hosts=hosts, owner_pid=1,
                           owner_start_ticks=1, created=0.0)  # fmt: skip
     record = dataclasses.asdict(state)
-    record["launcher_address"] = "10.231.9.254"
+    record["field_of_a_future_version"] = "10.231.9.254"
     record["hosts"][0]["future"] = True
     path = tmp_path / "abcdef.json"
     path.write_text(json.dumps(record))
