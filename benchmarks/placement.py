@@ -57,7 +57,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
 
-from fasthorovod.proxy.placement import Busy, Placement, PlacementModel, ProxySpec, plan, read_topology  # noqa: E402
+from fasthorovod.proxy.placement import (  # noqa: E402
+    Busy, Placement, PlacementModel, ProxySpec, cpu_times, measure_unit_costs, plan, read_topology)
 
 MIB = 1 << 20
 EXPECTED = 1.5  # mean of rank 0's 1.0 and rank 1's 2.0
@@ -132,18 +133,7 @@ def pin(pid, cpus):
             pass
 
 
-def proc_stat():
-    """{cpu: (busy_seconds, softirq_seconds)} from /proc/stat (busy = all but idle and iowait)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3].isdigit():
-                parts = line.split()
-                v = [int(x) for x in parts[1:9]]
-                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-                out[int(parts[0][3:])] = (busy / hz, v[6] / hz)
-    return out
+proc_stat = cpu_times  # {cpu: (busy_seconds, softirq_seconds)}
 
 
 # -- processes --------------------------------------------------------------------------------------
@@ -272,69 +262,7 @@ class LoopbackRing:
 
 def unit_costs(cpu):
     """CPU-seconds per byte of reduce, memcpy and loopback TCP on one pinned CPU."""
-    import numpy as np
-
-    from fasthorovod import _C, _C_testing
-
-    old = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        f32 = _C.DTYPES["float32"]
-        shard = np.ones(64 * MIB // 4, dtype=np.float32)
-        temp = np.ones(MIB // 4, dtype=np.float32)
-        seg = MIB // 4
-        best = {}
-        dst = np.zeros_like(shard)
-        for name in ("reduce", "copy"):
-            samples = []
-            for _ in range(3):
-                t0 = time.thread_time()
-                if name == "reduce":
-                    for i in range(0, shard.size, seg):
-                        _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
-                else:
-                    np.copyto(dst, shard)
-                samples.append((time.thread_time() - t0) / shard.nbytes)
-            best[name] = min(samples)
-        # loopback TCP: a receiver thread and a sender thread on the same CPU
-        total = 256 * MIB
-        srv = socket.socket()
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        cli = socket.create_connection(srv.getsockname())
-        conn, _ = srv.accept()
-        recv_cpu = []
-
-        def receiver():
-            buf = bytearray(MIB)
-            view = memoryview(buf)
-            got, t0 = 0, time.thread_time()
-            while got < total:
-                n = conn.recv_into(view)
-                if n == 0:
-                    break
-                got += n
-            recv_cpu.append(time.thread_time() - t0)
-
-        payload = bytes(MIB)
-        th = threading.Thread(target=receiver)
-        s0 = proc_stat()[cpu][1]
-        th.start()
-        t0 = time.thread_time()
-        for _ in range(total // MIB):
-            cli.sendall(payload)
-        send_cpu = time.thread_time() - t0
-        th.join()
-        softirq = proc_stat()[cpu][1] - s0
-        for s in (cli, conn, srv):
-            s.close()
-        best["socket_send"] = send_cpu / total
-        best["socket_recv"] = recv_cpu[0] / total
-        best["socket_softirq"] = softirq / total
-        best["socket"] = (send_cpu + recv_cpu[0]) / total  # charged to the threads, as a proxy's CPU time is
-        return best
-    finally:
-        os.sched_setaffinity(0, old)
+    return measure_unit_costs(cpu, shard_bytes=64 * MIB, socket_bytes=256 * MIB)
 
 
 # -- placements -------------------------------------------------------------------------------------

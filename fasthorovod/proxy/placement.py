@@ -57,6 +57,7 @@ import itertools
 import json
 import math
 import os
+import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 CpuSet = Tuple[int, ...]
@@ -728,3 +729,92 @@ def plan(topology: Topology, compute_cpus: int, net_rate: Optional[float], model
               f"(best {best_rate / 1e6:.0f}; {limit}{compute_note})")
     return Plan(choice["k"], choice["proxy_cpus"], choice["worker_cpus"], choice["rate"],
                 choice["compute_share"], reason, rows)
+
+
+# -- the unit costs the model starts from -----------------------------------------------------------
+
+def cpu_times() -> Dict[int, Tuple[float, float]]:
+    """{cpu: (busy_seconds, softirq_seconds)} from /proc/stat (busy = all but idle and iowait)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                parts = line.split()
+                v = [int(x) for x in parts[1:9]]
+                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                out[int(parts[0][3:])] = (busy / hz, v[6] / hz)
+    return out
+
+
+def measure_unit_costs(cpu: Optional[int] = None, shard_bytes: int = 64 << 20,
+                       socket_bytes: int = 256 << 20) -> Dict[str, float]:
+    """CPU-seconds per byte of the proxies' float32 reduce (``reduce``), a memcpy (``copy``), each
+    the best of three, and loopback TCP (``socket_send``, ``socket_recv``, ``socket`` = both),
+    charged to the threads' CPU time as a proxy's is. With `cpu`, everything runs pinned to that
+    CPU and ``socket_softirq`` is the kernel's softirq time there per byte."""
+    import socket
+    import threading
+
+    import numpy as np
+
+    from fasthorovod import _C, _C_testing
+
+    mib = 1 << 20
+    old = os.sched_getaffinity(0)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    try:
+        f32 = _C.DTYPES["float32"]
+        shard = np.ones(shard_bytes // 4, dtype=np.float32)
+        temp = np.ones(mib // 4, dtype=np.float32)
+        dst = np.zeros_like(shard)
+        seg = mib // 4
+        best: Dict[str, float] = {}
+        for name in ("reduce", "copy"):
+            samples = []
+            for _ in range(3):
+                t0 = time.thread_time()
+                if name == "reduce":
+                    for i in range(0, shard.size, seg):
+                        _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
+                else:
+                    np.copyto(dst, shard)
+                samples.append((time.thread_time() - t0) / shard.nbytes)
+            best[name] = min(samples)
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        cli = socket.create_connection(srv.getsockname())
+        conn, _ = srv.accept()
+        recv_cpu: List[float] = []
+
+        def receiver() -> None:
+            view = memoryview(bytearray(mib))
+            got, t0 = 0, time.thread_time()
+            while got < socket_bytes:
+                n = conn.recv_into(view)
+                if n == 0:
+                    break
+                got += n
+            recv_cpu.append(time.thread_time() - t0)
+
+        payload = bytes(mib)
+        th = threading.Thread(target=receiver)
+        s0 = cpu_times()[cpu][1] if cpu is not None else 0.0
+        th.start()
+        t0 = time.thread_time()
+        for _ in range(socket_bytes // mib):
+            cli.sendall(payload)
+        send_cpu = time.thread_time() - t0
+        th.join()
+        if cpu is not None:
+            best["socket_softirq"] = (cpu_times()[cpu][1] - s0) / socket_bytes
+        for s in (cli, conn, srv):
+            s.close()
+        best["socket_send"] = send_cpu / socket_bytes
+        best["socket_recv"] = recv_cpu[0] / socket_bytes
+        best["socket"] = (send_cpu + recv_cpu[0]) / socket_bytes
+        return best
+    finally:
+        os.sched_setaffinity(0, old)

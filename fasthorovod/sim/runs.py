@@ -121,58 +121,8 @@ def observations(job: Dict) -> List[Dict]:
 
 def unit_costs() -> Dict[str, float]:
     """CPU-seconds per byte of a float32 reduce (the proxies' own kernel), a memcpy and loopback TCP
-    (send + receive), each the best of three, thread CPU time."""
-    import socket
-    import threading
+    (send + receive), each the best of three, thread CPU time (the placement model's measurement)."""
+    from fasthorovod.proxy.placement import measure_unit_costs
 
-    import numpy as np
-
-    from fasthorovod import _C, _C_testing
-
-    f32 = _C.DTYPES["float32"]
-    shard = np.ones(16 * MiB // 4, dtype=np.float32)
-    temp = np.ones(MiB // 4, dtype=np.float32)
-    dst = np.zeros_like(shard)
-    seg = MiB // 4
-    best: Dict[str, float] = {}
-    for name in ("reduce", "copy"):
-        samples = []
-        for _ in range(3):
-            t0 = time.thread_time()
-            if name == "reduce":
-                for i in range(0, shard.size, seg):
-                    _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
-            else:
-                np.copyto(dst, shard)
-            samples.append((time.thread_time() - t0) / shard.nbytes)
-        best[name] = min(samples)
-    total = 64 * MiB
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    cli = socket.create_connection(srv.getsockname())
-    conn, _ = srv.accept()
-    recv_cpu: List[float] = []
-
-    def receiver():
-        buf = memoryview(bytearray(MiB))
-        got, t0 = 0, time.thread_time()
-        while got < total:
-            n = conn.recv_into(buf)
-            if n == 0:
-                break
-            got += n
-        recv_cpu.append(time.thread_time() - t0)
-
-    th = threading.Thread(target=receiver)
-    th.start()
-    payload = bytes(MiB)
-    t0 = time.thread_time()
-    for _ in range(total // MiB):
-        cli.sendall(payload)
-    send = time.thread_time() - t0
-    th.join()
-    for s in (cli, conn, srv):
-        s.close()
-    best["socket"] = (send + recv_cpu[0]) / total
-    return best
+    costs = measure_unit_costs(shard_bytes=16 * MiB, socket_bytes=64 * MiB)
+    return {name: costs[name] for name in ("reduce", "copy", "socket")}

@@ -523,14 +523,6 @@ def test_state_dict_round_trip_continues_in_the_right_stage(algorithm, split):
     dtype = torch.float32 if algorithm in ("cd-sgd", "ssgd-2bit") else torch.float64
     total = 11
 
-    def uninterrupted(rank, comm):
-        p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
-        train(p, opt, rank, split)
-        opt.sync_weights()
-        trace = train(p, opt, rank, total - split, start=split)
-        opt.sync_weights()
-        return trace, p.detach().clone()
-
     saved = run_world(2, lambda rank, comm: _train_and_save(algorithm, dtype, rank, comm, split))
 
     def resumed(rank, comm):
@@ -540,11 +532,28 @@ def test_state_dict_round_trip_continues_in_the_right_stage(algorithm, split):
             p.copy_(params)
         opt.load_state_dict(state)
         assert opt.steps == split
-        trace = train(p, opt, rank, total - split, start=split)
-        opt.sync_weights()
-        return trace, p.detach().clone()
+        return _finish(p, opt, rank, split, total)
 
-    a, b = run_world(2, uninterrupted), run_world(2, resumed)
+    _assert_same_runs(run_world(2, _uninterrupted(algorithm, dtype, split, total)), run_world(2, resumed), split)
+
+
+def _uninterrupted(algorithm, dtype, split, total):
+    """A rank's run of `total` steps with a sync_weights() after `split` (the reference)."""
+    def body(rank, comm):
+        p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
+        train(p, opt, rank, split)
+        opt.sync_weights()
+        return _finish(p, opt, rank, split, total)
+    return body
+
+
+def _finish(p, opt, rank, split, total):
+    trace = train(p, opt, rank, total - split, start=split)
+    opt.sync_weights()
+    return trace, p.detach().clone()
+
+
+def _assert_same_runs(a, b, split):
     for r in range(2):
         for t, ((wa, la), (wb, lb)) in enumerate(zip(a[r][0], b[r][0])):
             assert torch.equal(wa, wb) and torch.equal(la, lb), f"rank {r} step {split + t}"
@@ -568,14 +577,6 @@ def test_an_elastic_restore_after_a_failure_continues_exactly_as_if_nothing_happ
     dtype = torch.float32 if algorithm in ("cd-sgd", "ssgd-2bit") else torch.float64
     split, total = 6, 11
 
-    def uninterrupted(rank, comm):
-        p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
-        train(p, opt, rank, split)
-        opt.sync_weights()
-        trace = train(p, opt, rank, total - split, start=split)
-        opt.sync_weights()
-        return trace, p.detach().clone()
-
     def interrupted(rank, comm):
         p, opt = make(algorithm, comm, dtype, **CASES[algorithm])
         train(p, opt, rank, split)
@@ -584,15 +585,9 @@ def test_an_elastic_restore_after_a_failure_continues_exactly_as_if_nothing_happ
         train(p, opt, rank, 2, start=split)  # lost: the failure comes before the next commit
         opt.restore_snapshot(snapshot)
         comm.replace()
-        trace = train(p, opt, rank, total - split, start=split)
-        opt.sync_weights()
-        return trace, p.detach().clone()
+        return _finish(p, opt, rank, split, total)
 
-    a, b = run_world(2, uninterrupted), run_world(2, interrupted)
-    for r in range(2):
-        for t, ((wa, la), (wb, lb)) in enumerate(zip(a[r][0], b[r][0])):
-            assert torch.equal(wa, wb) and torch.equal(la, lb), f"rank {r} step {split + t}"
-        assert torch.equal(a[r][1], b[r][1])
+    _assert_same_runs(run_world(2, _uninterrupted(algorithm, dtype, split, total)), run_world(2, interrupted), split)
 
 
 def test_a_new_transport_drops_what_was_in_flight_and_moves_the_buffers_with_their_contents():
