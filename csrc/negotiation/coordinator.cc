@@ -12,6 +12,7 @@ namespace fasthorovod {
 namespace {
 
 constexpr size_t kMaxReportedMessage = 4096;  // of a member's kBroken message, passed on to every rank
+constexpr double kFirstMemberTimeouts = 3.0;   // the first member arrives within this many timeouts
 
 std::string RankList(const std::vector<uint32_t>& ranks) {
   std::string out = "[";
@@ -77,6 +78,9 @@ std::string Coordinator::error() const {
 
 void Coordinator::Run() {
   Status st = Serve();
+  // A member that arrives late must not sit in the listen queue until Stop(): it is refused now
+  // and its own connect deadline reports it.
+  listener_.Close();
   if (!st.ok() && !stop_.load()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -90,7 +94,10 @@ void Coordinator::Run() {
 }
 
 Status Coordinator::AcceptMembers() {
-  Deadline deadline = Deadline::After(opt_.timeout_seconds);
+  // The ranks reach their members after exchanging addresses and connecting their rings, which can
+  // take a while on a loaded host: the window of timeout_seconds opens when the first member is in
+  // (the others are then at most one ring set-up behind), within an outer bound from creation.
+  Deadline deadline = Deadline::After(kFirstMemberTimeouts * opt_.timeout_seconds);
   uint32_t connected = 0;
   // Every member proves the job token (transport's handshake, LinkPurpose::kNegotiation); pending
   // connections progress together, so strangers cannot hold the members up.
@@ -104,14 +111,20 @@ Status Coordinator::AcceptMembers() {
   };
   auto take = [&](const PeerClaim& claim, Socket sock) {
     members_[claim.rank] = std::move(sock);
-    ++connected;
+    if (connected++ == 0) deadline = Deadline::After(opt_.timeout_seconds);
   };
   while (connected < opt_.size) {
     if (stop_.load()) return Status::Ok();
     if (deadline.Expired()) {
-      return Status::Error(Code::kTimeout, Str("only ", connected, " of ", opt_.size,
-                                               " ranks connected to the coordinator within ",
-                                               opt_.timeout_seconds, " s"));
+      std::vector<uint32_t> missing;
+      for (uint32_t r = 0; r < opt_.size; ++r) {
+        if (!members_[r].valid()) missing.push_back(r);
+      }
+      return Status::Error(Code::kTimeout,
+                           Str("only ", connected, " of ", opt_.size, " ranks connected to the coordinator within ",
+                               connected == 0 ? kFirstMemberTimeouts * opt_.timeout_seconds : opt_.timeout_seconds,
+                               " s", connected == 0 ? " of its start" : " of the first one",
+                               " (missing: ", RankList(missing), ")"));
     }
     FHVD_RETURN_IF_ERROR(acceptor.Step(200, refuse, take));
   }

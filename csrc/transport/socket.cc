@@ -269,14 +269,19 @@ Status AuthenticateToPeer(int fd, const LinkIdentity& self, LinkPurpose purpose,
   }
   const Hello hello = MakeHello(self, purpose, socket_index);
   FHVD_RETURN_IF_ERROR(SendAll(fd, &hello, sizeof(hello), deadline, who));
-  // A peer that closes now or after our Proof refused us without saying why: to it we are a
-  // stranger (another job, a different token) or not what it expects to talk to.
+  // A peer that closes before its challenge has not read our proof: it stopped accepting (gave
+  // up waiting for the other ranks, shut down) or let our Hello wait past kHandshakeSeconds.
+  const std::string gone =
+      Str(who, " closed the connection before the handshake began: it is no longer accepting connections (it "
+               "gave up waiting for the other ranks or shut down; see its own error)");
+  // One that closes after our Proof refused us without saying why: to it we are a stranger
+  // (another job, a different token) or not what it expects to talk to.
   const std::string refused =
       Str(who, " closed the connection during the handshake: it did not accept this connection's proof of the "
                "job token (is another job's process at that address, or was this rank given another token?)");
   Challenge challenge{};
   Status st = RecvAllOrCancel(fd, &challenge, sizeof(challenge), deadline, who, cancel);
-  if (!st.ok()) return st.code() == Code::kIoError ? Status::Error(Code::kPeerError, refused) : st;
+  if (!st.ok()) return st.code() == Code::kIoError ? Status::Error(Code::kPeerError, gone) : st;
   if (challenge.magic != kHelloMagic) {
     return Status::Error(Code::kPeerError, Str(who, " does not speak this version of the FastHorovod handshake"));
   }

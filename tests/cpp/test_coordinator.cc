@@ -1,5 +1,6 @@
 // The negotiation's coordinator, driven by hand-written members speaking its wire protocol:
 // ready order, the response cache, mismatches, join, the stall shutdown and a dead rank.
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -123,12 +124,12 @@ WireDesc Desc(const std::string& name, uint64_t count, uint64_t shape_hash = 1) 
   return d;
 }
 
-std::unique_ptr<Coordinator> Start(uint32_t size, int* port, double stall_shutdown = 0) {
+std::unique_ptr<Coordinator> Start(uint32_t size, int* port, double stall_shutdown = 0, double timeout = 5) {
   CoordinatorOptions o;
   o.size = size;
   o.token = kToken;
   o.bind_host = "127.0.0.1";
-  o.timeout_seconds = 5;
+  o.timeout_seconds = timeout;
   o.stall_check_seconds = 0;
   o.stall_shutdown_seconds = stall_shutdown;
   std::unique_ptr<Coordinator> c;
@@ -251,4 +252,32 @@ TEST(CoordinatorAdmitsOnlyMembersThatProveTheToken) {
   b.Announce({{Desc("z", 4), -1}});
   CHECK_EQ(a.Receive().runs.size(), 1u);
   CHECK_EQ(b.Receive().runs.size(), 1u);
+}
+
+TEST(CoordinatorWaitsForTheOthersFromTheFirstMembersArrival) {
+  // Ranks reach their members after their rings are up, later than the coordinator started on a
+  // loaded host: the timeout counts from the first member, not from the start.
+  int port = 0;
+  auto coordinator = Start(2, &port, 0, /*timeout=*/1.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  FakeMember a(port, 0, 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  FakeMember b(port, 1, 2);
+  CHECK(a.handshake.ok() && b.handshake.ok());
+  a.Announce({{Desc("late", 4), -1}});
+  b.Announce({{Desc("late", 4), -1}});
+  CHECK_EQ(a.Receive().runs.size(), 1u);
+}
+
+TEST(CoordinatorThatGaveUpRefusesLateMembersAtOnceAndSaysWhoWasMissing) {
+  int port = 0;
+  auto coordinator = Start(3, &port, 0, /*timeout=*/0.5);
+  FakeMember a(port, 0, 3);
+  CHECK(a.handshake.ok());
+  Reply r = a.Receive(5);
+  CHECK(r.failed && r.failure.find("missing: [1, 2]") != std::string::npos);
+  // The listener is closed: a late rank is refused, not left in the listen queue until Stop().
+  Socket late;
+  Status st = ConnectWithRetry("127.0.0.1", port, Deadline::After(0.3), &late);
+  CHECK(!st.ok());
 }
