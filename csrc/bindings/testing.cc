@@ -9,13 +9,12 @@
 #include <pybind11/stl.h>
 
 #include <arpa/inet.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <netinet/in.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -25,6 +24,7 @@
 #include "collectives/reduce.h"
 #include "collectives/ring.h"
 #include "common/clock.h"
+#include "testing/no_pidfd.h"
 #include "trace/recorder.h"
 #include "transport/socket.h"
 
@@ -35,18 +35,10 @@ namespace {
 
 py::buffer_info WritableBuffer(py::buffer& b) { return b.request(true); }
 
-// A seccomp filter under which pidfd_open fails with ENOSYS, as on Linux < 5.3 (the same helper as
-// tests/cpp/no_pidfd.h). Inherited by every process started afterwards; irreversible.
+// A seccomp filter under which pidfd_open fails with ENOSYS, as on Linux < 5.3. Inherited by every
+// process started afterwards; irreversible.
 void DenyPidfdOpen() {
-  constexpr unsigned kPidfdOpen = 434;  // the same number on every architecture
-  sock_filter filter[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kPidfdOpen, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+  if (!testing::DenyPidfdOpen()) {
     throw std::runtime_error("installing the seccomp filter failed: " + ErrnoString(errno));
   }
 }
@@ -108,6 +100,7 @@ std::vector<std::string> LoopbackAllreduce(std::vector<py::buffer> buffers, uint
     impostor_sockets.push_back(socket_index);
   }
   std::vector<std::string> impostor_results(impostors.size());
+  std::atomic<size_t> impostors_done{0};
   std::vector<Status> results(size);
   {
     py::gil_scoped_release release;
@@ -122,6 +115,7 @@ std::vector<std::string> LoopbackAllreduce(std::vector<py::buffer> buffers, uint
                                   "rank 0");
         }
         impostor_results[i] = st.ok() ? "accepted" : st.message();
+        impostors_done.fetch_add(1);
       });
     }
     for (uint32_t r = 0; r < size; ++r) {
@@ -132,6 +126,11 @@ std::vector<std::string> LoopbackAllreduce(std::vector<py::buffer> buffers, uint
         self.size = size;
         RingLinks links;
         Deadline deadline = Deadline::After(timeout_seconds);
+        // Rank 0's real neighbour connects after the impostors have their answers: once its ring
+        // is up, rank 0 stops accepting, and an impostor still waiting would only time out.
+        while (r == size - 1 && impostors_done.load() < impostor_ids.size() && !deadline.Expired()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
         if (size > 1) {
           results[r] = EstablishRing(self, listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, sockets, 0, deadline, &links);
           if (!results[r].ok()) return;

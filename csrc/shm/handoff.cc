@@ -15,24 +15,35 @@ struct GrantMessage {
   uint64_t bytes;
 };
 
-}  // namespace
-
-Status SendSegment(int sock, uint32_t id, uint64_t bytes, int fd, Deadline deadline) {
-  GrantMessage message{id, 0, bytes};
+// One GrantMessage with room for one descriptor, as sendmsg/recvmsg take it.
+struct GrantEnvelope {
+  GrantMessage message{};
   iovec iov{&message, sizeof(message)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+
+  GrantEnvelope() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  GrantEnvelope(const GrantEnvelope&) = delete;  // msg points into this object
+  GrantEnvelope& operator=(const GrantEnvelope&) = delete;
+};
+
+}  // namespace
+
+Status SendSegment(int sock, uint32_t id, uint64_t bytes, int fd, Deadline deadline) {
+  GrantEnvelope e;
+  e.message = {id, 0, bytes};
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&e.msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
   cmsg->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
   for (;;) {
-    if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(message))) {
+    if (sendmsg(sock, &e.msg, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(e.message))) {
       return Status::Ok();
     }
     const int err = errno;
@@ -57,32 +68,25 @@ Status ReceiveSegment(int sock, int timeout_ms, SegmentGrant* grant) {
   int rc = poll(&p, 1, timeout_ms);
   if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, Str("poll(): ", ErrnoString(errno)));
   if (rc <= 0) return Status::Ok();
-  GrantMessage message{};
-  iovec iov{&message, sizeof(message)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  GrantEnvelope e;
+  ssize_t n = recvmsg(sock, &e.msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::Ok();
     return Status::Error(Code::kIoError, Str("receiving a shared-memory segment: ", ErrnoString(errno)));
   }
   int fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&e.msg); c != nullptr; c = CMSG_NXTHDR(&e.msg, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
       std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
     }
   }
   if (n == 0 && fd < 0) return Status::Error(Code::kAborted, "the worker closed its end of the segment socket");
-  if (n != static_cast<ssize_t>(sizeof(message)) || fd < 0 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+  if (n != static_cast<ssize_t>(sizeof(e.message)) || fd < 0 || (e.msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
     if (fd >= 0) close(fd);
     return Status::Error(Code::kIoError, "malformed shared-memory segment message from the worker");
   }
-  grant->id = message.id;
-  grant->bytes = message.bytes;
+  grant->id = e.message.id;
+  grant->bytes = e.message.bytes;
   grant->fd = fd;
   return Status::Ok();
 }

@@ -439,7 +439,7 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
   if (::bind(sock.fd(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Status::Error(Code::kIoError, Str("bind(", host, "): ", ErrnoString(errno)));
   }
-  if (::listen(sock.fd(), 64) != 0) return Status::Error(Code::kIoError, "listen(): " + ErrnoString(errno));
+  if (::listen(sock.fd(), SOMAXCONN) != 0) return Status::Error(Code::kIoError, "listen(): " + ErrnoString(errno));
   FHVD_RETURN_IF_ERROR(SetNonBlocking(sock.fd()));
   socklen_t len = sizeof(addr);
   getsockname(sock.fd(), reinterpret_cast<sockaddr*>(&addr), &len);

@@ -15,7 +15,7 @@
 
 #include "common/clock.h"
 #include "harness.h"
-#include "no_pidfd.h"
+#include "testing/no_pidfd.h"
 #include "proxy/watch.h"
 #include "shm/handoff.h"
 #include "shm/segment.h"
@@ -143,7 +143,7 @@ TEST(ChildWatchReapsAtOnceAndKillsWhatOutlivesTheGracePeriod) {
 
 TEST(ChildWatchWorksWithoutPidfds) {
   int helper = fork();
-  if (helper == 0) _exit(fhtest::DenyPidfdOpen() ? ChildWatchSteps(false) : 100);
+  if (helper == 0) _exit(testing::DenyPidfdOpen() ? ChildWatchSteps(false) : 100);
   int status = 0;
   waitpid(helper, &status, 0);
   CHECK(WIFEXITED(status));
@@ -160,7 +160,7 @@ void WorkerDeathSeenOnce(bool deny_pidfd) {
   if (worker == 0) {
     std::thread spawner([&] {
       if (fork() == 0) {
-        if (deny_pidfd && !fhtest::DenyPidfdOpen()) _exit(1);
+        if (deny_pidfd && !testing::DenyPidfdOpen()) _exit(1);
         static int out = events[1];
         WorkerWatch watch;
         Status st = watch.Start(getppid(), [] {

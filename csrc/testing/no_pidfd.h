@@ -1,6 +1,7 @@
-// Test helper: makes pidfd_open fail with ENOSYS in this process and every process it starts from
-// now on (a seccomp filter, inherited across fork and exec), as on Linux < 5.3 or under a seccomp
-// profile that forbids it. Irreversible: call it in a child process.
+// For tests only (tests/cpp and the _C_testing module): makes pidfd_open fail with ENOSYS in this
+// process and every process it starts from now on (a seccomp filter, inherited across fork and
+// exec), as on Linux < 5.3 or under a seccomp profile that forbids it. Irreversible: call it in a
+// child process. Returns false if the filter could not be installed (errno says why).
 #pragma once
 
 #include <linux/filter.h>
@@ -10,7 +11,8 @@
 #include <cerrno>
 #include <cstddef>
 
-namespace fhtest {
+namespace fasthorovod {
+namespace testing {
 
 inline bool DenyPidfdOpen() {
   constexpr unsigned kPidfdOpen = 434;  // the same number on every architecture
@@ -25,4 +27,5 @@ inline bool DenyPidfdOpen() {
   return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
 }
 
-}  // namespace fhtest
+}  // namespace testing
+}  // namespace fasthorovod
