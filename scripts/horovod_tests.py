@@ -26,22 +26,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-RESULT_LINE = re.compile(r"^\[(\d+)\]<stdout>:(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
-# Reports each failure as soon as it happens: a later crash of the job would lose pytest's summary.
-CONFTEST = '''import sys
+# Each rank records every test's outcome in its own file (FHVD_TESTS_RESULTS.rank<R>) before the
+# next test starts, and reports each failure as soon as it happens: when a rank dies, the launcher
+# kills the others, and what passed through its pipes could be lost and the death charged to the
+# wrong test.
+CONFTEST = '''import os
+import sys
+
+
+def _outcome(report):
+    xfail = hasattr(report, "wasxfail")
+    if report.when == "call":
+        if report.passed:
+            return "XPASS" if xfail else "PASSED"
+        if report.skipped:
+            return "XFAIL" if xfail else "SKIPPED"
+        return "FAILED"
+    if report.failed:
+        return "ERROR"
+    return "SKIPPED" if report.skipped else None
 
 
 def pytest_runtest_logreport(report):
     if report.failed:
         sys.stdout.write(f"\\n===FAILURE {report.nodeid} [{report.when}]===\\n{report.longreprtext}\\n")
         sys.stdout.flush()
+    outcome = _outcome(report)
+    path = os.environ.get("FHVD_TESTS_RESULTS")
+    if outcome is not None and path:
+        with open(f"{path}.rank{os.environ.get('HOROVOD_RANK', '0')}", "a") as f:
+            f.write(f"{report.nodeid} {outcome}\\n")
+            f.flush()
+            os.fsync(f.fileno())
 '''
 
 
@@ -95,14 +117,15 @@ def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int, np_:
     horovodrun = Path(sys.executable).parent / "horovodrun"
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", "0")
-    # Unbuffered: when a rank dies, the launcher kills the others, and what they had buffered —
-    # the results of the tests before the death — would be lost and the death charged to the
-    # wrong test.
+    # Unbuffered, so that the log shows what each rank printed up to a death (the outcomes are in
+    # the ranks' own files: CONFTEST).
     env["PYTHONUNBUFFERED"] = "1"
     results, deaths, remaining, chunk = {}, {}, list(tests), 0
     while remaining:
         chunk += 1
         log = out / f"chunk{chunk:02d}.log"
+        recorded = out / f"chunk{chunk:02d}.results"
+        env["FHVD_TESTS_RESULTS"] = str(recorded)
         argv = [str(horovodrun), "--gloo", "-np", str(np_), sys.executable, "-m", "pytest", "-v", "-p",
                 "no:cacheprovider", *remaining]
         start = time.time()
@@ -112,10 +135,11 @@ def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int, np_:
                                     timeout=chunk_timeout, start_new_session=True).returncode
             except subprocess.TimeoutExpired:
                 rc = None
-        for line in log.read_text(errors="replace").splitlines():
-            m = RESULT_LINE.match(line)
-            if m:
-                results.setdefault(m.group(2), {})[int(m.group(1))] = m.group(3)
+        for rank in range(np_):
+            per_rank = recorded.with_name(f"{recorded.name}.rank{rank}")
+            for line in (per_rank.read_text(errors="replace").splitlines() if per_rank.exists() else []):
+                test, _, result = line.rpartition(" ")
+                results.setdefault(test, {})[rank] = result  # the last phase's word wins (a teardown ERROR)
         left = [t for t in remaining if len(results.get(t, {})) < np_]
         print(f"job {chunk}: exit {rc} after {time.time() - start:.0f} s, {len(remaining) - len(left)} reported, "
               f"{len(left)} left", flush=True)

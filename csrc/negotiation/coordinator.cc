@@ -134,6 +134,7 @@ Status Coordinator::AcceptMembers() {
 Status Coordinator::Serve() {
   FHVD_RETURN_IF_ERROR(AcceptMembers());
   listener_.Close();
+  Broadcast(MsgType::kWelcome, "");
   std::vector<pollfd> fds(opt_.size);
   while (!stop_.load()) {
     uint32_t live = 0;

@@ -32,6 +32,25 @@ Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::u
   self.rank = options.rank;
   self.size = options.size;
   FHVD_RETURN_IF_ERROR(AuthenticateToPeer(m->sock_.fd(), self, LinkPurpose::kNegotiation, 0, 0, deadline, who));
+  // Start-up is collective: no rank goes on (to a collective, or to shutting down a data plane
+  // another rank is still joining) before every rank is connected.
+  // The coordinator gives up timeout_seconds after the first rank came in and says so: wait longer.
+  MsgType type;
+  std::string payload;
+  Status st = RecvFrame(m->sock_.fd(), Deadline::After(2 * options.timeout_seconds), who, &type, &payload);
+  if (!st.ok()) {
+    return Status::Error(st.code() == Code::kTimeout ? Code::kTimeout : Code::kPeerError,
+                         Str("waiting for every rank to connect to ", who, ": ", st.message()));
+  }
+  if (type == MsgType::kFailed) {
+    WireReader in(payload);
+    const Code code = CodeFromPeer(CodeFromWire(in.U32()));
+    return Status::Error(code, Str(who, " failed: ", in.Text()));
+  }
+  if (type != MsgType::kWelcome) {
+    return Status::Error(Code::kIoError, Str("protocol error: ", who, " sent message type ",
+                                             static_cast<uint32_t>(type), " before its welcome"));
+  }
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   *out = std::move(m);
   return Status::Ok();

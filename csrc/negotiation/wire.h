@@ -41,7 +41,8 @@ constexpr size_t kMaxPendingCollectives = 1u << 16; // submitted by some ranks, 
 
 enum class MsgType : uint32_t {
   // 1 was kHello (the token in clear), replaced by the handshake
-  kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7
+  kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7,
+  kWelcome = 8  // every rank is connected: the members' start-up returns (a barrier)
 };
 enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3 };
 

@@ -11,7 +11,9 @@
 #include "common/collective.h"
 #include "harness.h"
 #include "negotiation/coordinator.h"
+#include "negotiation/member.h"
 #include "negotiation/wire.h"
+#include "proxy/client.h"
 
 using namespace fasthorovod;
 
@@ -68,7 +70,10 @@ class FakeMember {
     Reply reply;
     MsgType type;
     std::string payload;
-    Status st = RecvFrame(sock_.fd(), Deadline::After(seconds), "coordinator", &type, &payload);
+    Status st;
+    do {  // the welcome (every rank is in) comes before anything else
+      st = RecvFrame(sock_.fd(), Deadline::After(seconds), "coordinator", &type, &payload);
+    } while (st.ok() && type == MsgType::kWelcome);
     CHECK(st.ok());
     if (!st.ok()) return reply;
     WireReader in(payload);
@@ -280,4 +285,58 @@ TEST(CoordinatorThatGaveUpRefusesLateMembersAtOnceAndSaysWhoWasMissing) {
   Socket late;
   Status st = ConnectWithRetry("127.0.0.1", port, Deadline::After(0.3), &late);
   CHECK(!st.ok());
+}
+
+namespace {
+
+// A real member of rank `rank` of 2 (two lanes, no proxies) started against the coordinator at `port`.
+Status StartMember(int port, uint32_t rank, std::unique_ptr<ProxyChannel>* channel, std::unique_ptr<Member>* member) {
+  ChannelConfig config;
+  config.num_lanes = 2;
+  config.rank = rank;
+  config.size = 2;
+  config.token = kToken;
+  config.bind_host = "127.0.0.1";
+  CHECK(ProxyChannel::Create(config, channel).ok());
+  MemberOptions o;
+  o.rank = rank;
+  o.size = 2;
+  o.token = kToken;
+  o.coordinator_host = "127.0.0.1";
+  o.coordinator_port = port;
+  o.timeout_seconds = 1.0;
+  return Member::Start(channel->get(), o, member);
+}
+
+}  // namespace
+
+TEST(MemberStartReturnsOnlyOnceEveryRankIsConnected) {
+  // Start-up is a barrier: a rank that went on before the others were in could shut its data
+  // plane down (restart, shutdown) while they are still joining it.
+  int port = 0;
+  auto coordinator = Start(2, &port, 0, /*timeout=*/1.0);
+  std::unique_ptr<ProxyChannel> channel0, channel1;
+  std::unique_ptr<Member> member0, member1;
+  int64_t returned_ns = 0;
+  std::thread first([&] {
+    CHECK(StartMember(port, 0, &channel0, &member0).ok());
+    returned_ns = NowNs();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const int64_t second_ns = NowNs();
+  CHECK(StartMember(port, 1, &channel1, &member1).ok());
+  first.join();
+  CHECK(returned_ns >= second_ns);
+  member0->Close();
+  member1->Close();
+}
+
+TEST(MemberStartFailsWithTheCoordinatorsReasonWhenARankNeverComes) {
+  int port = 0;
+  auto coordinator = Start(2, &port, 0, /*timeout=*/0.5);
+  std::unique_ptr<ProxyChannel> channel;
+  std::unique_ptr<Member> member;
+  Status st = StartMember(port, 0, &channel, &member);
+  std::printf("    %s\n", st.message().c_str());
+  CHECK(!st.ok() && st.message().find("missing: [1]") != std::string::npos);
 }

@@ -223,6 +223,14 @@ Socket JoinAs(int port, uint32_t rank, uint32_t size) {
   return sock;
 }
 
+// The next frame that is not the coordinator's welcome (sent once every rank is in).
+Status RecvAfterWelcome(int fd, Deadline deadline, MsgType* type, std::string* payload) {
+  do {
+    FHVD_RETURN_IF_ERROR(RecvFrame(fd, deadline, "coordinator", type, payload));
+  } while (*type == MsgType::kWelcome);
+  return Status::Ok();
+}
+
 std::string RawFrame(uint32_t type, uint32_t length, const std::string& payload) {
   FrameHead head{kNegotiationMagic, type, length};
   return std::string(reinterpret_cast<const char*>(&head), sizeof(head)) + payload;
@@ -274,7 +282,7 @@ std::string CoordinatorFacesHostileMember(const std::string& hostile, bool close
   if (close_after) hostile_sock.Close();
   MsgType type;
   std::string payload;
-  Status st = RecvFrame(honest.fd(), Deadline::After(timeout_seconds + 5), "coordinator", &type, &payload);
+  Status st = RecvAfterWelcome(honest.fd(), Deadline::After(timeout_seconds + 5), &type, &payload);
   if (seconds != nullptr) *seconds = (NowNs() - start) / 1e9;
   if (rss_growth != nullptr) *rss_growth = RssBytes() - rss_before;
   CHECK(st.ok());
@@ -376,6 +384,7 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
       CHECK(acceptor.Step(100, [](const PeerClaim&) { return std::string(); },
                           [&](const PeerClaim&, Socket s) { member = std::move(s); }).ok());
     }
+    CHECK(SendFrame(member.fd(), WireWriter().Frame(MsgType::kWelcome), Deadline::After(5), "member").ok());
     MsgType type;
     std::string payload;
     CHECK(RecvFrame(member.fd(), Deadline::After(5), "member", &type, &payload).ok());

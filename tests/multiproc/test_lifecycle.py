@@ -4,6 +4,8 @@
   container) is correct, and hvd.shutdown() with another one in flight returns within a second;
 - hvd.init() from a thread that exits: the proxies survive and work; a killed proxy is reaped
   (no zombie) within a second; with and without pidfds (Linux < 5.3: a seccomp filter here);
+- a rank that joins the data plane seconds late: hvd.init() waits for it on every rank, so an
+  immediate restart (or shutdown) by the others cannot pull the data plane away from under it;
 - workers SIGKILLed at random moments of a training loop (20 trials: at random, right after posting
   a new tensor size, while one of its proxies is stopped, without pidfds): nothing is left in
   /dev/shm or the process table (tests/workers/worker_kill_driver.py).
@@ -54,6 +56,16 @@ def test_init_from_a_thread_that_exits_and_a_killed_proxy_reaped_within_a_second
     assert "raised ProxyDiedError" in lines[1] or "raised ProxyDiedError" in lines[0], lines
     reaped = [float(m) for m in re.findall(r"killed proxy reaped after (\d+) ms", result.stdout)]
     assert len(reaped) == 1 and reaped[0] < 1000, lines
+    print(*lines, sep="\n")
+
+
+def test_init_waits_for_a_slow_rank_before_anyone_can_restart_the_data_plane():
+    result = run_job(3, "slow_joiner", "--delay", "3", worker=LIFECYCLE,
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "10"}, timeout=240)
+    lines = re.findall(r"SLOW rank \d: .*", result.stdout)
+    assert len(lines) == 3 and all("restart and allreduce ok" in l for l in lines), result.stdout[-3000:]
+    inits = [float(re.search(r"init took ([\d.]+) s", l).group(1)) for l in lines]
+    assert min(inits) >= 3.0, lines  # the fast ranks waited for the slow one
     print(*lines, sep="\n")
 
 

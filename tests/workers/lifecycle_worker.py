@@ -9,6 +9,11 @@ that the proxies inherit), so every watch takes its fallback.
 ``big_then_shutdown``: a verified 256 MiB allreduce (run by the test under a 64 MiB /dev/shm),
 then hvd.shutdown() while a second 256 MiB allreduce is in flight: it must return within a
 second, with every proxy gone. Each rank prints one line the test parses.
+
+``slow_joiner``: the last rank joins the negotiation --delay seconds after the others (as a rank
+starved of CPU would); every rank restarts its data plane right after hvd.init() and then runs an
+allreduce through the proxies. hvd.init() is a barrier for the data plane: a rank that went on
+first would stop its half of it while the slow rank is still joining.
 """
 import argparse
 import os
@@ -20,6 +25,7 @@ import time
 import torch
 
 import fasthorovod.torch as hvd
+from fasthorovod.proxy import group as group_module
 
 
 def _alive(pid: int) -> bool:
@@ -112,13 +118,34 @@ def big_then_shutdown(args) -> None:
           f"proxies gone {gone}", flush=True)
 
 
+def slow_joiner(args) -> None:
+    rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
+    real_member = group_module._C.Member
+    if rank == size - 1:
+        def late_member(*member_args):
+            time.sleep(args.delay)
+            return real_member(*member_args)
+        group_module._C.Member = late_member
+    started = time.monotonic()
+    hvd.init()
+    init_s = time.monotonic() - started
+    group_module._C.Member = real_member
+    hvd.restart_proxies()
+    out = hvd.allreduce(torch.ones(1 << 20), op=hvd.Sum, name="after.slow.joiner")  # 4 MiB: the proxies
+    assert torch.all(out == size), f"rank {rank}: wrong result"
+    print(f"SLOW rank {rank}: init took {init_s:.2f} s, restart and allreduce ok", flush=True)
+    hvd.shutdown()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["thread_init", "big_then_shutdown"])
+    parser.add_argument("scenario", choices=["thread_init", "big_then_shutdown", "slow_joiner"])
     parser.add_argument("--deny-pidfd", action="store_true")
     parser.add_argument("--mbytes", type=int, default=256)
+    parser.add_argument("--delay", type=float, default=3.0)
     args = parser.parse_args()
-    {"thread_init": thread_init, "big_then_shutdown": big_then_shutdown}[args.scenario](args)
+    {"thread_init": thread_init, "big_then_shutdown": big_then_shutdown,
+     "slow_joiner": slow_joiner}[args.scenario](args)
 
 
 if __name__ == "__main__":
