@@ -19,7 +19,8 @@ the machine hits every backend alike. Each rank:
      see the same machine, the same background load and the same drift;
      A compute-only step shares the CPUs with whatever is still running when it starts: for
      the delayed algorithms (SSD-SGD, OD-SGD), the communication their previous step left in flight,
-     as that step's successor does;
+     as that step's successor does; ``--peer-steps`` gives the backends that are not
+     FastHorovod fewer timed steps (Horovod's network-bound steps barely vary: make bench);
   4. checks that all ranks end with bitwise-identical weights (SHA-256 of every parameter,
      allgathered) and fails the job if they do not.
 
@@ -81,13 +82,27 @@ def parse_args(argv=None):
                              "C ...), and report per backend the median over the rounds with the "
                              "spread (min-max) (default: %(default)s)")
     add_workload_arguments(parser)
+    parser.add_argument("--peer-steps", type=int,
+                        help="timed training steps for the backends that are not FastHorovod "
+                             "(Horovod's steps are network-bound and vary by about 1%% from step to "
+                             "step, so fewer of them measure it as well and save minutes); their "
+                             "compute-only steps are at most this many (default: --steps)")
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
     check_workload_arguments(parser, args)
     if args.rounds < 1:
         parser.error("need --rounds >= 1")
+    if args.peer_steps is not None and args.peer_steps < 1:
+        parser.error("need --peer-steps >= 1")
     return args
+
+
+def job_steps(backend, args):
+    """(timed training steps, timed compute-only steps) of this backend's jobs."""
+    peer_steps = getattr(args, "peer_steps", None)  # repeat_train.py's drivers have none
+    steps = args.steps if backend.kind == "fasthorovod" or peer_steps is None else peer_steps
+    return steps, min(args.compute_steps, steps)
 
 
 def add_workload_arguments(parser):
@@ -363,8 +378,8 @@ def worker_argv(backend, args):
     return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", backend.spec,
             "--model", args.model, "--image-size", str(args.image_size),
             "--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes),
-            "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),
-            "--compute-steps", str(args.compute_steps), "--algorithm", args.algorithm,
+            "--steps", str(job_steps(backend, args)[0]), "--warmup-steps", str(args.warmup_steps),
+            "--compute-steps", str(job_steps(backend, args)[1]), "--algorithm", args.algorithm,
             "--algorithm-warmup", str(args.algorithm_warmup),
             "--seed", str(args.seed), "--threads", str(args.threads)]
 
@@ -443,7 +458,10 @@ def print_table(entries, args):
         print(f"{args.model}, {args.image_size} px, batch {args.batch_size} per rank, "
               f"{args.np} ranks, torch threads per rank: {args.threads}; {rounds} round"
               f"{'s' if rounds != 1 else ''} of {args.warmup_steps} untimed + {args.steps} timed steps"
-              + (f" ({args.compute_steps} with a compute-only step)" if args.compute_steps else ""))
+              + (f" ({args.compute_steps} with a compute-only step)" if args.compute_steps else "")
+              + (f"; backends other than FastHorovod: {args.peer_steps} timed steps"
+                 f" ({min(args.compute_steps, args.peer_steps)} with a compute-only step)"
+                 if getattr(args, "peer_steps", None) is not None else ""))
         print("images/s, s/step, compute s: median [min-max] over the rounds of each job's median; "
               "exposed comm s: median [interquartile range] of step - compute over every pair")
         ratios = speedups(ok)

@@ -4,21 +4,23 @@
 # sizes with the raw-TCP ring ceiling, and AlexNet training -- or, where network namespaces are not
 # permitted, the same on loopback, where there is no per-flow cap and the ratio is therefore smaller.
 #
-# Budget (18-19.5 minutes measured on the 2-core machine of docs/benchmarks.md before broadcasts went
-# through the proxies; about 15-16.5 estimated since, see "Start-up of a training job" there):
-# every figure is the median of 3 interleaved rounds (A B C A B C ...) with its spread (min-max
-# over the rounds):
+# Budget (about 15 minutes on the 2-core machine of docs/benchmarks.md; 17:49 before Horovod ran
+# fewer training steps): every figure is the median of 3 interleaved rounds (A B C A B C ...) with
+# its spread (min-max over the rounds):
 #   allreduce: 3 rounds x (ring ceiling, horovod, fasthorovod) at 16 and 64 MiB, 1 + 4 iterations
 #   train:     3 rounds x (horovod, fasthorovod, fasthorovod:ssd-sgd), AlexNet 224 px, batch 16,
-#              1 + 4 steps, 2 of them paired with a compute-only step
+#              1 + 4 steps (Horovod: 1 + 2; its 18 s steps, network-bound, vary by about 1% and
+#              were half of the whole run), 2 of them paired with a compute-only step
 # FastHorovod runs with its defaults: no FASTHOROVOD_* variable is set (those in the caller's
-# environment are removed, and said so). BENCH_ROUNDS, BENCH_STEPS and BENCH_ITERS override.
+# environment are removed, and said so). BENCH_ROUNDS, BENCH_STEPS, BENCH_PEER_STEPS and
+# BENCH_ITERS override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 out=${BENCH_OUT:-results}
 rounds=${BENCH_ROUNDS:-3}
 steps=${BENCH_STEPS:-4}
+peer_steps=${BENCH_PEER_STEPS:-2}
 compute_steps=$(( steps < 2 ? steps : 2 ))
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -51,7 +53,7 @@ $py benchmarks/allreduce.py "${prefix[@]}" "${ceiling[@]}" --np 4 --backends hor
 echo "== [2/2] AlexNet training: $rounds rounds x (horovod, fasthorovod, fasthorovod:ssd-sgd)" \
      "(elapsed $(( (SECONDS - start) / 60 )) min)"
 $py benchmarks/train.py "${prefix[@]}" --np 4 --model alexnet --image-size 224 --batch-size 16 \
-  --steps "$steps" --warmup-steps 1 --compute-steps "$compute_steps" --rounds "$rounds" \
+  --steps "$steps" --peer-steps "$peer_steps" --warmup-steps 1 --compute-steps "$compute_steps" --rounds "$rounds" \
   --backends horovod,fasthorovod,fasthorovod:ssd-sgd --out "$out/train.json" --plot "$out/train.png"
 echo "== done in $(( (SECONDS - start) / 60 )) min $(( (SECONDS - start) % 60 )) s"
 echo "results: $out/allreduce.json $out/allreduce.png $out/train.json $out/train.png"

@@ -700,3 +700,19 @@ def test_a_terminated_driver_leaves_no_job_running(tmp_path):
         assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
     finally:
         proc.kill()
+
+
+def test_peer_steps_apply_to_every_backend_but_fasthorovod():
+    args = train.parse_args(["--backends", "horovod,fasthorovod,fasthorovod:ssd-sgd", "--steps", "4",
+                             "--peer-steps", "2", "--compute-steps", "3"])
+    backends = common.parse_backends(args.backends, train.KINDS, with_algorithm=True)
+
+    def steps(argv):
+        return int(argv[argv.index("--steps") + 1]), int(argv[argv.index("--compute-steps") + 1])
+
+    assert [steps(train.worker_argv(b, args)) for b in backends] == [(2, 2), (4, 3), (4, 3)]
+    plain = train.parse_args(["--backends", "horovod", "--steps", "4", "--compute-steps", "3"])
+    assert steps(train.worker_argv(common.parse_backends("horovod", train.KINDS, with_algorithm=True)[0],
+                                   plain)) == (4, 3)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--peer-steps", "0"])
