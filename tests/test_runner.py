@@ -475,6 +475,29 @@ def test_the_probe_picks_more_flows_when_the_per_flow_cap_is_lower_and_the_ranks
     assert knee_slow >= 8 and sockets_slow >= 4, chosen
 
 
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_a_second_probe_runs_when_the_hops_disagree_and_the_ranks_still_agree(tmp_path: Path) -> None:
+    script = tmp_path / "probe_twice.py"
+    # As if the hops' knees had disagreed (a disturbed phase): the second probe is real.
+    script.write_text("from fasthorovod.proxy import probe\nprobe.disagree = lambda hops: True\n"
+                      + PROBE_SCRIPT.replace('("sockets_per_lane", "sockets_source")',
+                                             '("sockets_per_lane", "sockets_source", "probe")'))
+    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:50mbit", "-np", "2", "--proxies", "2",
+                   sys.executable, str(script)])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    lines = re.findall(r"PROBE (\d) (\{.*\}) (\d+)", result.stdout)
+    assert sorted(rank for rank, _, _ in lines) == ["0", "1"], result.stdout[-3000:]
+    infos = [json.loads(info) for _, info, _ in lines]
+    for i in infos:
+        i["probe"].pop("seconds")  # each rank's own clock
+    assert infos[0] == infos[1] and lines[0][2] == lines[1][2], f"ranks disagree: {lines}"
+    info = infos[0]
+    assert info["probe"]["runs"] == 2 and int(lines[0][2]) >= 8, info  # 50 Mbit/s per flow: 8+ flows still
+    assert "twice: the hops disagreed" in result.stdout + result.stderr
+
+
 # --- the emulated hosts as real hosts: Horovod's own launcher over ssh ------------------------------
 
 

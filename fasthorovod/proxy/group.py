@@ -212,6 +212,7 @@ class ProxyGroup:
         self.lane_weights = [1.0] * config.num_proxies
         self.sockets_per_lane = config.sockets_per_proxy or 1
         self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
+        self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
         self._tracing = False
         self._join_ticket: Optional[int] = None
@@ -256,26 +257,36 @@ class ProxyGroup:
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
         if path_probe is not None:
-            self._choose_sockets(path_probe, nxt, allgather_object)
+            self._choose_sockets(path_probe, nxt, allgather_object,
+                                 lambda: _C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()))
         self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), self.sockets_per_lane,
                              cfg.timeout_seconds)
         self.member = _C.Member(self.channel, native(
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
             coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
 
-    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable) -> None:
+    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable,
+                        new_probe: Callable[[], "_C.PathProbe"]) -> None:
         """Measures the incoming hop, exchanges the curves, and takes the sockets per lane every rank
-        computes alike from them (probe.py)."""
+        computes alike from them (probe.py); measures a second time when the hops' knees disagree."""
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
         started = time.monotonic()
         phases = path_probe.run(nxt["host"], nxt["probe"], options, self.config.timeout_seconds)
         hops = [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe")]
+        self.probe_runs = 1
+        if probe.disagree(hops):  # the same decision on every rank: the same curves
+            again = new_probe()
+            ports = allgather_object(again.port, name="fasthorovod.probe.ports.2")
+            phases = again.run(nxt["host"], ports[(self.rank + 1) % self.size], options, self.config.timeout_seconds)
+            hops = probe.merge(hops, [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe.2")])
+            self.probe_runs = 2
         self.flow_choice = probe.choose(hops, self.config.num_proxies)
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
-                  f"({self.flow_choice.describe()}; measured in {self.probe_seconds:.1f} s; "
+                  f"({self.flow_choice.describe()}; measured in {self.probe_seconds:.1f} s"
+                  f"{', twice: the hops disagreed' if self.probe_runs == 2 else ''}; "
                   f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
@@ -290,6 +301,7 @@ class ProxyGroup:
                 "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every}
         if self.flow_choice is not None:
             info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
+                             "runs": self.probe_runs,
                              "curve_bytes_per_second": dict(self.flow_choice.curve),
                              "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
         return info

@@ -20,6 +20,12 @@ runs :func:`choose` on the same curves, so they agree without another round:
   ECMP path; docs/benchmarks.md, issue 19) leaves the link full; within a lane frames go to
   whichever socket is free, and between lanes rebalancing (balance.py) evens out the rest. With
   this choice ten identical AlexNet jobs ran within 6% of each other (docs/benchmarks.md).
+* a phase measures 0.15 s, and one disturbed phase can also *raise* a hop's knee: on
+  4:1gbit:200mbit a hop measured ``4: 730, 8: 834, 16: 919`` (knee 16) where the other three
+  measured knee 8, and the job ran with 4 sockets per lane, about 10% slower than with 2 (make bench,
+  2026-12-02: 2 of 3 jobs). So when the hops' knees :func:`disagree`, the ranks probe once more and
+  each hop keeps, per flow count, the better of its two measurements (:func:`merge`; noise only
+  lowers a phase). A hop that really needs more flows measures so twice and still decides.
 """
 from __future__ import annotations
 
@@ -84,3 +90,17 @@ def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) 
     knee = max(hop_knee(hop) for hop in hops)
     sockets = max(1, math.ceil(knee * HEADROOM / lanes)) if knee > 1 else 1
     return FlowChoice(sockets_per_lane=min(sockets, max_sockets), knee_flows=knee, curve=curve, hops=list(hops))
+
+
+def disagree(hops: Sequence[Dict[int, float]]) -> bool:
+    """Whether the hops' knees differ (then a second probe settles whether that is the network or
+    a disturbed phase); every rank computes it alike from the exchanged curves."""
+    return len({hop_knee(hop) for hop in hops}) > 1
+
+
+def merge(first: Sequence[Dict[int, float]], second: Sequence[Dict[int, float]]) -> List[Dict[int, float]]:
+    """Per hop and flow count, the better of two probes' measurements (a count measured only once
+    keeps that measurement)."""
+    if len(first) != len(second):
+        raise ValueError(f"the two probes measured {len(first)} and {len(second)} hops")
+    return [{n: max(a.get(n, 0.0), b.get(n, 0.0)) for n in sorted(set(a) | set(b))} for a, b in zip(first, second)]

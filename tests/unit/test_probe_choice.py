@@ -67,3 +67,23 @@ def test_hop_curve_reads_the_probe_phases():
               {"flows": 2, "seconds": 0.15, "bytes_per_second": 5e7, "flow_bytes_per_second": [2.5e7, 2.5e7]}]
     assert probe.hop_curve(phases) == {1: 2.5e7, 2: 5e7}
     assert "knee at 2 flows" in probe.choose([probe.hop_curve(phases)], lanes=4).describe()
+
+
+def test_hops_that_disagree_are_measured_again_and_keep_their_better_phases():
+    # make bench, 2026-12-02: three hops with knee 8, one whose 8-flow phase was disturbed (knee 16)
+    good = {1: 190 * MBIT, 2: 378 * MBIT, 4: 730 * MBIT, 8: 915 * MBIT, 16: 919 * MBIT}
+    dipped = {**good, 8: 834 * MBIT}
+    first = [good, dipped, good, good]
+    assert probe.disagree(first) and probe.choose(first, lanes=4).sockets_per_lane == 4
+    second = [good, good, {**good, 4: 560 * MBIT}, good]  # another phase dips the second time
+    merged = probe.merge(first, second)
+    assert not probe.disagree(merged) and probe.choose(merged, lanes=4).sockets_per_lane == 2
+    assert merged[2][4] == pytest.approx(730 * MBIT) and merged[1][8] == pytest.approx(915 * MBIT)
+    # a hop that needs more flows measures so both times and still decides
+    slow = capped(100, 950)
+    assert probe.choose(probe.merge([good, slow], [good, slow]), lanes=4).knee_flows == 16
+    assert not probe.disagree([good, good])
+    # a count measured by one probe only (the doubling stopped earlier in the other) is kept
+    assert probe.merge([{1: 1.0, 2: 2.0}], [{1: 1.5}]) == [{1: 1.5, 2: 2.0}]
+    with pytest.raises(ValueError, match="measured 1 and 2 hops"):
+        probe.merge([good], [good, good])
