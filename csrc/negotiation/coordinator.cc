@@ -110,6 +110,7 @@ Status Coordinator::AcceptMembers() {
     return "";
   };
   auto take = [&](const PeerClaim& claim, Socket sock) {
+    EnableLiveness(sock.fd(), opt_.timeout_seconds);  // a rank may stay silent for long; a vanished one is an error
     members_[claim.rank] = std::move(sock);
     if (connected++ == 0) deadline = Deadline::After(opt_.timeout_seconds);
   };

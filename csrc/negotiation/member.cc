@@ -27,6 +27,7 @@ Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::u
   const std::string who = Str("the coordinator (rank 0 at ", options.coordinator_host, ":", options.coordinator_port, ")");
   Deadline deadline = Deadline::After(options.timeout_seconds);
   FHVD_RETURN_IF_ERROR(ConnectWithRetry(options.coordinator_host, options.coordinator_port, deadline, &m->sock_));
+  EnableLiveness(m->sock_.fd(), options.timeout_seconds);  // the coordinator's host could vanish while we wait
   LinkIdentity self;  // lane, config hash: 0 (the coordinator has neither)
   std::memcpy(self.token, options.token.data(), kTokenBytes);
   self.rank = options.rank;

@@ -194,6 +194,21 @@ Status ConfigureDataSocket(int fd) {
   return SetNonBlocking(fd);
 }
 
+void EnableLiveness(int fd, double timeout_seconds) {
+  // Idle for half the timeout, then probes every eighth of it: four unanswered ones fail the
+  // socket at about the timeout. TCP_USER_TIMEOUT bounds unacknowledged data likewise.
+  const int idle = std::max(1, static_cast<int>(timeout_seconds / 2));
+  const int interval = std::max(1, static_cast<int>(timeout_seconds / 8));
+  const int count = 4;
+  const int one = 1;
+  const unsigned user_timeout_ms = static_cast<unsigned>(std::max(1.0, timeout_seconds) * 1000);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+}
+
 Status SendAll(int fd, const void* data, size_t len, Deadline deadline, const std::string& who) {
   const char* p = static_cast<const char*>(data);
   while (len > 0) {

@@ -166,6 +166,12 @@ Status RecvAll(int fd, void* data, size_t len, Deadline deadline, const std::str
 // TCP_NODELAY and O_NONBLOCK for a connected data socket.
 Status ConfigureDataSocket(int fd);
 
+// For a connection that can stay idle while its peer is expected to live (the negotiation's,
+// between a rank's submissions): TCP keepalive and TCP_USER_TIMEOUT so that a peer whose host
+// vanished without a FIN or RST (a preempted instance, a cut link) is reported as an error within
+// about `timeout_seconds`, as a dead Gloo peer is under Horovod.
+void EnableLiveness(int fd, double timeout_seconds);
+
 // A plain connection (no handshake) to host:port, retried with backoff until the deadline while
 // the peer is not listening yet; returned non-blocking with TCP_NODELAY. For control connections.
 Status ConnectWithRetry(const std::string& host, int port, Deadline deadline, Socket* out);
