@@ -14,8 +14,9 @@ environment sets another threshold. Nothing of Horovod's is stored in this repos
 Horovod 0.28.1 with Gloo aborts at random in ``hvd.init()`` right after the previous test's
 ``hvd.shutdown()`` on a loaded machine (its rendezvous re-initialization race; natively too), which
 kills the whole job. So the suite runs in chunks: after a job dies, the tests not yet reported run
-in a fresh job. The death is charged to the first test not reported (the one that was running, or
-about to start). A test at which the job dies twice is recorded as CRASH, one that exceeds the
+in a fresh job. The death is charged to the first test not reported by the rank whose failure
+ended the job (the launcher names it; the others were killed wherever they were), or else by every
+rank. A test at which the job dies twice is recorded as CRASH, one that exceeds the
 chunk timeout as HANG, and one at which the job died once and that then passed as FLAKY — never as
 a plain pass: a rerun hides a death that may be ours, so the summary lists every rerun with the
 exit status of the job that died. Prints the counts and every test that did not simply pass, and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -144,19 +146,33 @@ def run_chunks(tests: list, test_file: Path, out: Path, chunk_timeout: int, np_:
         print(f"job {chunk}: exit {rc} after {time.time() - start:.0f} s, {len(remaining) - len(left)} reported, "
               f"{len(left)} left", flush=True)
         if left:
-            first = left[0]
+            first = charged_test(left, results, log.read_text(errors="replace"))
             deaths.setdefault(first, []).append(rc)
             if rc is None or len(deaths[first]) >= 2:
                 kind = "HANG" if rc is None else "CRASH"
                 for rank in range(np_):
                     results.setdefault(first, {}).setdefault(rank, kind)
-                left = left[1:]
+                left.remove(first)
                 print(f"  {first.split('::')[-1]}: {kind}", flush=True)
             else:
                 print(f"  {first.split('::')[-1]}: the job died at it (exit {rc}); rerunning it in a fresh job",
                       flush=True)
         remaining = left
     return results, chunk, deaths
+
+
+def charged_test(left: list, results: dict, log_text: str) -> str:
+    """The test a dead job is charged with: the first that the rank whose failure ended the job
+    (Horovod's launcher names it: "Terminating remaining workers after failure of Process N") did
+    not report; the others were killed wherever they were, perhaps still before a test it had
+    passed. Without that line, the first test not reported by every rank."""
+    named = re.search(r"Terminating remaining workers after failure of Process (\d+)", log_text)
+    if named:
+        rank = int(named.group(1))
+        for test in left:
+            if rank not in results.get(test, {}):
+                return test
+    return left[0]
 
 
 def outcome(per_rank: dict, died: int = 0) -> str:
