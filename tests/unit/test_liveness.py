@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from fasthorovod.netem._command import run_command
 from tests.netns import skip_unless_usable
 
 pytestmark = skip_unless_usable(("ip",), "fhvdliveprobe")
@@ -42,8 +43,8 @@ time.sleep(120)
 """
 
 
-def _netns(*args):
-    subprocess.run(["ip", *args], check=True, timeout=10, capture_output=True)
+def _ip(*args):
+    run_command(["ip", *args])
 
 
 def test_the_coordinator_notices_members_whose_host_vanished_silently():
@@ -53,14 +54,14 @@ def test_the_coordinator_notices_members_whose_host_vanished_silently():
     timeout = 4.0
     procs = []
     try:
-        _netns("netns", "add", a)
-        _netns("netns", "add", b)
-        _netns("link", "add", "fhvdlva", "netns", a, "type", "veth", "peer", "name", "fhvdlvb", "netns", b)
-        _netns("-n", a, "addr", "add", f"{address}/30", "dev", "fhvdlva")
-        _netns("-n", b, "addr", "add", f"10.251.{octet}.2/30", "dev", "fhvdlvb")
+        _ip("netns", "add", a)
+        _ip("netns", "add", b)
+        _ip("link", "add", "fhvdlva", "netns", a, "type", "veth", "peer", "name", "fhvdlvb", "netns", b)
+        _ip("-n", a, "addr", "add", f"{address}/30", "dev", "fhvdlva")
+        _ip("-n", b, "addr", "add", f"10.251.{octet}.2/30", "dev", "fhvdlvb")
         for ns, dev in ((a, "fhvdlva"), (b, "fhvdlvb")):
-            _netns("-n", ns, "link", "set", dev, "up")
-            _netns("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
         env = dict(os.environ, TOKEN=os.urandom(16).hex(), ADDRESS=address, TIMEOUT=str(timeout))
         coordinator = subprocess.Popen(["ip", "netns", "exec", a, sys.executable, "-c", COORDINATOR], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -73,7 +74,7 @@ def test_the_coordinator_notices_members_whose_host_vanished_silently():
         time.sleep(1.0)  # welcomed and idle
         assert coordinator.poll() is None
         cut = time.time()
-        _netns("-n", b, "link", "set", "fhvdlvb", "down")  # nothing gets out of the members' host any more
+        _ip("-n", b, "link", "set", "fhvdlvb", "down")  # nothing gets out of the members' host any more
         out, _ = coordinator.communicate(timeout=90)
         line = re.search(r"ERROR at ([\d.]+): (.*)", out)
         assert line, out
