@@ -34,8 +34,9 @@ def _can_unshare() -> bool:
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs mount namespaces (root or CAP_SYS_ADMIN)")
-def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_within_a_second():
-    result = run_job(2, "big_then_shutdown", "--mbytes", "256", worker=LIFECYCLE, wrap=SMALL_DEV_SHM,
+def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_within_a_second(tmp_path):
+    result = run_job(2, "big_then_shutdown", "--mbytes", "256", "--sync-dir", str(tmp_path),
+                     worker=LIFECYCLE, wrap=SMALL_DEV_SHM,
                      env={"FASTHOROVOD_NUM_PROXIES": "2"}, timeout=300)
     lines = re.findall(r"BIG rank \d: .*", result.stdout)
     assert len(lines) == 2, result.stdout[-3000:]

@@ -7,8 +7,8 @@ With --deny-pidfd the ranks run as on Linux < 5.3 (pidfd_open fails, here by a s
 that the proxies inherit), so every watch takes its fallback.
 
 ``big_then_shutdown``: a verified 256 MiB allreduce (run by the test under a 64 MiB /dev/shm),
-then hvd.shutdown() while a second 256 MiB allreduce is in flight: it must return within a
-second, with every proxy gone. Each rank prints one line the test parses.
+then hvd.shutdown() while a second 256 MiB allreduce is in flight (held there by a stopped proxy of
+rank 0's): it must return within a second, with every proxy gone. Each rank prints one line the test parses.
 
 ``slow_joiner``: the last rank joins the negotiation --delay seconds after the others (as a rank
 starved of CPU would); every rank restarts its data plane right after hvd.init() and then runs an
@@ -104,11 +104,24 @@ def big_then_shutdown(args) -> None:
     group = hvd.proxy_group()
     pids = [p.pid for p in group.processes]
     hvd.barrier()
+    # Keep the second allreduce in flight however the ranks are scheduled: rank 0 stops one of its
+    # own proxies before submitting, so the ring cannot finish on any rank; rank 0 shuts down only
+    # once rank 1 has seen its allreduce in flight (a file in --sync-dir; a rank that shut down
+    # first would fail the other's allreduce, which would then no longer be in flight).
+    if rank == 0:
+        os.kill(pids[0], signal.SIGSTOP)
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="big.in.flight")
-    # Shut down at once: 256 MiB take far longer than this poll (on a quiet machine the whole
-    # allreduce took 0.5 s, so a pause here once let it finish first). No barrier: a rank that
-    # shuts down first leaves the other's allreduce unable to finish, in flight all the same.
     in_flight = not hvd.poll(handle)
+    seen = os.path.join(args.sync_dir, "rank1.in.flight")
+    if rank == 1:
+        with open(seen, "w") as f:
+            f.write(str(in_flight))
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(seen):
+            assert time.monotonic() < deadline, "rank 0: rank 1 did not report its allreduce within 60 s"
+            time.sleep(0.01)
+        in_flight = in_flight and not hvd.poll(handle)
     started = time.monotonic()
     hvd.shutdown()
     took = time.monotonic() - started
@@ -143,6 +156,7 @@ def main():
     parser.add_argument("--deny-pidfd", action="store_true")
     parser.add_argument("--mbytes", type=int, default=256)
     parser.add_argument("--delay", type=float, default=3.0)
+    parser.add_argument("--sync-dir", default=None, help="big_then_shutdown: a directory every rank can write")
     args = parser.parse_args()
     {"thread_init": thread_init, "big_then_shutdown": big_then_shutdown,
      "slow_joiner": slow_joiner}[args.scenario](args)
