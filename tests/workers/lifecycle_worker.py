@@ -105,23 +105,19 @@ def big_then_shutdown(args) -> None:
     pids = [p.pid for p in group.processes]
     hvd.barrier()
     # Keep the second allreduce in flight however the ranks are scheduled: rank 0 stops one of its
-    # own proxies before submitting, so the ring cannot finish on any rank; rank 0 shuts down only
-    # once rank 1 has seen its allreduce in flight (a file in --sync-dir; a rank that shut down
-    # first would fail the other's allreduce, which would then no longer be in flight).
+    # own proxies before submitting, so the ring cannot finish on any rank. Each rank polls once,
+    # says so in a file in --sync-dir, and shuts down only when every rank has: a rank that shut
+    # down before another had polled would fail that one's allreduce, no longer in flight.
     if rank == 0:
         os.kill(pids[0], signal.SIGSTOP)
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="big.in.flight")
     in_flight = not hvd.poll(handle)
-    seen = os.path.join(args.sync_dir, "rank1.in.flight")
-    if rank == 1:
-        with open(seen, "w") as f:
-            f.write(str(in_flight))
-    else:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(seen):
-            assert time.monotonic() < deadline, "rank 0: rank 1 did not report its allreduce within 60 s"
-            time.sleep(0.01)
-        in_flight = in_flight and not hvd.poll(handle)
+    with open(os.path.join(args.sync_dir, f"rank{rank}.polled"), "w") as f:
+        f.write(str(in_flight))
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(args.sync_dir, f"rank{r}.polled")) for r in range(size)):
+        assert time.monotonic() < deadline, f"rank {rank}: the other ranks did not poll within 60 s"
+        time.sleep(0.01)
     started = time.monotonic()
     hvd.shutdown()
     took = time.monotonic() - started
