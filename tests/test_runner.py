@@ -602,3 +602,54 @@ def test_elastic_job_shrinks_when_a_host_is_taken_away(tmp_path: Path) -> None:
     done = sorted(re.findall(r"DONE rank=(\d) size=(\d) host=(host\d)", text))
     assert done == [("0", "2", "host0"), ("1", "2", "host1")] or done == [("0", "2", "host1"), ("1", "2", "host0")], text[-4000:]
     assert _leftovers(cloud_id) == []
+
+
+REUSE_SCRIPT = """
+import json, torch
+import fasthorovod.torch as hvd
+from fasthorovod.proxy import group as group_module
+
+def plane(tag):
+    info = hvd.proxy_group().describe()
+    x = torch.full((1 << 20,), float(hvd.rank() + 1))             # 4 MiB: through the proxies
+    hvd.allreduce_(x, op=hvd.Sum, name="x." + tag)
+    assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+    probe = info["probe"]
+    print("REUSE", tag, hvd.rank(), info["sockets_per_lane"], probe["knee_flows"], probe["runs"], probe["reused"],
+          f"{info['startup_seconds']['probe']:.3f}", flush=True)
+
+hvd.init()
+plane("first")
+hvd.restart_proxies()                                             # the same hosts: the curves are reused
+plane("same")
+if hvd.rank() == 0:                                               # as if rank 0 had measured other hosts
+    hosts, hops = group_module._last_probe
+    group_module._last_probe = (frozenset({"192.0.2.1"}), hops)
+hvd.restart_proxies()
+plane("other")
+hvd.shutdown()
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_a_restarted_data_plane_reuses_the_probe_of_the_same_hosts_and_probes_new_ones(tmp_path: Path) -> None:
+    script = tmp_path / "reuse.py"
+    script.write_text(REUSE_SCRIPT)
+    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:50mbit", "-np", "2", "--proxies", "2",
+                   sys.executable, str(script)])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = {}
+    for tag, rank, sockets, knee, runs, reused, seconds in re.findall(
+            r"REUSE (\w+) (\d) (\d+) (\d+) (\d) (True|False) ([\d.]+)", result.stdout):
+        rows[tag, rank] = (int(sockets), int(knee), int(runs), reused == "True", float(seconds))
+    assert len(rows) == 6, result.stdout[-3000:]
+    for tag in ("first", "same", "other"):
+        assert rows[tag, "0"][:4] == rows[tag, "1"][:4], f"ranks disagree: {rows}"
+    first, same, other = rows["first", "0"], rows["same", "0"], rows["other", "0"]
+    assert first[2] >= 1 and not first[3] and first[1] >= 8, rows     # measured: 50 Mbit/s per flow
+    assert same[:2] == first[:2] and same[2] == 0 and same[3], rows    # the same choice, not measured
+    assert max(rows["same", r][4] for r in "01") < 0.2 < first[4], rows
+    assert other[2] >= 1 and not other[3] and other[1] >= 8, rows      # unknown hosts: measured again
+    assert "as measured among these 2 hosts at an earlier start-up" in result.stdout + result.stderr

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -57,6 +57,12 @@ from fasthorovod.proxy.buffers import Buffer, BufferPool
 # At shutdown, how long the proxies get to exit on their own before they are killed (a proxy that
 # is aborting a collective may spend seconds telling its neighbours; hvd.shutdown() must not).
 SHUTDOWN_GRACE_SECONDS = 0.3
+
+# What this process's last path probe measured: the addresses of that world's hosts and every hop's
+# curve. A later data plane of the same process (an elastic reset, restart_proxies()) whose hosts
+# are all among them takes the choice from these curves instead of measuring again; rank 0's memory
+# decides, so every rank agrees. A new process (a new job, a worker that joins) has none.
+_last_probe: Optional[Tuple[FrozenSet[str], List[Dict[int, float]]]] = None
 
 # torch dtype -> the core's dtype code, from the names the core exports (one table, in C++).
 # Private to the data plane: callers ask ProxyGroup.supports(dtype).
@@ -212,8 +218,9 @@ class ProxyGroup:
         self.lane_weights = [1.0] * config.num_proxies
         self.sockets_per_lane = config.sockets_per_proxy or 1
         self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
-        self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again
+        self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again; 0: reused
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
+        self.startup_seconds: Dict[str, float] = {}  # how long each step of _start took (describe())
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -231,17 +238,21 @@ class ProxyGroup:
         return group
 
     def _start(self, broadcast_object: Callable, allgather_object: Callable) -> None:
+        global _last_probe
         cfg = self.config
+        mark = self._startup_clock()
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
         host = bind_address(cfg)
         self.channel = _C.ProxyChannel(channel_config(cfg, self.rank, self.size, token, host))
         self.pool = BufferPool(self.channel.create_buffer)
         atexit.register(self.close)
+        mark("token")
         for lane in range(cfg.num_proxies):
             proc = spawn_proxy(self.channel, lane)
             self.processes.append(proc)
             self.channel.watch_proxy(lane, proc.pid)
         ports = self.channel.wait_listening(cfg.timeout_seconds)
+        mark("spawn")
         path_probe = (_C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()) if cfg.probes() else None)
         if self.rank == 0:  # the negotiation's coordinator (csrc/negotiation/coordinator.h)
             self.coordinator = _C.Coordinator(native(
@@ -250,20 +261,42 @@ class ProxyGroup:
                 stall_shutdown_seconds=cfg.stall_shutdown_seconds))
         me = {"host": host, "ports": ports, "config": cfg.wire_hash(),
               "coordinator": self.coordinator.port if self.coordinator is not None else None,
-              "probe": path_probe.port if path_probe is not None else None}
+              "probe": path_probe.port if path_probe is not None else None,
+              "probed": _last_probe if self.rank == 0 and path_probe is not None else None}
         peers = allgather_object(me, name="fasthorovod.peers")
+        mark("peers")
         nxt = peers[(self.rank + 1) % self.size]
         if nxt["config"] != cfg.wire_hash():
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
         if path_probe is not None:
-            self._choose_sockets(path_probe, nxt, allgather_object,
-                                 lambda: _C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()))
+            hosts = frozenset(peer["host"] for peer in peers)
+            known = peers[0]["probed"]
+            if known is not None and hosts <= known[0]:
+                self._reuse_probe(known[1], len(known[0]))
+            else:
+                self._choose_sockets(path_probe, nxt, allgather_object,
+                                     lambda: _C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()))
+                known = (hosts, self.flow_choice.hops)
+            _last_probe = known
+            mark("probe")
         self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), self.sockets_per_lane,
                              cfg.timeout_seconds)
+        mark("rings")
         self.member = _C.Member(self.channel, native(
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
             coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
+        mark("negotiation")
+
+    def _startup_clock(self) -> Callable[[str], None]:
+        """mark(step) records the seconds since the previous mark under `step` in startup_seconds."""
+        last = [time.monotonic()]
+
+        def mark(step: str) -> None:
+            now = time.monotonic()
+            self.startup_seconds[step] = round(now - last[0], 3)
+            last[0] = now
+        return mark
 
     def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable,
                         new_probe: Callable[[], "_C.PathProbe"]) -> None:
@@ -290,6 +323,17 @@ class ProxyGroup:
                   f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
+    def _reuse_probe(self, hops: List[Dict[int, float]], hosts: int) -> None:
+        """Takes the sockets per lane from the curves an earlier start-up of this process measured
+        among these hosts (and maybe more): the same choice on every rank, no measurement."""
+        self.flow_choice = probe.choose(hops, self.config.num_proxies)
+        self.sockets_per_lane = self.flow_choice.sockets_per_lane
+        self.probe_runs = 0
+        if self.rank == 0:
+            print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
+                  f"({self.flow_choice.describe()}; as measured among these {hosts} hosts at an earlier "
+                  f"start-up of this job; FASTHOROVOD_SOCKETS_PER_PROXY overrides)", file=sys.stderr, flush=True)
+
     def describe(self) -> dict:
         """What the data plane runs with and why: lanes, sockets per lane and where that number
         came from, the probe's curve (bytes/s per flow count, slowest hop) and the lane weights."""
@@ -298,10 +342,11 @@ class ProxyGroup:
                   if self.config.single_host else "default (FASTHOROVOD_PROBE=0)")
         info = {"lanes": self.config.num_proxies, "sockets_per_lane": self.sockets_per_lane,
                 "flows": self.config.num_proxies * self.sockets_per_lane, "sockets_source": source,
-                "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every}
+                "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every,
+                "startup_seconds": dict(self.startup_seconds)}
         if self.flow_choice is not None:
             info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
-                             "runs": self.probe_runs,
+                             "runs": self.probe_runs, "reused": self.probe_runs == 0,
                              "curve_bytes_per_second": dict(self.flow_choice.curve),
                              "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
         return info

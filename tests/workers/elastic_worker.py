@@ -12,17 +12,24 @@ clock), and at the end every rank prints one line
     ELASTIC rank R size S batch B digest D planes [[epoch, size, collectives], ...]
 
 where ``planes`` lists, per data plane this process used (one per hvd.init()), the world size and
-how many collectives its proxies' lanes carried. The digest is a hash of the parameters
+how many collectives its proxies' lanes carried. After every hvd.init() (the first and each
+reset's) every rank prints ``INIT rank R size S time T ...``: wall-clock marks of the process's
+start-up (first one only) and, with FastHorovod, how long each step of the data plane's start-up
+took (``describe()["startup_seconds"]``); ``READY`` when model, optimizer and state are built, and
+``SYNCED`` when the state is synchronized (each entry to the elastic function). The digest is a hash of the parameters
 (identical on every rank, or the job fails). ``ELASTIC_WORKER_HOROVOD=1`` runs the same job with
 ``import horovod.torch as hvd`` (the benchmark's peer).
 """
-import argparse
+import time
+
+SCRIPT_STARTED = time.time()
+
+import argparse  # noqa: E402 (the clock above starts first)
 import faulthandler
 import hashlib
 import os
 import signal
 import sys
-import time
 
 import torch
 
@@ -30,6 +37,7 @@ if os.environ.get("ELASTIC_WORKER_HOROVOD") == "1":
     import horovod.torch as hvd
 else:
     import fasthorovod.torch as hvd
+IMPORTS_DONE = time.time()
 
 
 def digest(model) -> str:
@@ -49,6 +57,12 @@ def make_optimizer(model, algorithm):
     if algorithm == "ssd-sgd":
         options.update(period=2)
     return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), algorithm=algorithm, **options)
+
+
+def report_init(what: str) -> None:
+    group = getattr(hvd, "proxy_group", lambda: None)()
+    plane = f" plane {group.describe()['startup_seconds']}" if group is not None else ""
+    print(f"INIT rank {hvd.rank()} size {hvd.size()} time {time.time():.3f} {what}{plane}", flush=True)
 
 
 def main() -> int:
@@ -71,6 +85,7 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     sizes = [int(n) for n in args.sizes.split(",")]
     hvd.init()
+    report_init(f"script {SCRIPT_STARTED:.3f} imports {IMPORTS_DONE:.3f}")
     torch.manual_seed(1234)
     if args.model == "alexnet":
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
@@ -86,7 +101,7 @@ def main() -> int:
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, batch=0, sizes_seen=[hvd.size()], last_resize=0)
     planes = {}
     state.register_reset_callbacks([lambda: print(f"rank {hvd.rank()}: reset, size {hvd.size()}, batch {state.batch}",
-                                                  flush=True)])
+                                                  flush=True), lambda: report_init("reset")])
 
     def note_plane():
         group = getattr(hvd, "proxy_group", lambda: None)()
@@ -95,8 +110,11 @@ def main() -> int:
         epoch = hvd.mpi_ops.epoch() if hasattr(hvd, "mpi_ops") else 0
         planes[epoch] = [epoch, hvd.size(), sum(s["collectives"] for s in group.lane_stats())]
 
+    print(f"READY rank {hvd.rank()} time {time.time():.3f}", flush=True)  # model, optimizer, state built
+
     @hvd.elastic.run
     def train(state):
+        print(f"SYNCED rank {hvd.rank()} time {time.time():.3f}", flush=True)  # state.sync() done
         while state.batch < args.max_batches:
             if hvd.size() != state.sizes_seen[-1]:
                 state.sizes_seen = state.sizes_seen + [hvd.size()]
