@@ -1,7 +1,8 @@
 """Issue 15: shared memory that cannot leak nor SIGBUS, and proxies that live and die with their worker.
 
 - a 256 MiB allreduce under a 64 MiB /dev/shm (a private mount namespace, as in a default Docker
-  container) is correct, and hvd.shutdown() with another one in flight returns within a second;
+  container) is correct, and hvd.shutdown() with another one in flight returns promptly (well under a second
+  on a quiet machine; the test allows 2 s);
 - hvd.init() from a thread that exits: the proxies survive and work; a killed proxy is reaped
   (no zombie) within a second; with and without pidfds (Linux < 5.3: a seccomp filter here);
 - a rank that joins the data plane seconds late: hvd.init() waits for it on every rank, so an
@@ -34,7 +35,7 @@ def _can_unshare() -> bool:
 
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs mount namespaces (root or CAP_SYS_ADMIN)")
-def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_within_a_second(tmp_path):
+def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_returns_promptly(tmp_path):
     result = run_job(2, "big_then_shutdown", "--mbytes", "256", "--sync-dir", str(tmp_path),
                      worker=LIFECYCLE, wrap=SMALL_DEV_SHM,
                      env={"FASTHOROVOD_NUM_PROXIES": "2"}, timeout=300)
@@ -43,7 +44,9 @@ def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_within_a
     for line in lines:
         assert "256 MiB allreduce correct" in line and "with a 64 MiB /dev/shm" in line, line
         assert "in flight (True)" in line and "proxies gone True" in line, line
-        assert float(re.search(r"took ([\d.]+) s", line).group(1)) < 1.0, line
+        # under a second on a quiet machine (0.05-0.35 s); the bug this guards against is a shutdown
+        # that waits for the collective (FASTHOROVOD_TIMEOUT_SECONDS, 60 s here)
+        assert float(re.search(r"took ([\d.]+) s", line).group(1)) < 2.0, line
     print(*lines, sep="\n")
 
 

@@ -17,8 +17,8 @@ def test_strangers_are_refused_by_a_running_job():
     assert result.stdout.count("3 connection attempts refused") == 2, result.stdout[-2000:]
 
 
-def test_shutdown_and_init_again_in_the_same_processes():
-    result = run_job(2, "restart", "--cycles", "4", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+def test_shutdown_and_init_again_in_the_same_processes(tmp_path):
+    result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_PROXIES": "2"})
     assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
 
 

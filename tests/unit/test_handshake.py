@@ -67,8 +67,9 @@ def test_only_peers_that_prove_the_token_learn_why_they_are_refused(capfd):
 
 def test_a_silent_connection_cannot_stall_setup():
     start = time.monotonic()
-    _run(2, [b"", b""])  # slow-loris: connect and say nothing
-    assert time.monotonic() - start < 2  # pending handshakes progress together; no one waits them out
+    _run(2, [b"", b"", b""])  # slow-loris: connect and say nothing
+    # pending handshakes progress together; waiting them out one by one would take 3 x 2 s
+    assert time.monotonic() - start < 4
 
 
 def test_many_silent_and_garbage_connections_barely_delay_setup():
@@ -78,5 +79,6 @@ def test_many_silent_and_garbage_connections_barely_delay_setup():
         return time.monotonic() - start
 
     baseline = min(timed([]) for _ in range(2))
-    crowded = timed([b""] * 50 + [os.urandom(64) for _ in range(50)])  # more than a backlog of 64
-    assert crowded - baseline < 1.0, (baseline, crowded)
+    # more than a backlog of 64; the better of two runs (a loaded machine can stall either one)
+    crowded = min(timed([b""] * 50 + [os.urandom(64) for _ in range(50)]) for _ in range(2))
+    assert crowded - baseline < 1.5, (baseline, crowded)

@@ -8,7 +8,7 @@ that the proxies inherit), so every watch takes its fallback.
 
 ``big_then_shutdown``: a verified 256 MiB allreduce (run by the test under a 64 MiB /dev/shm),
 then hvd.shutdown() while a second 256 MiB allreduce is in flight (held there by a stopped proxy of
-rank 0's): it must return within a second, with every proxy gone. Each rank prints one line the test parses.
+rank 0's): it must return promptly (under 2 s; 0.05-0.35 s here), with every proxy gone. Each rank prints one line the test parses.
 
 ``slow_joiner``: the last rank joins the negotiation --delay seconds after the others (as a rank
 starved of CPU would); every rank restarts its data plane right after hvd.init() and then runs an

@@ -5,6 +5,7 @@ passes only if every rank computed exactly what it should.
 """
 import argparse
 import math
+import os
 import time
 import subprocess
 import sys
@@ -390,12 +391,22 @@ def scenario_huge(args):
     print(f"rank {rank}: huge ok, {count} uint8 elements in {seconds:.1f} s", flush=True)
 
 
+def _file_barrier(directory: str, name: str, rank: int, size: int, timeout: float = 60.0) -> None:
+    """Every rank has reached this point: for moments when Horovod's own collectives are down."""
+    open(os.path.join(directory, f"{name}.{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(directory, f"{name}.{r}")) for r in range(size)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {rank}: not every rank reached {name} within {timeout:.0f} s")
+        time.sleep(0.01)
+
+
 def scenario_restart(args):
     """hvd.shutdown() then hvd.init() in the same processes: fresh proxies, no leaks."""
     import psutil
 
     proc = psutil.Process()
-    rank = hvd.rank()
+    rank, size = hvd.rank(), hvd.size()
     for cycle in range(args.cycles):
         if cycle:
             hvd.init()
@@ -408,8 +419,10 @@ def scenario_restart(args):
         hvd.shutdown()
         # Horovod's Gloo rendezvous clears a scope only once every rank has finalized; a rank that
         # re-initializes before that can read a peer's stale address and abort (Horovod's race,
-        # not ours), so give every rank time to finish its shutdown first.
-        time.sleep(2)
+        # not ours), so every rank waits until every rank's shutdown has returned (files in
+        # --sync-dir; Horovod's collectives are down), then a little for the server to clear it.
+        _file_barrier(args.sync_dir, f"shutdown.{cycle}", rank, size)
+        time.sleep(0.3)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                        for pid in pids), "proxies must be gone after shutdown"
     grown = proc.num_fds() - fds
@@ -506,6 +519,7 @@ def main():
     parser.add_argument("--sockets", type=int, default=1)
     parser.add_argument("--out", default="")
     parser.add_argument("--cycles", type=int, default=4)
+    parser.add_argument("--sync-dir", default="", help="restart: a directory every rank can write")
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--seed", type=int, default=0)
