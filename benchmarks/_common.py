@@ -538,9 +538,10 @@ RING_BACKEND = Backend(RING, "horovod-gloo")  # started like a Horovod job; see 
 
 
 def add_ring_arguments(parser):
-    parser.add_argument("--ring-flows", type=int, default=8,
+    parser.add_argument("--ring-flows", type=int, default=None,
                         help="TCP flows each host sends to the next in the ceiling's iperf3 test "
-                             "(default: %(default)s, as netem check --ring)")
+                             "(default: enough to fill the cloud's links through its per-flow caps, "
+                             "as netem check --ring: fasthorovod.netem.check.ring_flows)")
     parser.add_argument("--ring-seconds", type=float, default=3.0,
                         help="length of the ceiling's iperf3 test (default: %(default)s)")
 
@@ -548,13 +549,15 @@ def add_ring_arguments(parser):
 def ring_worker_argv(script, args):
     """The ceiling job's rank: ``script --worker --backend tcp-ring``; the script's worker hands a
     tcp-ring backend to ``ring_worker``."""
-    return [sys.executable, "-u", os.path.abspath(script), "--worker", "--backend", RING,
-            "--ring-flows", str(args.ring_flows), "--ring-seconds", str(args.ring_seconds)]
+    flows = [] if args.ring_flows is None else ["--ring-flows", str(args.ring_flows)]
+    return [sys.executable, "-u", os.path.abspath(script), "--worker", "--backend", RING, *flows,
+            "--ring-seconds", str(args.ring_seconds)]
 
 
 def own_host():
-    """This process's emulated host (a ``fasthorovod.netem.Host``): the recorded host whose network
-    namespace is this process's (the comparison ``ip netns identify`` makes); None outside them."""
+    """This process's emulated host (a ``fasthorovod.netem.Host``) and its cloud's spec: the recorded
+    host whose network namespace is this process's (the comparison ``ip netns identify`` makes);
+    None outside them."""
     from fasthorovod.netem import list_instances
 
     mine = os.stat("/proc/self/ns/net")
@@ -565,7 +568,7 @@ def own_host():
             except OSError:
                 continue
             if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
-                return host
+                return host, state.spec
     return None
 
 
@@ -583,6 +586,8 @@ def ring_worker(args):
         host = None
     hosts = hvd.allgather_object(host)
     rank = hvd.rank()
+    spec = hosts[0][1] if hosts[0] is not None else None
+    hosts = [h if h is None else h[0] for h in hosts]
     hvd.shutdown()
     if rank != 0:
         return
@@ -594,18 +599,19 @@ def ring_worker(args):
     elif len(distinct) < 2:
         result = {"skipped": "every rank is on one emulated host: there is no ring to measure"}
     else:
-        from fasthorovod.netem import NetemError
-        from fasthorovod.netem.check import measure_ring
+        from fasthorovod.netem import NetemError, parse_spec
+        from fasthorovod.netem.check import measure_ring, ring_flows
 
+        flows = args.ring_flows if args.ring_flows is not None else ring_flows(parse_spec(spec))
         try:
-            received = measure_ring(distinct, args.ring_flows, args.ring_seconds)
+            received = measure_ring(distinct, flows, args.ring_seconds)
         except NetemError as err:
             if "iperf3 not found" not in str(err):
                 raise
             result = {"skipped": str(err)}
         else:
             result = {"hosts": [h.name for h in distinct], "addresses": [h.address for h in distinct],
-                      "flows": args.ring_flows, "seconds": args.ring_seconds,
+                      "flows": flows, "seconds": args.ring_seconds,
                       "received_bits_per_s": received,
                       "mean_gbps": statistics.fmean(received) / 1e9, "min_gbps": min(received) / 1e9}
     write_json(args.result_file, result)
@@ -627,7 +633,7 @@ def merge_ring(entries):
         return {"status": first["status"], "reason": first.get("reason"), "rounds": entries}
     return {"status": "ok", "mean_gbps": statistics.median(r["mean_gbps"] for r in ok),
             "min_gbps": statistics.median(r["min_gbps"] for r in ok),
-            "round_mean_gbps": [r["mean_gbps"] for r in ok], "rounds_measured": len(ok),
+            "round_mean_gbps": [r["mean_gbps"] for r in ok], "rounds_measured": len(ok), "flows": ok[0]["flows"],
             "spread": spread([r["mean_gbps"] for r in ok]), "rounds": entries}
 
 

@@ -110,7 +110,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1 or args.batch < 1:
         parser.error("need --iters >= 1, --warmup >= 0, --np >= 1, --rounds >= 1 and --batch >= 1")
-    if args.ring_flows < 1 or args.ring_seconds <= 0:
+    if (args.ring_flows is not None and args.ring_flows < 1) or args.ring_seconds <= 0:
         parser.error("need --ring-flows >= 1 and --ring-seconds > 0")
     if args.threads is None:
         args.threads = common.default_threads(args.np)

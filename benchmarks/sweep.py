@@ -107,7 +107,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return args
-    if min(args.rounds, args.iters, 1 if args.np is None else args.np, args.ring_flows) < 1 or args.warmup < 0 or args.ring_seconds <= 0:
+    if (min(args.rounds, args.iters, 1 if args.np is None else args.np, args.ring_flows or 1) < 1
+            or args.warmup < 0 or args.ring_seconds <= 0):
         parser.error("need --rounds, --iters, --np, --ring-flows >= 1, --warmup >= 0 and --ring-seconds > 0")
     if args.clouds and args.launcher_prefix and any(a.startswith("--emulate-cloud") for a in args.launcher_prefix):
         parser.error("--clouds adds --emulate-cloud to the launcher prefix; leave it out of --launcher-prefix")
@@ -267,7 +268,7 @@ def print_network(network, args):
     print(f"\n{network['network']}: {common.format_size(args.size)} allreduce, {network['np']} ranks, "
           f"median of {args.rounds} round{'s' if args.rounds != 1 else ''}")
     if ceiling["status"] == "ok":
-        print(f"ring ceiling ({RING}, iperf3, {args.ring_flows} flows from every host to the next at once): "
+        print(f"ring ceiling ({RING}, iperf3, {ceiling['flows']} flows from every host to the next at once): "
               f"{ceiling['mean_gbps']:.3f} Gbit/s per host (min {ceiling['min_gbps']:.3f}); rounds "
               + " ".join(f"{v:.3f}" for v in ceiling["round_mean_gbps"]))
     else:

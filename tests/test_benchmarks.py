@@ -437,10 +437,10 @@ def test_sweep_summary_math(capsys):
         [allreduce.bus_bandwidth_gbps(64 << 20, t, 4) for t in (1.0, 2.0, 1.2)])
     assert configs[3]["status"] == "failed"  # failed in one round: not ranked
     ceiling = sweep.merge_ring([
-        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.9, "min_gbps": 0.8}},
+        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.9, "min_gbps": 0.8, "flows": 15}},
         {"backend": "tcp-ring", "status": "failed", "reason": "exit status 1"},
-        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.7, "min_gbps": 0.6}}])
-    assert (ceiling["mean_gbps"], ceiling["min_gbps"], ceiling["rounds_measured"]) == (0.8, 0.7, 2)
+        {"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": 0.7, "min_gbps": 0.6, "flows": 15}}])
+    assert (ceiling["mean_gbps"], ceiling["min_gbps"], ceiling["rounds_measured"]) == (0.8, 0.7, 2) and ceiling["flows"] == 15
     summary = sweep.summarize(configs, ceiling, ["fasthorovod:1x1", "fasthorovod:4x2", "fasthorovod:8x4"])
     defaults = allreduce.bus_bandwidth_gbps(64 << 20, 1.2, 4)
     best = allreduce.bus_bandwidth_gbps(64 << 20, 1.0, 4)
@@ -526,7 +526,7 @@ def test_allreduce_merge_reports_spread_ceiling_fraction_and_plot_line(capsys):
     assert fast["busbw_gbps"] == pytest.approx(bw(1.1))
     assert (fast["busbw_min_gbps"], fast["busbw_max_gbps"]) == (pytest.approx(bw(1.5)), pytest.approx(bw(1.0)))
     assert fast["round_busbw_gbps"] == pytest.approx([bw(1.0), bw(1.5), bw(1.1)])
-    ring = [{"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": g, "min_gbps": g}}
+    ring = [{"backend": "tcp-ring", "status": "ok", "result": {"mean_gbps": g, "min_gbps": g, "flows": 15}}
             for g in (0.9, 0.8, 1.0)]
     ceiling = common.merge_ring(ring)
     assert ceiling["spread"] == {"median": 0.9, "min": 0.8, "max": 1.0, "n": 3}
@@ -557,7 +557,7 @@ def test_allreduce_merge_reports_spread_ceiling_fraction_and_plot_line(capsys):
 
 def test_allreduce_ceiling_option_and_bench_command_lines():
     args = allreduce.parse_args(["--ceiling", "--proxy-threshold", "default", "--rounds", "3"])
-    assert args.ceiling and args.proxy_threshold is None and (args.ring_flows, args.ring_seconds) == (8, 3.0)
+    assert args.ceiling and args.proxy_threshold is None and (args.ring_flows, args.ring_seconds) == (None, 3.0)
     assert allreduce.parse_args([]).proxy_threshold == 64 << 10 and not allreduce.parse_args([]).ceiling
     argv = common.ring_worker_argv(allreduce.__file__, args)
     assert argv[2].endswith("allreduce.py") and argv[argv.index("--backend") + 1] == common.RING

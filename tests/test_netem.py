@@ -32,7 +32,7 @@ from fasthorovod.netem import (
 from fasthorovod.netem import cloud as cloud_module
 from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp
+from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp, ring_flows
 from fasthorovod.netem.shaping import FIRST_PORT_TABLE, flow_bucket, leaf_classid, shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState
 
@@ -593,3 +593,15 @@ def test_status_names_the_launcher_ssh_and_discovery() -> None:
     assert f"bridge namespace {PREFIX}-abcdef-br, launcher address 10.231.9.254 (eth0)" in text
     assert f"identity file {STATE_DIR}/abcdef/ssh/id_ed25519" in text
     assert f"host discovery script {STATE_DIR}/abcdef/discover-hosts" in text
+
+
+def test_the_ring_test_sends_enough_flows_to_fill_the_links_through_their_per_flow_caps():
+    # 3 x ceil(link / per-flow) of the hop that needs the most, at least 8, at most 64
+    assert ring_flows(parse_spec("4:1gbit:200mbit")) == 15
+    assert ring_flows(parse_spec("3:1gbit:100mbit")) == 30       # 8 flows would carry at most 0.8 Gbit/s
+    assert ring_flows(parse_spec("5:800mbit:200mbit")) == 12
+    assert ring_flows(parse_spec("2:1gbit:1gbit")) == 8
+    assert ring_flows(parse_spec("5:1gbit:200mbit,host3=100mbit")) == 30  # the slow host's hops decide
+    assert ring_flows(parse_spec("2:10gbit:100mbit")) == 64
+    result = CheckResult(spec=parse_spec("3:1gbit:100mbit"), paths=(), ring_bits_per_s=(9e8, 9e8, 9e8), ring_flows=30)
+    assert "with 30 flows at once" in result.report()

@@ -200,8 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--ring",
         action="store_true",
-        help=f"also measure every host sending to the next at once ({MANY_FLOWS} flows each): the most a ring "
-        "allreduce can get from this emulation on this machine's CPUs (reported, not judged)",
+        help="also measure every host sending to the next at once (3 x link / per-flow cap flows each, at "
+        f"least {MANY_FLOWS}: enough to fill the link): the most a ring allreduce can get from this "
+        "emulation on this machine's CPUs (reported, not judged)",
     )
     check.set_defaults(run=_check)
 

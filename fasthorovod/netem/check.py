@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import selectors
 import shutil
@@ -122,6 +123,7 @@ class CheckResult:
     spec: CloudSpec
     paths: tuple[PathResult, ...]
     ring_bits_per_s: tuple = ()  # host i -> host i+1 for each i, when measured (informational, not judged)
+    ring_flows: int = MANY_FLOWS  # flows each host sent in that test (ring_flows(spec))
 
     @property
     def passed(self) -> bool:
@@ -134,15 +136,15 @@ class CheckResult:
         mean = sum(goodput) / len(goodput)
         if not self.spec.uneven:
             return [
-                f"ring, every host -> next with {MANY_FLOWS} flows at once: mean {mean / 1e6:.1f} Mbit/s per host"
+                f"ring, every host -> next with {self.ring_flows} flows at once: mean {mean / 1e6:.1f} Mbit/s per host"
                 f" (min {min(goodput) / 1e6:.1f}) = {mean / self.spec.link_bits_per_s:.2f}"
                 " x link: the ceiling of a ring allreduce on this machine"
             ]
-        lines = [f"ring, every host -> next with {MANY_FLOWS} flows at once (the ceiling of a ring allreduce here):"]
+        lines = [f"ring, every host -> next with {self.ring_flows} flows at once (the ceiling of a ring allreduce here):"]
         for sender, bits in enumerate(goodput):  # measure_ring's pair i is host i -> host i+1
             receiver = (sender + 1) % len(goodput)
             link, per_flow = self.spec.path_rates(sender, receiver)
-            cap = min(link, MANY_FLOWS * per_flow)
+            cap = min(link, self.ring_flows * per_flow)
             lines.append(
                 f"  host{sender} -> host{receiver}: {bits / 1e6:8.1f} Mbit/s = {bits / cap:.2f} x {cap / 1e6:g} Mbit/s"
             )
@@ -192,6 +194,16 @@ def measure_tcp_buckets(client: Host, server: Host, flows: int = 1, seconds: flo
     has one per-flow cap, so ``flows`` flows can carry at most that many caps' worth)."""
     ((goodput, port_pairs),) = _measure_pairs([(client, server)], flows, seconds)
     return goodput, len({flow_bucket(*ports) for ports in port_pairs})
+
+
+def ring_flows(spec: CloudSpec) -> int:
+    """Flows each host sends in the ring test of ``spec``: enough to fill the fullest link through
+    its per-flow caps, with room for flows that share a flow bucket (consecutive ports often do):
+    3 x ceil(link / per-flow cap) of the host that needs the most, at least MANY_FLOWS, at most 64.
+    8 flows cannot fill a 1 Gbit/s link capped at 100 Mbit/s per flow; 30 can."""
+    hops = [spec.path_rates(i, (i + 1) % spec.hosts) for i in range(spec.hosts)]
+    need = max(math.ceil(link / per_flow) for link, per_flow in hops)
+    return min(64, max(MANY_FLOWS, 3 * need))
 
 
 def measure_ring(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> list:
@@ -254,5 +266,6 @@ def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.
             one_flow = measure_tcp(client, server, flows=1, seconds=seconds)
             many_flows, buckets = measure_tcp_buckets(client, server, flows=MANY_FLOWS, seconds=seconds)
             results.append(PathResult(spec, sender, receiver, one_flow, many_flows, buckets))
-        ring_goodput = tuple(measure_ring(cloud.hosts, MANY_FLOWS, seconds)) if ring else ()
-    return CheckResult(spec=spec, paths=tuple(results), ring_bits_per_s=ring_goodput)
+        flows = ring_flows(spec)
+        ring_goodput = tuple(measure_ring(cloud.hosts, flows, seconds)) if ring else ()
+    return CheckResult(spec=spec, paths=tuple(results), ring_bits_per_s=ring_goodput, ring_flows=flows)
