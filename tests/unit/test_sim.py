@@ -260,3 +260,19 @@ def test_predict_help_documents_the_inputs():
     for flag in ("--hosts", "--ranks-per-host", "--nic", "--per-flow", "--rtt", "--cores", "--proxies",
                  "--sockets", "--hierarchical", "--size", "--trace"):
         assert flag in out.stdout
+
+
+def test_a_saved_sweep_with_an_uneven_cloud_is_checked_on_its_even_clouds(tmp_path, capsys):
+    from fasthorovod.sim import cli
+
+    def network(spec):
+        cfg = {"backend": "fasthorovod:4x2", "status": "ok",
+               "result": {"data_plane": {"lanes": 4, "sockets_per_lane": 2},
+                          "results": [{"bytes": 64 << 20, "median_s": 1.0}]}}
+        return {"network": spec, "np": 4, "configs": [cfg]}
+
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"networks": [network("4:1gbit:200mbit"), network("4:1gbit:200mbit,host1=100mbit")]}))
+    rows = cli.sweep_check(str(path), m.Params(), 2.0, 64 << 10)
+    assert [r["spec"] for r in rows] == ["4:1gbit:200mbit"]
+    assert "4:1gbit:200mbit,host1=100mbit left out (the model takes even clouds only)" in capsys.readouterr().out
