@@ -4,6 +4,9 @@ end to end on a tiny calibration (no jobs: observations reused from a file)."""
 import dataclasses
 import json
 import math
+import os
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -276,3 +279,17 @@ def test_a_saved_sweep_with_an_uneven_cloud_is_checked_on_its_even_clouds(tmp_pa
     rows = cli.sweep_check(str(path), m.Params(), 2.0, 64 << 10)
     assert [r["spec"] for r in rows] == ["4:1gbit:200mbit"]
     assert "4:1gbit:200mbit,host1=100mbit left out (the model takes even clouds only)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_background_cpu_leaves_out_processes_of_the_job_in_other_network_namespaces():
+    """Ranks launched over ssh on emulated hosts are no children of the job: their CPU is the job's,
+    not another engineer's. A busy loop in its own network namespace, orphaned (so not our
+    descendant), stands in for them."""
+    from fasthorovod.sim import runs
+
+    busy = ["unshare", "--net", "sh", "-c", "(timeout 3 sh -c 'while :; do :; done' &) ; exit 0"]
+    job = ["sh", "-c", f"{shlex.join(busy)}; sleep 3.5"]
+    measured = runs.run_measured(job, timeout=30)
+    assert measured["rc"] == 0
+    assert measured["background_cores"] < 0.35, measured  # the busy loop took ~0.85 of a core
