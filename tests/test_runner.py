@@ -652,4 +652,5 @@ def test_a_restarted_data_plane_reuses_the_probe_of_the_same_hosts_and_probes_ne
     assert same[:2] == first[:2] and same[2] == 0 and same[3], rows    # the same choice, not measured
     assert max(rows["same", r][4] for r in "01") < 0.2 < first[4], rows
     assert other[2] >= 1 and not other[3] and other[1] >= 8, rows      # unknown hosts: measured again
-    assert "as measured among these 2 hosts at an earlier start-up" in result.stdout + result.stderr
+    assert "as measured at an earlier start-up of this job among 2 hosts, these 2 among them" in (
+        result.stdout + result.stderr)

@@ -273,7 +273,7 @@ class ProxyGroup:
             hosts = frozenset(peer["host"] for peer in peers)
             known = peers[0]["probed"]
             if known is not None and hosts <= known[0]:
-                self._reuse_probe(known[1], len(known[0]))
+                self._reuse_probe(known[1], len(known[0]), len(hosts))
             else:
                 self._choose_sockets(path_probe, nxt, allgather_object,
                                      lambda: _C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()))
@@ -323,7 +323,7 @@ class ProxyGroup:
                   f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
-    def _reuse_probe(self, hops: List[Dict[int, float]], hosts: int) -> None:
+    def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int) -> None:
         """Takes the sockets per lane from the curves an earlier start-up of this process measured
         among these hosts (and maybe more): the same choice on every rank, no measurement."""
         self.flow_choice = probe.choose(hops, self.config.num_proxies)
@@ -331,8 +331,9 @@ class ProxyGroup:
         self.probe_runs = 0
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
-                  f"({self.flow_choice.describe()}; as measured among these {hosts} hosts at an earlier "
-                  f"start-up of this job; FASTHOROVOD_SOCKETS_PER_PROXY overrides)", file=sys.stderr, flush=True)
+                  f"({self.flow_choice.describe()}; as measured at an earlier start-up of this job among "
+                  f"{probed} hosts, these {hosts} among them; FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
+                  file=sys.stderr, flush=True)
 
     def describe(self) -> dict:
         """What the data plane runs with and why: lanes, sockets per lane and where that number

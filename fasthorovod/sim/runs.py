@@ -48,7 +48,8 @@ class _CloudCpu(threading.Thread):
     """CPU seconds, while it runs, of the processes in network namespaces other than this one's
     that do not descend from this process: an emulated cloud's ranks and proxies launched over ssh.
     Sampled every `period` seconds from /proc; a process seen first after the start counts from
-    zero, one that existed before from its first sample."""
+    zero, one that existed before from its first sample. Another emulated cloud running at the same
+    time (another engineer's job) would be counted as this job's too."""
 
     def __init__(self, period: float = 0.25) -> None:
         super().__init__(daemon=True)
