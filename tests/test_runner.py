@@ -452,17 +452,23 @@ hvd.shutdown()
 """
 
 
+def _run_probe_script(tmp_path: Path, name: str, text: str, spec: str) -> subprocess.CompletedProcess:
+    """`text` as a script of 2 ranks with 2 proxies each on the emulated cloud `spec`; it must succeed."""
+    script = tmp_path / name
+    script.write_text(text)
+    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", "--proxies", "2",
+                   sys.executable, str(script)])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
 @netem
 @pytest.mark.netem
 @pytest.mark.multiproc
 def test_the_probe_picks_more_flows_when_the_per_flow_cap_is_lower_and_the_ranks_agree(tmp_path: Path) -> None:
-    script = tmp_path / "probe.py"
-    script.write_text(PROBE_SCRIPT)
     chosen = {}
     for spec in ("2:400mbit:200mbit", "2:400mbit:50mbit"):  # the link fills with 2 flows, with 8
-        result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", "--proxies", "2",
-                       sys.executable, str(script)])
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        result = _run_probe_script(tmp_path, "probe.py", PROBE_SCRIPT, spec)
         lines = re.findall(r"PROBE (\d) (\{.*\}) (\d+)", result.stdout)
         assert sorted(rank for rank, _, _ in lines) == ["0", "1"], result.stdout[-3000:]
         assert len({(info, knee) for _, info, knee in lines}) == 1, f"ranks disagree: {lines}"  # they agree
@@ -479,14 +485,10 @@ def test_the_probe_picks_more_flows_when_the_per_flow_cap_is_lower_and_the_ranks
 @pytest.mark.netem
 @pytest.mark.multiproc
 def test_a_second_probe_runs_when_the_hops_disagree_and_the_ranks_still_agree(tmp_path: Path) -> None:
-    script = tmp_path / "probe_twice.py"
     # As if the hops' knees had disagreed (a disturbed phase): the second probe is real.
-    script.write_text("from fasthorovod.proxy import probe\nprobe.disagree = lambda hops: True\n"
-                      + PROBE_SCRIPT.replace('("sockets_per_lane", "sockets_source")',
-                                             '("sockets_per_lane", "sockets_source", "probe")'))
-    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:50mbit", "-np", "2", "--proxies", "2",
-                   sys.executable, str(script)])
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    text = ("from fasthorovod.proxy import probe\nprobe.disagree = lambda hops: True\n"
+            + PROBE_SCRIPT.replace('("sockets_per_lane", "sockets_source")', '("sockets_per_lane", "sockets_source", "probe")'))
+    result = _run_probe_script(tmp_path, "probe_twice.py", text, "2:400mbit:50mbit")
     lines = re.findall(r"PROBE (\d) (\{.*\}) (\d+)", result.stdout)
     assert sorted(rank for rank, _, _ in lines) == ["0", "1"], result.stdout[-3000:]
     infos = [json.loads(info) for _, info, _ in lines]
@@ -635,11 +637,7 @@ hvd.shutdown()
 @pytest.mark.netem
 @pytest.mark.multiproc
 def test_a_restarted_data_plane_reuses_the_probe_of_the_same_hosts_and_probes_new_ones(tmp_path: Path) -> None:
-    script = tmp_path / "reuse.py"
-    script.write_text(REUSE_SCRIPT)
-    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:50mbit", "-np", "2", "--proxies", "2",
-                   sys.executable, str(script)])
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    result = _run_probe_script(tmp_path, "reuse.py", REUSE_SCRIPT, "2:400mbit:50mbit")
     rows = {}
     for tag, rank, sockets, knee, runs, reused, seconds in re.findall(
             r"REUSE (\w+) (\d) (\d+) (\d+) (\d) (True|False) ([\d.]+)", result.stdout):

@@ -26,6 +26,7 @@ import torch
 
 import fasthorovod.torch as hvd
 from fasthorovod.proxy import group as group_module
+from file_barrier import file_barrier  # tests/workers/, this script's directory
 
 
 def _alive(pid: int) -> bool:
@@ -112,12 +113,7 @@ def big_then_shutdown(args) -> None:
         os.kill(pids[0], signal.SIGSTOP)
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="big.in.flight")
     in_flight = not hvd.poll(handle)
-    with open(os.path.join(args.sync_dir, f"rank{rank}.polled"), "w") as f:
-        f.write(str(in_flight))
-    deadline = time.monotonic() + 60
-    while not all(os.path.exists(os.path.join(args.sync_dir, f"rank{r}.polled")) for r in range(size)):
-        assert time.monotonic() < deadline, f"rank {rank}: the other ranks did not poll within 60 s"
-        time.sleep(0.01)
+    file_barrier(args.sync_dir, "polled", rank, size)
     started = time.monotonic()
     hvd.shutdown()
     took = time.monotonic() - started

@@ -5,7 +5,6 @@ passes only if every rank computed exactly what it should.
 """
 import argparse
 import math
-import os
 import time
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import sys
 import torch
 
 import fasthorovod.torch as hvd
+from file_barrier import file_barrier  # tests/workers/, this script's directory
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -391,16 +391,6 @@ def scenario_huge(args):
     print(f"rank {rank}: huge ok, {count} uint8 elements in {seconds:.1f} s", flush=True)
 
 
-def _file_barrier(directory: str, name: str, rank: int, size: int, timeout: float = 60.0) -> None:
-    """Every rank has reached this point: for moments when Horovod's own collectives are down."""
-    open(os.path.join(directory, f"{name}.{rank}"), "w").close()
-    deadline = time.monotonic() + timeout
-    while not all(os.path.exists(os.path.join(directory, f"{name}.{r}")) for r in range(size)):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"rank {rank}: not every rank reached {name} within {timeout:.0f} s")
-        time.sleep(0.01)
-
-
 def scenario_restart(args):
     """hvd.shutdown() then hvd.init() in the same processes: fresh proxies, no leaks."""
     import psutil
@@ -421,7 +411,7 @@ def scenario_restart(args):
         # re-initializes before that can read a peer's stale address and abort (Horovod's race,
         # not ours), so every rank waits until every rank's shutdown has returned (files in
         # --sync-dir; Horovod's collectives are down), then a little for the server to clear it.
-        _file_barrier(args.sync_dir, f"shutdown.{cycle}", rank, size)
+        file_barrier(args.sync_dir, f"shutdown.{cycle}", rank, size)
         time.sleep(0.3)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                        for pid in pids), "proxies must be gone after shutdown"
