@@ -95,6 +95,11 @@ class Config:
     """FASTHOROVOD_PROBE: measure the network at start-up to choose the sockets per proxy: ``auto``
     (when the ranks span several hosts), ``1`` (always), ``0`` (never). Ignored when
     FASTHOROVOD_SOCKETS_PER_PROXY is set."""
+    hierarchical: str = "auto"
+    """FASTHOROVOD_HIERARCHICAL: with several ranks on a host, reduce inside the host through shared
+    memory and run one ring across hosts per local rank (fasthorovod/proxy/hosts.py): ``auto`` (when
+    every host runs the same number L > 1 of ranks and they can share memory), ``1`` (required: an
+    error where it cannot run), ``0`` (one flat ring through every rank)."""
     proxy_threshold_bytes: int = 1 << 20
     """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies
     (unset: 1 MiB, or SINGLE_HOST_PROXY_THRESHOLD when every rank is on one host; see
@@ -134,6 +139,7 @@ class Config:
             sockets_per_proxy=(_int(env, "SOCKETS_PER_PROXY", 1, 1, MAX_SOCKETS_PER_PROXY)
                                if _text(env, "SOCKETS_PER_PROXY") else None),
             probe=_choice(env, "PROBE", cls.probe, ("auto", "0", "1")),
+            hierarchical=_choice(env, "HIERARCHICAL", cls.hierarchical, ("auto", "0", "1")),
             proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
             proxy_threshold_from_env=bool((env.get(PREFIX + "PROXY_THRESHOLD_BYTES") or "").strip()),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
@@ -174,6 +180,6 @@ class Config:
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
         shared = (self.num_proxies, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
-                  self.segment_bytes, self.rebalance_every)
+                  self.segment_bytes, self.rebalance_every, self.hierarchical)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

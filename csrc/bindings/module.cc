@@ -50,6 +50,10 @@ class PyPathProbe {
     Check(Listen(bind_host, 0, &listener_, &port_));
   }
   int port() const { return port_; }
+  void SetPlace(uint32_t rank, uint32_t size) {
+    self_.rank = rank;
+    self_.size = size;
+  }
 
   std::vector<ProbePhase> Run(const std::string& next_host, int next_port, const ProbeOptions& options,
                               double timeout_seconds) {
@@ -140,6 +144,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
       .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint64_t>(), py::arg("bind_host"),
            py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("config_hash"))
       .def_property_readonly("port", &PyPathProbe::port)
+      .def("set_place", &PyPathProbe::SetPlace, py::arg("rank"), py::arg("size"),
+           R"pbdoc(Before run(): this probe's place in the ring it measures (another ring than the ranks', e.g. across hosts).)pbdoc")
       .def("run",
            [](PyPathProbe& p, const std::string& next_host, int next_port, const ProbeOptions& options,
               double timeout) {
@@ -210,6 +216,24 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
            },
            py::arg("id"), py::arg("nbytes"),
            R"pbdoc(A zero-filled ShmBuffer every proxy knows as buffer `id`.)pbdoc")
+      .def("create_host",
+           [](ProxyChannel& c, uint32_t local_size) {
+             int fd = -1;
+             Check(c.CreateHost(local_size, &fd));
+             return fd;
+           },
+           py::arg("local_size"),
+           R"pbdoc(Local rank 0: creates the host segment of the hierarchical allreduce; returns its descriptor (the others open /proc/<pid>/fd/<fd>).)pbdoc")
+      .def("open_host", [](ProxyChannel& c, int pid, int fd, uint32_t local_size) { Check(c.OpenHost(pid, fd, local_size)); },
+           py::arg("pid"), py::arg("fd"), py::arg("local_size"),
+           R"pbdoc(The other local ranks: opens local rank 0's host segment (its pid and descriptor) and checks it is this job's.)pbdoc")
+      .def("attach_host",
+           [](ProxyChannel& c, uint32_t local_rank, uint32_t host_index, uint32_t num_hosts) {
+             CallReleased([&] { return c.AttachHost(local_rank, host_index, num_hosts); });
+           },
+           py::arg("local_rank"), py::arg("host_index"), py::arg("num_hosts"),
+           R"pbdoc(Before connect: the proxies run the hierarchical allreduce as this local rank of host `host_index` of `num_hosts`.)pbdoc")
+      .def_property_readonly("hierarchical", &ProxyChannel::hierarchical)
       .def("wait_listening",
            [](ProxyChannel& c, double timeout) {
              std::vector<int> ports;

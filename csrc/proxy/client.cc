@@ -77,8 +77,46 @@ Status ProxyChannel::CreateBuffer(uint32_t id, size_t bytes, ShmSegment* out) {
       ShmSegment::Create(bytes, Str("a ", HumanBytes(bytes), " data buffer of rank ", header_->rank), &seg));
   const Deadline deadline = Deadline::After(header_->timeout_seconds);
   for (int sock : worker_socks_) FHVD_RETURN_IF_ERROR(SendSegment(sock, id, bytes, seg.fd(), deadline));
-  seg.CloseFd();  // the proxies hold their own descriptors (or will, once they read them)
+  if (hierarchical()) {
+    std::lock_guard<std::mutex> lock(host_mu_);
+    // The other local ranks' proxies open it through /proc/<this pid>/fd/<fd>: the fd stays open.
+    FHVD_RETURN_IF_ERROR(host_.Publish(header_->local_rank, id, seg.fd(), bytes));
+  } else {
+    seg.CloseFd();  // the proxies hold their own descriptors (or will, once they read them)
+  }
   *out = std::move(seg);
+  return Status::Ok();
+}
+
+Status ProxyChannel::CreateHost(uint32_t local_size, int* fd) {
+  FHVD_RETURN_IF_ERROR(HostSegment::Create(local_size, std::string(reinterpret_cast<const char*>(header_->token),
+                                                                   kTokenBytes), &host_));
+  *fd = host_.fd();
+  return Status::Ok();
+}
+
+Status ProxyChannel::OpenHost(int pid, int fd, uint32_t local_size) {
+  return HostSegment::Open(pid, fd, local_size,
+                           std::string(reinterpret_cast<const char*>(header_->token), kTokenBytes), &host_);
+}
+
+Status ProxyChannel::AttachHost(uint32_t local_rank, uint32_t host_index, uint32_t num_hosts) {
+  if (!host_.attached()) return Status::Error(Code::kInvalidArgument, "no host segment: CreateHost or OpenHost first");
+  HostHeader* host = host_.header();
+  if (local_rank >= host->local_size || num_hosts == 0 || host_index >= num_hosts) {
+    return Status::Error(Code::kInvalidArgument, Str("bad hierarchical place: local rank ", local_rank, " of ",
+                                                     host->local_size, ", host ", host_index, " of ", num_hosts));
+  }
+  if (header_->go.load() != 0) return Status::Error(Code::kInvalidArgument, "AttachHost after Connect");
+  host->worker_pid[local_rank] = getpid();
+  header_->local_rank = local_rank;
+  header_->local_size = host->local_size;
+  header_->host_index = host_index;
+  header_->num_hosts = num_hosts;
+  const Deadline deadline = Deadline::After(header_->timeout_seconds);
+  for (int sock : worker_socks_) {
+    FHVD_RETURN_IF_ERROR(SendSegment(sock, kHostSegment, sizeof(HostHeader), host_.fd(), deadline));
+  }
   return Status::Ok();
 }
 

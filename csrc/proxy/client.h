@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "proxy/watch.h"
 #include "shm/channel.h"
+#include "shm/host.h"
 #include "shm/segment.h"
 
 namespace fasthorovod {
@@ -66,6 +67,15 @@ class ProxyChannel {
   Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
                  uint32_t sockets_per_lane, double timeout_seconds);
 
+  // The hierarchical allreduce (shm/host.h), before Connect: local rank 0 creates the host segment
+  // (CreateHost; returns its descriptor, which the others open through /proc), the others open it
+  // (OpenHost); then AttachHost records this rank's place, hands the segment to the proxies, and
+  // from then on every data buffer is shared with the host (its descriptor stays open).
+  Status CreateHost(uint32_t local_size, int* fd);
+  Status OpenHost(int pid, int fd, uint32_t local_size);
+  Status AttachHost(uint32_t local_rank, uint32_t host_index, uint32_t num_hosts);
+  bool hierarchical() const { return header_->local_size > 1; }
+
   // A zero-filled shared-memory data buffer of `bytes` (pages reserved: a shortage is an error
   // here, never a SIGBUS later) whose descriptor every proxy has been handed under `id` before
   // this returns, so any request posted afterwards may name it.
@@ -112,6 +122,8 @@ class ProxyChannel {
 
   ShmSegment segment_;
   ChannelHeader* header_ = nullptr;
+  HostSegment host_;  // attached: the hierarchical allreduce runs
+  std::mutex host_mu_;  // CreateBuffer's publication (the worker's pool and the member's zero buffers)
   std::vector<int> worker_socks_;  // the worker's end of each lane's socket pair
   std::vector<int> proxy_socks_;   // the proxy's end, until its proxy was spawned
   ChildWatch watch_;

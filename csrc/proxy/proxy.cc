@@ -16,10 +16,13 @@
 #include "proxy/proxy.h"
 
 #include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "proxy/watch.h"
 #include "shm/channel.h"
 #include "shm/handoff.h"
+#include "shm/host.h"
 #include "shm/segment.h"
 #include "trace/frame_trace.h"
 #include "trace/recorder.h"
@@ -95,7 +99,12 @@ class Proxy {
     return g_signalled.load() != 0 || ch_->stop.load() != 0 || getppid() != ch_->worker_pid;
   }
 
-  std::string Who(uint32_t rank) const { return Str("rank ", rank, " lane ", lane_); }
+  bool Hierarchical() const { return ch_->local_size > 1; }
+  // A ring neighbour: a rank, or with the hierarchical allreduce a host's local rank like this one.
+  std::string Who(uint32_t ring_rank) const {
+    return Hierarchical() ? Str("host ", ring_rank, " local rank ", ch_->local_rank, " lane ", lane_)
+                          : Str("rank ", ring_rank, " lane ", lane_);
+  }
 
   Status Serve() {
     Socket listener;
@@ -112,21 +121,33 @@ class Proxy {
       if (deadline.Expired()) return Status::Error(Code::kTimeout, "timed out waiting for the worker's go");
       FutexWait(&ch_->go, 0, 100);
     }
-    LinkIdentity self;
-    std::memcpy(self.token, ch_->token, kTokenBytes);
-    self.rank = ch_->rank;
-    self.size = ch_->size;
-    self.lane = lane_;
-    self.config_hash = ch_->config_hash;
+    // The ring: every rank, or with the hierarchical allreduce this local rank of every host.
+    uint32_t ring_rank = ch_->rank, ring_size = ch_->size;
+    if (Hierarchical()) {
+      FHVD_RETURN_IF_ERROR(ReceiveHost());
+      ring_rank = ch_->host_index;
+      ring_size = ch_->num_hosts;
+    }
     RingEndpoint next{info_.next_host, info_.next_port};
-    FHVD_RETURN_IF_ERROR(EstablishRing(self, listener, next, static_cast<int>(ch_->sockets_per_lane),
-                                       ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
+    if (ring_size > 1) {
+      LinkIdentity self;
+      std::memcpy(self.token, ch_->token, kTokenBytes);
+      self.rank = ring_rank;
+      self.size = ring_size;
+      self.lane = lane_;
+      // The rings of different local ranks join different proxies: a connection to the wrong one
+      // fails the handshake.
+      self.config_hash = ch_->config_hash ^ (0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) *
+                                             (Hierarchical() ? 1 : 0));
+      FHVD_RETURN_IF_ERROR(EstablishRing(self, listener, next, static_cast<int>(ch_->sockets_per_lane),
+                                         ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
+    }
     listener.Close();  // no more connections are accepted: strangers get a refusal from the kernel
     info_.state.store(static_cast<uint32_t>(LaneState::kConnected));
     info_.progress_ns.store(NowNs());
 
-    options_.rank = ch_->rank;
-    options_.size = ch_->size;
+    options_.rank = ring_rank;
+    options_.size = ring_size;
     options_.lane = lane_;
     options_.segment_bytes = ch_->segment_bytes;
     options_.timeout_seconds = ch_->timeout_seconds;
@@ -134,8 +155,8 @@ class Proxy {
     options_.abort_reason = ch_->abort_reason;
     options_.abort_code = &ch_->abort_code;
     options_.progress_ns = &info_.progress_ns;
-    options_.prev_name = Who((ch_->rank + ch_->size - 1) % ch_->size);
-    options_.next_name = Str(Who((ch_->rank + 1) % ch_->size), " (", next.host, ":", next.port, ")");
+    options_.prev_name = Who((ring_rank + ring_size - 1) % ring_size);
+    options_.next_name = Str(Who((ring_rank + 1) % ring_size), " (", next.host, ":", next.port, ")");
 
     uint32_t next_request = 0;
     for (;;) {
@@ -183,6 +204,7 @@ class Proxy {
         CopyString(slot.error, Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message()));
       }
       Fail(st);
+      if (host_.attached()) AbortHost(Status::Error(st.code(), Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message())));
     }
     info_.progress_ns.store(NowNs());
     slot.lanes_done.fetch_add(1, std::memory_order_acq_rel);
@@ -227,7 +249,7 @@ class Proxy {
     const bool zero_fill = (r.flags & kRequestZeroFill) != 0;  // a joined rank's part (negotiation/member.h)
     trace_observer_.SetCollective(zero_fill ? kNoRequest : r.trace_id, zero_fill ? kTraceFlagZeroFill : 0);
     if (zero_fill) info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
-    Status st = RingAllreduce(links_, desc, work, options_, &stats);
+    Status st = Hierarchical() ? ExecuteHost(r, desc, work, &stats) : RingAllreduce(links_, desc, work, options_, &stats);
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.busy_ns.fetch_add(static_cast<uint64_t>(stats.end_ns - stats.start_ns), std::memory_order_relaxed);
@@ -259,12 +281,202 @@ class Proxy {
       Status st = ReceiveSegment(segments_, timeout_ms, &grant);
       if (st.code() == Code::kAborted) segments_closed_ = true;  // the worker closed the channel
       if (!st.ok() || grant.fd < 0) return st;
-      ShmSegment seg;
-      FHVD_RETURN_IF_ERROR(ShmSegment::Map(grant.fd, grant.bytes, Str("data buffer ", grant.id), &seg));
-      buffers_[grant.id] = std::move(seg);
+      if (grant.id == kHostSegment) {
+        FHVD_RETURN_IF_ERROR(HostSegment::Map(grant.fd, grant.bytes, &host_));
+      } else {
+        ShmSegment seg;
+        FHVD_RETURN_IF_ERROR(ShmSegment::Map(grant.fd, grant.bytes, Str("data buffer ", grant.id), &seg));
+        buffers_[grant.id] = std::move(seg);
+      }
       timeout_ms = 0;
     }
     return Status::Error(Code::kAborted, "the worker closed the channel");
+  }
+
+  // -- the hierarchical allreduce (shm/host.h) ---------------------------------------------------
+
+  // The host segment arrives on the worker's socket before `go`.
+  Status ReceiveHost() {
+    const Deadline deadline = Deadline::After(ch_->timeout_seconds);
+    while (!host_.attached()) {
+      if (Stopping()) return Status::Error(Code::kAborted, "stopping");
+      if (deadline.Expired()) return Status::Error(Code::kTimeout, "the worker never handed over the host segment");
+      FHVD_RETURN_IF_ERROR(ReceiveSegments(100));
+    }
+    host_.header()->posts[lane_][ch_->local_rank].proxy_pid = getpid();
+    return Status::Ok();
+  }
+
+  // Lane j's shard among the L local ranks: reduce-scatter in shared memory, this part's ring across
+  // hosts, allgather in shared memory; three meetings of the host's lane-j proxies (host.h).
+  // A failure outside the ring (a local rank's proxy gone, a timeout while meeting) is sent round the
+  // ring of this local rank like any lane failure, so that the other hosts fail at once too.
+  Status ExecuteHost(const RequestDesc& r, const CollectiveDesc& desc, const ShardWork& work, RingStats* stats) {
+    bool ring_ran = false;
+    Status st = HostPhases(r, desc, work, stats, &ring_ran);
+    if (!st.ok() && !ring_ran && !links_.to_next.empty()) {
+      std::atomic<uint32_t> raised{1};
+      const uint32_t code = static_cast<uint32_t>(st.code());
+      const std::string reason = Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message());
+      RingOptions tell = options_;
+      tell.abort = &raised;
+      tell.abort_reason = reason.c_str();
+      tell.abort_code = &code;
+      ShardWork nothing = work;
+      nothing.data = nullptr;
+      nothing.count = 0;
+      RingStats unused;
+      (void)RingAllreduce(links_, desc, nothing, tell, &unused);  // fails at once, after sending the abort
+    }
+    return st;
+  }
+
+  Status HostPhases(const RequestDesc& r, CollectiveDesc desc, ShardWork work, RingStats* stats, bool* ring_ran) {
+    stats->start_ns = NowNs();
+    if (r.op == static_cast<uint32_t>(ReduceOp::kGather)) {
+      return Status::Error(Code::kInvalidArgument, "an allgather does not run hierarchically (the worker sends it "
+                                                   "as a sum of integer words)");
+    }
+    HostHeader* host = host_.header();
+    const uint32_t L = ch_->local_size, me = ch_->local_rank;
+    const uint32_t n = ++host_collectives_;
+    HostPost& post = host->posts[lane_][me];
+    post.buffer_id = r.buffer_id;
+    post.buffer_offset = r.buffer_offset;
+    post.count = r.count;
+    post.dtype = r.dtype;
+    post.op = r.op;
+    post.lane_begin = r.lane_begin[lane_];
+    post.lane_end = r.lane_begin[lane_ + 1];
+    post.name_hash = r.name_hash;
+    Scale(work.dtype, work.data, work.count, work.prescale);  // this rank's input, once
+    FHVD_RETURN_IF_ERROR(Meet(&HostPost::posted, n, "post its data"));
+
+    const size_t elem = DTypeSize(work.dtype);
+    std::vector<char*> shards(L);
+    for (uint32_t m = 0; m < L; ++m) {
+      if (m == me) {
+        shards[m] = static_cast<char*>(work.data);
+        continue;
+      }
+      const HostPost& peer = host->posts[lane_][m];
+      if (peer.count != r.count || peer.dtype != r.dtype || peer.op != r.op || peer.lane_begin != post.lane_begin ||
+          peer.lane_end != post.lane_end) {
+        return Status::Error(Code::kMismatch,
+                             Str("local rank ", m, " posted a different collective to lane ", lane_, " (", peer.count,
+                                 " elements of dtype ", peer.dtype, ", op ", peer.op, ", shard [", peer.lane_begin, ", ",
+                                 peer.lane_end, ")) than local rank ", me, " ('", r.name, "': ", r.count,
+                                 " elements of dtype ", r.dtype, ", op ", r.op, ", shard [", post.lane_begin, ", ",
+                                 post.lane_end, "))"));
+      }
+      ShmSegment* buffer = nullptr;
+      FHVD_RETURN_IF_ERROR(PeerBuffer(m, peer.buffer_id, &buffer));
+      if (peer.buffer_offset + peer.count * elem > buffer->size()) {
+        return Status::Error(Code::kInvalidArgument, Str("local rank ", m, "'s request exceeds its data buffer"));
+      }
+      shards[m] = static_cast<char*>(buffer->data()) + peer.buffer_offset + post.lane_begin * elem;
+    }
+    auto part = [&](uint32_t m, size_t* begin) {
+      *begin = ChunkBegin(work.count, L, m);
+      return ChunkBegin(work.count, L, m + 1) - *begin;
+    };
+    size_t begin = 0;
+    const size_t count = part(me, &begin);
+    char* mine = shards[me] + begin * elem;
+    for (uint32_t m = 0; m < L; ++m) {
+      if (m != me) ReduceSum(work.dtype, mine, shards[m] + begin * elem, count);
+    }
+    if (ch_->num_hosts > 1) {
+      ShardWork across = work;
+      across.data = mine;
+      across.count = count;
+      across.prescale = 1.0;
+      desc.shard_bytes = count * elem;
+      RingStats ring;
+      *ring_ran = true;
+      Status st = RingAllreduce(links_, desc, across, options_, &ring);
+      stats->bytes_sent = ring.bytes_sent;
+      stats->bytes_received = ring.bytes_received;
+      FHVD_RETURN_IF_ERROR(st);
+    } else {
+      Scale(work.dtype, mine, count, work.postscale);
+    }
+    FHVD_RETURN_IF_ERROR(Meet(&HostPost::reduced, n, "reduce its part"));
+    for (uint32_t m = 0; m < L; ++m) {
+      if (m == me) continue;
+      const size_t other = part(m, &begin);
+      if (other > 0) std::memcpy(shards[me] + begin * elem, shards[m] + begin * elem, other * elem);
+    }
+    FHVD_RETURN_IF_ERROR(Meet(&HostPost::copied, n, "copy the other parts"));
+    stats->end_ns = NowNs();
+    return Status::Ok();
+  }
+
+  // Marks this local rank as having reached `point` of hierarchical collective n and waits until the
+  // lane's other local ranks have too: bounded by the timeout, the abort flags (100 ms), and the
+  // other proxies' lives.
+  Status Meet(std::atomic<uint32_t> HostPost::*point, uint32_t n, const char* what) {
+    HostHeader* host = host_.header();
+    HostPost& mine = host->posts[lane_][ch_->local_rank];
+    (mine.*point).store(n, std::memory_order_release);
+    FutexWakeAll(&(mine.*point));
+    const Deadline deadline = Deadline::After(ch_->timeout_seconds);
+    for (uint32_t m = 0; m < ch_->local_size; ++m) {
+      if (m == ch_->local_rank) continue;
+      HostPost& peer = host->posts[lane_][m];
+      for (;;) {
+        const uint32_t seen = (peer.*point).load(std::memory_order_acquire);
+        if (static_cast<int32_t>(seen - n) >= 0) break;
+        if (host->abort.load() != 0) {
+          return Status::Error(CodeFromWire(host->abort_code),
+                               Str("on this host, ", std::string(host->abort_reason, strnlen(host->abort_reason,
+                                                                                             kErrorBytes))));
+        }
+        if (ch_->abort.load() != 0) {
+          return Status::Error(CodeFromWire(ch_->abort_code),
+                               std::string(ch_->abort_reason, strnlen(ch_->abort_reason, kErrorBytes)));
+        }
+        if (Stopping()) return Status::Error(Code::kAborted, "the worker stopped its proxies");
+        const int32_t pid = peer.proxy_pid;
+        if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+          return Status::Error(Code::kPeerError, Str("the lane ", lane_, " proxy of local rank ", m, " (pid ", pid,
+                                                     ") exited while this one waited for it to ", what));
+        }
+        if (deadline.Expired()) {
+          return Status::Error(Code::kTimeout, Str("local rank ", m, "'s lane ", lane_, " proxy did not ", what,
+                                                   " within ", ch_->timeout_seconds, " s"));
+        }
+        FutexWait(&(peer.*point), seen, 100);
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Local rank m's data buffer `id`, mapped at its first use and kept.
+  Status PeerBuffer(uint32_t m, uint32_t id, ShmSegment** out) {
+    const uint64_t key = (uint64_t{m} << 32) | id;
+    auto it = peer_buffers_.find(key);
+    if (it == peer_buffers_.end()) {
+      ShmSegment seg;
+      FHVD_RETURN_IF_ERROR(host_.MapBuffer(m, id, &seg));
+      it = peer_buffers_.emplace(key, std::move(seg)).first;
+    }
+    *out = &it->second;
+    return Status::Ok();
+  }
+
+  // A failure here fails every hierarchical collective of the host: the other local ranks' proxies
+  // stop waiting for this one at once.
+  void AbortHost(const Status& why) {
+    HostHeader* host = host_.header();
+    RaiseHostAbort(host, why);
+    for (uint32_t lane = 0; lane < ch_->num_lanes; ++lane) {
+      for (uint32_t m = 0; m < ch_->local_size; ++m) {
+        FutexWakeAll(&host->posts[lane][m].posted);
+        FutexWakeAll(&host->posts[lane][m].reduced);
+        FutexWakeAll(&host->posts[lane][m].copied);
+      }
+    }
   }
 
   void Fail(const Status& st) {
@@ -283,6 +495,9 @@ class Proxy {
   RingLinks links_;
   RingOptions options_;
   std::unordered_map<uint32_t, ShmSegment> buffers_;
+  HostSegment host_;                               // the hierarchical allreduce's meeting place
+  std::map<uint64_t, ShmSegment> peer_buffers_;    // (local rank << 32 | id): the other workers' buffers
+  uint32_t host_collectives_ = 0;                  // hierarchical collectives this lane has started
   Status dead_;
   uint64_t collective_seq_ = 0;  // collectives this lane has run
   TraceRecorder trace_;

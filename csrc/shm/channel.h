@@ -27,7 +27,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 5;
+constexpr uint32_t kChannelVersion = 6;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_PROXY's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
@@ -106,6 +106,12 @@ struct ChannelHeader {
   int32_t worker_pid;
   uint32_t reserved;
   char bind_host[kHostBytes];
+  // The hierarchical allreduce (shm/host.h), written before `go`: local_size > 1 when it runs; the
+  // lanes' rings then join local rank `local_rank` of the num_hosts hosts, this one being host_index.
+  uint32_t local_rank;
+  uint32_t local_size;
+  uint32_t host_index;
+  uint32_t num_hosts;
   std::atomic<uint32_t> go;
   std::atomic<uint32_t> head;
   std::atomic<uint32_t> stop;

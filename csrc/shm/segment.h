@@ -39,6 +39,10 @@ class ShmSegment {
 
   void Unmap();
   void CloseFd();  // the mapping stays valid
+  void AdoptFd(int fd) {  // keeps `fd` (a descriptor of this segment) as its own, closed with it
+    CloseFd();
+    fd_ = fd;
+  }
 
   void* data() const { return data_; }
   size_t size() const { return size_; }

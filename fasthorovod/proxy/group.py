@@ -51,6 +51,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
+from fasthorovod.proxy import hosts as host_layout
 from fasthorovod.proxy import probe
 from fasthorovod.proxy.buffers import Buffer, BufferPool
 
@@ -163,7 +164,7 @@ class GatherRequest(Request):
     words in row r."""
 
     def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, output: torch.Tensor,
-                 bounds: Sequence[int]) -> None:
+                 bounds: Optional[Sequence[int]]) -> None:
         super().__init__(group, ticket, buffer, True, (), (output,), (0,))
         self._bounds = bounds
         self.output = output  # (size, n); complete once wait() returned
@@ -171,6 +172,9 @@ class GatherRequest(Request):
     def _copy_out(self) -> None:
         (out,) = self._outputs
         size = out.shape[0]
+        if self._bounds is None:  # summed rows (the hierarchical allreduce): row r is rank r's
+            out.view(-1).copy_(self._buffer.view(out.dtype, 0, out.numel()))
+            return
         for begin, end in zip(self._bounds[:-1], self._bounds[1:]):
             # The lane's region holds size chunks of its columns; chunk c is rank c-1's (the ring's
             # allgather starts from chunk rank+1), so row r of the output is chunk r+1.
@@ -221,6 +225,8 @@ class ProxyGroup:
         self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again; 0: reused
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
         self.startup_seconds: Dict[str, float] = {}  # how long each step of _start took (describe())
+        self.layout: Optional[host_layout.HostLayout] = None  # set when the hierarchical allreduce runs
+        self.flat_because: Optional[str] = None  # why not, when the ranks share hosts
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -259,7 +265,7 @@ class ProxyGroup:
                 _C.CoordinatorOptions, size=self.size, token=token, bind_host=host,
                 timeout_seconds=cfg.timeout_seconds, stall_check_seconds=cfg.stall_check_seconds,
                 stall_shutdown_seconds=cfg.stall_shutdown_seconds))
-        me = {"host": host, "ports": ports, "config": cfg.wire_hash(),
+        me = {"host": host, "ports": ports, "config": cfg.wire_hash(), "pid": os.getpid(),
               "coordinator": self.coordinator.port if self.coordinator is not None else None,
               "probe": path_probe.port if path_probe is not None else None,
               "probed": _last_probe if self.rank == 0 and path_probe is not None else None}
@@ -269,14 +275,19 @@ class ProxyGroup:
         if nxt["config"] != cfg.wire_hash():
             raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
                               f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
+        self._attach_host(peers, allgather_object)
+        if self.layout is not None:  # the ring joins this local rank of every host
+            nxt = peers[self.layout.ring_next()]
+            if path_probe is not None:
+                path_probe.set_place(self.layout.host_index, self.layout.num_hosts)
+        mark("host")
         if path_probe is not None:
             hosts = frozenset(peer["host"] for peer in peers)
             known = peers[0]["probed"]
             if known is not None and hosts <= known[0]:
                 self._reuse_probe(known[1], len(known[0]), len(hosts))
             else:
-                self._choose_sockets(path_probe, nxt, allgather_object,
-                                     lambda: _C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()))
+                self._choose_sockets(path_probe, nxt, allgather_object, lambda: self._new_probe(host, token))
                 known = (hosts, self.flow_choice.hops)
             _last_probe = known
             mark("probe")
@@ -287,6 +298,54 @@ class ProxyGroup:
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
             coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
         mark("negotiation")
+
+    def _new_probe(self, host: str, token: bytes) -> "_C.PathProbe":
+        path_probe = _C.PathProbe(host, token, self.rank, self.size, self.config.wire_hash())
+        if self.layout is not None:
+            path_probe.set_place(self.layout.host_index, self.layout.num_hosts)
+        return path_probe
+
+    def _attach_host(self, peers: List[dict], allgather_object: Callable) -> None:
+        """Sets up the hierarchical allreduce when the ranks share hosts and FASTHOROVOD_HIERARCHICAL
+        allows it: local rank 0 creates the host segment, the others open it through /proc, and the
+        ranks agree that every one of them could; else the flat ring runs (and with
+        FASTHOROVOD_HIERARCHICAL=1 every rank raises, naming why)."""
+        mode = self.config.hierarchical
+        layout = host_layout.layout([peer["host"] for peer in peers], self.rank)
+        if layout.num_hosts == self.size:
+            return  # one rank per host: nothing to share
+        why = layout.why_flat()
+        if mode == "0" or why is not None:
+            self.flat_because = "FASTHOROVOD_HIERARCHICAL=0" if mode == "0" else why
+            if mode == "1":
+                raise ConfigError(f"FASTHOROVOD_HIERARCHICAL=1, but {why} ({layout.describe()}: "
+                                  f"{[len(r) for r in layout.hosts]}); unset it to run the flat ring")
+            return
+        fd = self.channel.create_host(layout.local_size) if layout.local_rank == 0 else None
+        owners = allgather_object(fd, name="fasthorovod.host")
+        error = None
+        if layout.local_rank != 0:
+            owner = layout.hosts[layout.host_index][0]
+            try:
+                self.channel.open_host(peers[owner]["pid"], owners[owner], layout.local_size)
+            except Exception as exc:  # reported below, on every rank alike
+                error = str(exc)
+        failed = [(r, e) for r, e in enumerate(allgather_object(error, name="fasthorovod.host.opened")) if e]
+        if failed:
+            r, e = failed[0]
+            self.flat_because = f"rank {r} cannot share memory with its host: {e}"
+            if mode == "1":
+                raise FastHorovodError(f"FASTHOROVOD_HIERARCHICAL=1, but {self.flat_because}")
+            if self.rank == 0:
+                print(f"[fasthorovod] hierarchical allreduce off: {self.flat_because}", file=sys.stderr, flush=True)
+            return
+        self.channel.attach_host(layout.local_rank, layout.host_index, layout.num_hosts)
+        self.layout = layout
+        if self.rank == 0:
+            across = (f"{self.config.num_proxies} rings across hosts per local rank" if layout.num_hosts > 1
+                      else "no network")
+            print(f"[fasthorovod] hierarchical allreduce: {layout.describe()} (shared memory inside each host, "
+                  f"{across}; FASTHOROVOD_HIERARCHICAL=0 turns it off)", file=sys.stderr, flush=True)
 
     def _startup_clock(self) -> Callable[[str], None]:
         """mark(step) records the seconds since the previous mark under `step` in startup_seconds."""
@@ -304,16 +363,23 @@ class ProxyGroup:
         computes alike from them (probe.py); measures a second time when the hops' knees disagree."""
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
         started = time.monotonic()
-        phases = path_probe.run(nxt["host"], nxt["probe"], options, self.config.timeout_seconds)
-        hops = [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe")]
+        # With the hierarchical allreduce, local rank 0 of each host measures the hop between hosts
+        # alone (the host's link, which its L ranks' lanes will share); the others wait.
+        measures = self.layout is None or self.layout.local_rank == 0
+
+        def measure(path: "_C.PathProbe", port: int, name: str) -> List[Dict[int, float]]:
+            phases = path.run(nxt["host"], port, options, self.config.timeout_seconds) if measures else None
+            return [probe.hop_curve(p) for p in allgather_object(phases, name=name) if p is not None]
+
+        hops = measure(path_probe, nxt["probe"], "fasthorovod.probe")
         self.probe_runs = 1
         if probe.disagree(hops):  # the same decision on every rank: the same curves
             again = new_probe()
             ports = allgather_object(again.port, name="fasthorovod.probe.ports.2")
-            phases = again.run(nxt["host"], ports[(self.rank + 1) % self.size], options, self.config.timeout_seconds)
-            hops = probe.merge(hops, [probe.hop_curve(p) for p in allgather_object(phases, name="fasthorovod.probe.2")])
+            after = self.layout.ring_next() if self.layout is not None else (self.rank + 1) % self.size
+            hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2"))
             self.probe_runs = 2
-        self.flow_choice = probe.choose(hops, self.config.num_proxies)
+        self.flow_choice = probe.choose(hops, self._lanes_per_host())
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
@@ -323,10 +389,15 @@ class ProxyGroup:
                   f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
+    def _lanes_per_host(self) -> int:
+        """The lanes that share a host's link: this rank's, or with the hierarchical allreduce the
+        lanes of every local rank (each runs its own rings across hosts)."""
+        return self.config.num_proxies * (self.layout.local_size if self.layout is not None else 1)
+
     def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int) -> None:
         """Takes the sockets per lane from the curves an earlier start-up of this process measured
         among these hosts (and maybe more): the same choice on every rank, no measurement."""
-        self.flow_choice = probe.choose(hops, self.config.num_proxies)
+        self.flow_choice = probe.choose(hops, self._lanes_per_host())
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
         self.probe_runs = 0
         if self.rank == 0:
@@ -344,6 +415,10 @@ class ProxyGroup:
         info = {"lanes": self.config.num_proxies, "sockets_per_lane": self.sockets_per_lane,
                 "flows": self.config.num_proxies * self.sockets_per_lane, "sockets_source": source,
                 "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every,
+                "hierarchical": None if self.layout is None else {
+                    "hosts": self.layout.num_hosts, "ranks_per_host": self.layout.local_size,
+                    "host_index": self.layout.host_index, "local_rank": self.layout.local_rank},
+                "flat_because": self.flat_because,
                 "startup_seconds": dict(self.startup_seconds)}
         if self.flow_choice is not None:
             info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
@@ -470,6 +545,8 @@ class ProxyGroup:
             raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
                              f"{tensor.dtype} on {tensor.device}")
         n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
+        if self.layout is not None:
+            return self._allgather_as_sum(tensor, name)
         bounds = self.lane_boundaries(width)
         output = torch.empty((n, width), dtype=tensor.dtype)
         buffer = self.pool.acquire(max(1, n * width * itemsize))
@@ -486,6 +563,30 @@ class ProxyGroup:
             self.pool.release(buffer)
             raise
         return GatherRequest(self, ticket, buffer, output, bounds)
+
+    def _allgather_as_sum(self, tensor: torch.Tensor, name: str) -> "GatherRequest":
+        """The hierarchical allreduce has no allgather schedule: each rank writes its row into a
+        (size, len) buffer of zeros, read as integer words, and the ranks sum it (adding integer
+        zeros changes no bit, so every row arrives exactly). Twice the bytes of a ring allgather;
+        the same description as a ring allgather, so a joined rank's zeros fit too."""
+        n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
+        words = BROADCAST_WORDS.get(itemsize)
+        if words is None:
+            raise ValueError(f"the proxies cannot allgather {tensor.dtype} (element size {itemsize})")
+        output = torch.empty((n, width), dtype=tensor.dtype)
+        buffer = self.pool.acquire(max(1, n * width * itemsize))
+        count = n * width
+        try:
+            buffer.view(words, 0, count).zero_()
+            buffer.view(tensor.dtype, self.rank * width * itemsize, width).copy_(tensor)
+            ticket = self.member.submit(request(
+                buffer_id=buffer.id, buffer_offset=0, count=count, dtype=DTYPE_CODES[words], op=OP_SUM,
+                name_hash=_hash64(name), shape_hash=_hash64(str(width)), name=name,
+                lane_begin=self.lane_boundaries(count)), str(width))
+        except BaseException:
+            self.pool.release(buffer)
+            raise
+        return GatherRequest(self, ticket, buffer, output, None)
 
     def begin_join(self) -> None:
         """This rank has joined: until every rank has, its proxies take part in the collectives the
