@@ -10,11 +10,14 @@ Backends, as written on the command line (``--backends a,b,c``):
 
     horovod-gloo (alias horovod)  horovodrun --gloo, ``import horovod.torch as hvd``
     horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
+                                  (either with a '+hierarchical' suffix: HOROVOD_HIERARCHICAL_ALLREDUCE=1)
     fasthorovod[:K[xS]]           horovodrun --gloo, ``import fasthorovod.torch as hvd``,
                                   FASTHOROVOD_NUM_PROXIES=K and FASTHOROVOD_SOCKETS_PER_PROXY=S
                                   (each only when given: plain ``fasthorovod`` sets neither and
                                   runs FastHorovod's defaults);
                                   a '+trace' suffix also records its DLC trace (--trace-root),
+                                  a '+flat' suffix sets FASTHOROVOD_HIERARCHICAL=0 (one ring
+                                  through every rank even with several ranks per host),
                                   an '@DIR' suffix runs the checkout DIR instead of this one
     torch-gloo                    N processes started here, torch.distributed gloo (env://)
     mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
@@ -91,6 +94,8 @@ class Backend:
     trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
     source: str = None     # fasthorovod: another checkout to run (spec suffix '@DIR', built in place)
     sockets: int = None    # fasthorovod: TCP connections per proxy (spec 'fasthorovod:KxS')
+    flat: bool = False     # fasthorovod: FASTHOROVOD_HIERARCHICAL=0 (spec suffix '+flat')
+    hierarchical: bool = False  # horovod-*: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (suffix '+hierarchical')
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
@@ -107,9 +112,11 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         source = os.path.abspath(source)
         if not os.path.isfile(os.path.join(source, "fasthorovod", "__init__.py")):
             raise ValueError(f"backend {spec!r}: {source} is not a fasthorovod checkout")
-    trace = body.endswith("+trace")
-    if trace:
-        body = body[:-len("+trace")]
+    body, *suffixes = body.split("+")
+    unknown = set(suffixes) - {"trace", "flat", "hierarchical"}
+    if unknown:
+        raise ValueError(f"backend {spec!r}: unknown suffix '+{sorted(unknown)[0]}' (+trace, +flat, +hierarchical)")
+    trace, flat, hierarchical = ("trace" in suffixes), ("flat" in suffixes), ("hierarchical" in suffixes)
     parts = body.split(":")
     kind = _ALIASES.get(parts[0], parts[0])
     if kind not in kinds:
@@ -139,7 +146,12 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         raise ValueError(f"backend {spec!r}: only fasthorovod backends can be traced (+trace)")
     if source and kind != "fasthorovod":
         raise ValueError(f"backend {spec!r}: only fasthorovod backends take a checkout (@DIR)")
-    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets)
+    if flat and kind != "fasthorovod":
+        raise ValueError(f"backend {spec!r}: only fasthorovod backends take +flat")
+    if hierarchical and kind not in ("horovod-gloo", "horovod-mpi"):
+        raise ValueError(f"backend {spec!r}: only horovod backends take +hierarchical "
+                         "(FastHorovod's is on by default; +flat turns it off)")
+    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):
@@ -229,6 +241,10 @@ def backend_env(backend, proxy_threshold=None, trace_root="traces"):
             env["FASTHOROVOD_SOCKETS_PER_PROXY"] = str(backend.sockets)
         if proxy_threshold is not None:
             env["FASTHOROVOD_PROXY_THRESHOLD_BYTES"] = str(proxy_threshold)
+        if backend.flat:
+            env["FASTHOROVOD_HIERARCHICAL"] = "0"
+    if backend.hierarchical:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
     return env
 
 
@@ -656,7 +672,7 @@ def settings_note(specs, proxy_threshold=None):
             continue
         env = {k: v for k, v in backend_env(backend, proxy_threshold).items()
                if k in ("FASTHOROVOD_NUM_PROXIES", "FASTHOROVOD_SOCKETS_PER_PROXY",
-                        "FASTHOROVOD_PROXY_THRESHOLD_BYTES")}
+                        "FASTHOROVOD_PROXY_THRESHOLD_BYTES", "FASTHOROVOD_HIERARCHICAL")}
         inherited = {k: v for k, v in inherited_fasthorovod_env().items() if k not in env}
         if env:
             note = f"{spec}: hand-set " + " ".join(f"{k}={v}" for k, v in env.items())

@@ -232,7 +232,7 @@ hvd.init()
 group = hvd.proxy_group()
 # every rank on one host and no --proxy-threshold: only allreduces of 8 MiB and more use the proxies
 assert group.config.proxy_threshold_bytes == 8 << 20, group.config
-sent = lambda: sum(lane["bytes_sent"] for lane in group.lane_stats())
+sent = lambda: sum(lane["collectives"] for lane in group.lane_stats())
 for count, through_proxies in ((1 << 20, False), (2 << 20, True)):
     before = sent()
     x = torch.full((count,), float(hvd.rank() + 1))

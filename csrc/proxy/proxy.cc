@@ -428,7 +428,10 @@ class Proxy {
         const uint32_t seen = (peer.*point).load(std::memory_order_acquire);
         if (static_cast<int32_t>(seen - n) >= 0) break;
         if (host->abort.load() != 0) {
-          return Status::Error(CodeFromWire(host->abort_code),
+          // Another rank's failure is a peer's here, whatever it was there (a dead proxy of rank 1
+          // is rank 1's ProxyDiedError and everyone else's FastHorovodError), as in the ring.
+          const Code code = CodeFromWire(host->abort_code);
+          return Status::Error(host->abort_rank == ch_->rank ? code : CodeFromPeer(code),
                                Str("on this host, ", std::string(host->abort_reason, strnlen(host->abort_reason,
                                                                                              kErrorBytes))));
         }
@@ -469,7 +472,7 @@ class Proxy {
   // stop waiting for this one at once.
   void AbortHost(const Status& why) {
     HostHeader* host = host_.header();
-    RaiseHostAbort(host, why);
+    RaiseHostAbort(host, ch_->rank, why);
     for (uint32_t lane = 0; lane < ch_->num_lanes; ++lane) {
       for (uint32_t m = 0; m < ch_->local_size; ++m) {
         FutexWakeAll(&host->posts[lane][m].posted);

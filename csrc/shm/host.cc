@@ -105,9 +105,10 @@ Status HostSegment::MapBuffer(uint32_t local_rank, uint32_t id, ShmSegment* out)
                        Str("local rank ", local_rank, " never shared data buffer ", id, " with its host"));
 }
 
-void RaiseHostAbort(HostHeader* host, const Status& why) {
+void RaiseHostAbort(HostHeader* host, uint32_t rank, const Status& why) {
   uint32_t expected = 0;
   if (host->abort.load() == 0) {
+    host->abort_rank = rank;
     host->abort_code = static_cast<uint32_t>(why.ok() ? Code::kAborted : why.code());
     CopyString(host->abort_reason, why.message());
     host->abort.compare_exchange_strong(expected, 1, std::memory_order_release);

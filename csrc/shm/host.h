@@ -35,7 +35,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kHostMagic = 0x46484f56484f5331ull;  // "FHOVHOS1"
-constexpr uint32_t kHostVersion = 1;
+constexpr uint32_t kHostVersion = 1;  // bump with any change of the layout below
 constexpr uint32_t kMaxLocalRanks = 16;
 constexpr uint32_t kMaxHostBuffers = 1024;  // per local rank: data buffers a worker may share
 constexpr uint32_t kHostSegment = 0xfffffffeu;  // the id under which the host segment is handed to a proxy
@@ -71,6 +71,7 @@ struct HostHeader {
   int32_t worker_pid[kMaxLocalRanks];
   std::atomic<uint32_t> abort;
   uint32_t abort_code;
+  uint32_t abort_rank;  // the rank whose proxy raised it
   char abort_reason[kErrorBytes];
   std::atomic<uint32_t> num_buffers[kMaxLocalRanks];
   HostBufferEntry buffers[kMaxLocalRanks][kMaxHostBuffers];
@@ -102,6 +103,6 @@ class HostSegment {
 
 // Records the first failure on this host and raises its abort flag (every waiting proxy of every
 // lane wakes within 100 ms, or at once for the lane named).
-void RaiseHostAbort(HostHeader* host, const Status& why);
+void RaiseHostAbort(HostHeader* host, uint32_t rank, const Status& why);
 
 }  // namespace fasthorovod

@@ -312,14 +312,13 @@ class ProxyGroup:
         FASTHOROVOD_HIERARCHICAL=1 every rank raises, naming why)."""
         mode = self.config.hierarchical
         layout = host_layout.layout([peer["host"] for peer in peers], self.rank)
-        if layout.num_hosts == self.size:
-            return  # one rank per host: nothing to share
         why = layout.why_flat()
-        if mode == "0" or why is not None:
-            self.flat_because = "FASTHOROVOD_HIERARCHICAL=0" if mode == "0" else why
-            if mode == "1":
-                raise ConfigError(f"FASTHOROVOD_HIERARCHICAL=1, but {why} ({layout.describe()}: "
-                                  f"{[len(r) for r in layout.hosts]}); unset it to run the flat ring")
+        if why is not None and mode == "1":
+            raise ConfigError(f"FASTHOROVOD_HIERARCHICAL=1, but {why} (ranks per host: "
+                              f"{[len(ranks) for ranks in layout.hosts]}); unset it to run the flat ring")
+        if why is not None or mode == "0":
+            if layout.num_hosts < self.size:  # ranks share hosts: say why they still run one flat ring
+                self.flat_because = "FASTHOROVOD_HIERARCHICAL=0" if mode == "0" else why
             return
         fd = self.channel.create_host(layout.local_size) if layout.local_rank == 0 else None
         owners = allgather_object(fd, name="fasthorovod.host")

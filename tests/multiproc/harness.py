@@ -69,14 +69,20 @@ class _PidSampler(threading.Thread):
 
 def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240,
             expect_success: bool = True, launcher_args: Sequence[str] = (),
-            worker: Path = WORKER, wrap: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """`wrap` goes before the launcher (for example ``ip netns exec NAME``)."""
-    cmd = [*wrap, str(HOROVODRUN), "--gloo", "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
+            worker: Path = WORKER, wrap: Sequence[str] = (),
+            launcher: Sequence[str] = (str(HOROVODRUN), "--gloo")) -> subprocess.CompletedProcess:
+    """`wrap` goes before the launcher (for example ``ip netns exec NAME``); `launcher` replaces
+    ``horovodrun --gloo`` (for example ``fasthorovodrun --emulate-cloud SPEC``)."""
+    cmd = [*wrap, *launcher, "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
     full_env = dict(os.environ)
     full_env.setdefault("FASTHOROVOD_TIMEOUT_SECONDS", "60")
     # Every rank of these jobs runs on this one host, where the unset threshold would be 8 MiB
     # (Config.for_topology); the tests are written against the across-hosts default of 1 MiB.
     full_env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", str(1 << 20))
+    # ... and against the flat ring through every rank, whose TCP lanes (frames, traces, sockets,
+    # rebalancing, hostile peers) they exercise; on one host the hierarchical allreduce would carry
+    # everything through shared memory instead. tests/multiproc/test_hierarchical.py tests that.
+    full_env.setdefault("FASTHOROVOD_HIERARCHICAL", "0")
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env,
                             start_new_session=True, cwd=REPO)

@@ -72,6 +72,12 @@ def scenario_matrix(args):
             assert all(a == b + 1 for a, b in zip(after, before)), f"grouped {count}: lanes ran {before} -> {after}"
     stats = group.lane_stats()
     assert all(s["collectives"] > 0 and s["state"] == 2 for s in stats), stats
+    if args.ranks_per_host:
+        hierarchical = group.describe()["hierarchical"]
+        if args.ranks_per_host == 1:
+            assert hierarchical is None, hierarchical
+        else:
+            assert hierarchical is not None and hierarchical["ranks_per_host"] == args.ranks_per_host, hierarchical
     print(f"rank {rank}: matrix ok, lanes {[s['collectives'] for s in stats]}", flush=True)
 
 
@@ -513,6 +519,8 @@ def main():
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ranks-per-host", type=int, default=0,
+                        help="matrix: check the data plane runs hierarchically with this many (1: flat)")
     parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "prescale"])
     run_scenario(globals(), parser.parse_args())
 

@@ -1,0 +1,88 @@
+"""The hierarchical allreduce (issue 16, docs/hierarchical.md): several ranks per host reduce
+inside the host through shared memory and run one ring across hosts per local rank.
+
+- On loopback every rank is on one host (H = 1, L = np): shared memory only. Exact results over
+  sizes x dtypes x ops (worker.py matrix), the allgather (run as a sum), broadcast, join and a
+  mismatch, and proxies SIGKILLed or stopped at random points: every rank raises the exact class,
+  nothing is left behind (harness.py checks after every job).
+- On the emulated cloud (root, namespaces, sshd): 1, 2 and 3 ranks per host, exact; a proxy killed
+  on one host makes the ranks of every host raise.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.multiproc.harness import REPO, run_job
+from tests.netns import skip_unless_usable
+
+pytestmark = [pytest.mark.multiproc]
+FASTHOROVODRUN = str(Path(sys.executable).parent / "fasthorovodrun")
+FAULT = REPO / "tests" / "workers" / "fault_worker.py"
+BROADCAST = REPO / "tests" / "workers" / "broadcast_worker.py"
+NEGOTIATION = REPO / "tests" / "workers" / "negotiation_worker.py"
+ON = {"FASTHOROVOD_HIERARCHICAL": "1", "FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
+netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdhierprobe")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_one_host_exact_over_sizes_dtypes_and_ops(np_):
+    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(np_), env=ON)
+    for rank in range(np_):
+        assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
+    assert f"hierarchical allreduce: 1 host x {np_} ranks" in result.stdout
+
+
+def test_one_host_allgather_broadcast_join():
+    for scenario in ("gather", "join", "join_order"):
+        run_job(3, scenario, "--proxies", "2", env=ON)
+    # The harness's threshold (1 MiB): the worker checks which broadcasts take the proxies.
+    result = run_job(3, "exact", worker=BROADCAST, env=dict(ON, FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576"),
+                     timeout=300)
+    assert result.stdout.count("exact ok") == 3, result.stdout[-3000:]
+
+
+def test_one_host_negotiated_order_and_mismatch():
+    result = run_job(4, "permuted", "--count", "32", "--threads", "2", "--seed", "9", worker=NEGOTIATION,
+                     timeout=600, env=ON)
+    assert result.stdout.count("permuted ok") == 4, result.stdout[-3000:]
+    result = run_job(2, "mismatch", "--proxies", "2", "--variant", "dtype", env=ON)
+    assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
+
+
+def test_one_host_proxy_killed_at_random_points():
+    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
+    result = run_job(3, "kill", "--trials", "6", "--seed", "11", worker=FAULT, env=env, timeout=600)
+    assert "DETECTION trials=6" in result.stdout, result.stdout[-3000:]
+
+
+def test_one_host_stopped_proxy_times_out():
+    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
+    result = run_job(3, "stop", "--trials", "1", "--seed", "3", worker=FAULT, env=env, timeout=300)
+    assert "DETECTION trials=1" in result.stdout, result.stdout[-3000:]
+
+
+def _cloud(spec: str):
+    return (FASTHOROVODRUN, "--emulate-cloud", spec)
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.parametrize("spec,np_,per_host", [("2:1gbit:200mbit", 2, 1), ("2:1gbit:200mbit", 4, 2),
+                                               ("2:1gbit:200mbit", 6, 3), ("3:1gbit:200mbit", 6, 2)])
+def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
+    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(per_host),
+                     "--counts", "0,7,65537,1000003", "--dtypes", "float32,float16,bfloat16,int64,uint8",
+                     launcher=_cloud(spec), timeout=400,
+                     env=dict(ON, FASTHOROVOD_HIERARCHICAL="auto"))
+    for rank in range(np_):
+        assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
+
+
+@netem
+@pytest.mark.netem
+def test_emulated_cloud_proxy_killed_every_host_raises():
+    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
+    result = run_job(4, "kill", "--trials", "3", "--seed", "5", worker=FAULT, env=env, timeout=600,
+                     launcher=_cloud("2:1gbit:200mbit"))
+    assert "DETECTION trials=3" in result.stdout, result.stdout[-3000:]
