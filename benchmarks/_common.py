@@ -844,12 +844,15 @@ def data_plane(hvd):
 
 
 def data_plane_label(info):
-    """'4x2 (probe)' from a ``data_plane`` record: lanes x sockets per lane (where S came from)."""
+    """'4x2 (probe)' from a ``data_plane`` record: lanes x sockets per lane (where S came from);
+    with the hierarchical allreduce also ', hier 2x2' (hosts x ranks per host)."""
     if not info:
         return "-"
     source = info.get("sockets_source") or "?"
     source = "set" if source == "FASTHOROVOD_SOCKETS_PER_PROXY" else source.split(" (")[0]
-    return f"{info['lanes']}x{info['sockets_per_lane']} ({source})"
+    hierarchical = info.get("hierarchical")
+    where = f", hier {hierarchical['hosts']}x{hierarchical['ranks_per_host']}" if hierarchical else ""
+    return f"{info['lanes']}x{info['sockets_per_lane']} ({source}){where}"
 
 
 def relevant_env():

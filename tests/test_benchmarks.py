@@ -102,6 +102,20 @@ def test_backend_specs():
             common.parse_backend(bad)
 
 
+def test_flat_and_hierarchical_suffixes():
+    flat = common.parse_backend("fasthorovod:4x2+flat")
+    assert (flat.count, flat.sockets, flat.flat) == (4, 2, True)
+    assert common.backend_env(flat)["FASTHOROVOD_HIERARCHICAL"] == "0"
+    assert common.backend_env(common.parse_backend("fasthorovod+trace+flat"), trace_root="/r")[
+        "FASTHOROVOD_HIERARCHICAL"] == "0"
+    assert common.backend_env(common.parse_backend("horovod+hierarchical")) == {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}
+    assert common.parse_backend("horovod-mpi+hierarchical").hierarchical
+    for bad, message in (("horovod+flat", "only fasthorovod backends take \\+flat"),
+                         ("fasthorovod+hierarchical", "on by default"), ("fasthorovod+fast", "unknown suffix")):
+        with pytest.raises(ValueError, match=message):
+            common.parse_backend(bad)
+
+
 def test_sockets_per_proxy_spec_and_plain_fasthorovod_sets_nothing():
     grid = common.parse_backend("fasthorovod:4x2")
     assert (grid.kind, grid.count, grid.sockets) == ("fasthorovod", 4, 2)
@@ -123,6 +137,8 @@ def test_data_plane_label():
                                     "sockets_source": "FASTHOROVOD_SOCKETS_PER_PROXY"}) == "8x1 (set)"
     assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 1,
                                     "sockets_source": "default (one host: no probe)"}) == "4x1 (default)"
+    assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 1, "sockets_source": "probe",
+                                    "hierarchical": {"hosts": 3, "ranks_per_host": 2}}) == "4x1 (probe), hier 3x2"
 
 
 @pytest.mark.parametrize("spec, mode", [("horovod-gloo", "--gloo"), ("fasthorovod:4", "--gloo"),

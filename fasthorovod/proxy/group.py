@@ -363,7 +363,12 @@ class ProxyGroup:
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
         started = time.monotonic()
         # With the hierarchical allreduce, local rank 0 of each host measures the hop between hosts
-        # alone (the host's link, which its L ranks' lanes will share); the others wait.
+        # alone (the host's link uncontended); the others wait. Each local rank then gets enough flows
+        # to fill the link by itself, as in the flat ring: its rings are not balanced against the
+        # other local ranks' (each owns a fixed 1/L of a lane's shard), so with fewer (one socket
+        # per lane on 4:1gbit:200mbit) a lane whose flow gets an unlucky share of the link holds its
+        # part back; 3 hosts x 2 ranks measured 1.00, 0.75, 0.99 Gbit/s with 4 x 1 against 0.95,
+        # 0.98, 0.97 with 4 x 2, in one invocation (docs/hierarchical.md).
         measures = self.layout is None or self.layout.local_rank == 0
 
         def measure(path: "_C.PathProbe", port: int, name: str) -> List[Dict[int, float]]:
@@ -378,7 +383,7 @@ class ProxyGroup:
             after = self.layout.ring_next() if self.layout is not None else (self.rank + 1) % self.size
             hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2"))
             self.probe_runs = 2
-        self.flow_choice = probe.choose(hops, self._lanes_per_host())
+        self.flow_choice = probe.choose(hops, self.config.num_proxies)
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
@@ -388,15 +393,10 @@ class ProxyGroup:
                   f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
                   file=sys.stderr, flush=True)
 
-    def _lanes_per_host(self) -> int:
-        """The lanes that share a host's link: this rank's, or with the hierarchical allreduce the
-        lanes of every local rank (each runs its own rings across hosts)."""
-        return self.config.num_proxies * (self.layout.local_size if self.layout is not None else 1)
-
     def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int) -> None:
         """Takes the sockets per lane from the curves an earlier start-up of this process measured
         among these hosts (and maybe more): the same choice on every rank, no measurement."""
-        self.flow_choice = probe.choose(hops, self._lanes_per_host())
+        self.flow_choice = probe.choose(hops, self.config.num_proxies)
         self.sockets_per_lane = self.flow_choice.sockets_per_lane
         self.probe_runs = 0
         if self.rank == 0:
