@@ -41,8 +41,9 @@ else
   prefix=()
   ceiling=()
   echo "== loopback, 4 ranks: network namespaces are not permitted here (needs root/CAP_NET_ADMIN),"
-  echo "   so there is no per-flow cap (and no ring ceiling to measure) and FastHorovod's advantage"
-  echo "   is much smaller than on a cloud"
+  echo "   so there is no per-flow cap (and no ring ceiling to measure): the 4 ranks share one host and"
+  echo "   FastHorovod reduces through shared memory (docs/hierarchical.md), which says nothing about"
+  echo "   how it does on a cloud's network"
 fi
 
 start=$SECONDS

@@ -1,4 +1,5 @@
 // Shared-memory segments (anonymous memfds with reserved pages), their hand-over on a socket pair,
+// the host segment of the hierarchical allreduce (opened and shared through /proc),
 // and the process watches of proxy/watch.h: reaping at once, killing after a grace period, the
 // worker's death seen whatever thread spawned the proxy, with and without pidfds.
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include "testing/no_pidfd.h"
 #include "proxy/watch.h"
 #include "shm/handoff.h"
+#include "shm/host.h"
 #include "shm/segment.h"
 
 using namespace fasthorovod;
@@ -108,6 +110,51 @@ TEST(SegmentsAreAnonymousZeroedAndSharedThroughTheirDescriptor) {
   close(pair[0]);
   CHECK(ReceiveSegment(pair[1], 1000, &grant).code() == Code::kAborted);
   close(pair[1]);
+}
+
+TEST(TheHostSegmentIsOpenedThroughProcCheckedAndSharesDataBuffers) {
+  const std::string token(kTokenBytes, 'k');
+  HostSegment first;
+  CHECK(!HostSegment::Create(1, token, &first).ok());  // one local rank: nothing to share
+  Status st = HostSegment::Create(2, token, &first);
+  CHECK(st.ok());
+  if (!st.ok()) return;
+  CHECK(FdTarget(first.fd()).rfind("/memfd:fasthorovod", 0) == 0);
+  first.header()->worker_pid[0] = getpid();
+  first.header()->worker_pid[1] = getpid();
+
+  HostSegment second;  // as another local rank's worker would: through /proc/<pid>/fd/<fd>
+  CHECK(HostSegment::Open(getpid(), first.fd(), 2, token, &second).ok());
+  first.header()->posts[3][1].posted.store(7);
+  CHECK_EQ(second.header()->posts[3][1].posted.load(), 7u);
+  CHECK(second.fd() >= 0);  // kept, to be handed to the proxies
+
+  HostSegment wrong;
+  st = HostSegment::Open(getpid(), first.fd(), 2, std::string(kTokenBytes, 'x'), &wrong);
+  CHECK(st.code() == Code::kInvalidArgument && st.message().find("another job") != std::string::npos);
+  st = HostSegment::Open(getpid(), first.fd(), 3, token, &wrong);
+  CHECK(st.code() == Code::kInvalidArgument && st.message().find("2 local ranks") != std::string::npos);
+  st = HostSegment::Open(getpid(), 9999, 2, token, &wrong);
+  CHECK(st.code() == Code::kIoError && st.message().find("/proc/") != std::string::npos);
+
+  // Local rank 1 lists a data buffer (its descriptor open); another proxy maps it by id.
+  ShmSegment data;
+  CHECK(ShmSegment::Create(1 << 16, "a data buffer", &data).ok());
+  CHECK(second.Publish(1, 5, data.fd(), data.size()).ok());
+  ShmSegment mapped;
+  CHECK(first.MapBuffer(1, 5, &mapped).ok());
+  static_cast<char*>(data.data())[100] = 9;
+  CHECK_EQ(static_cast<char*>(mapped.data())[100], 9);
+  st = first.MapBuffer(1, 6, &mapped);
+  CHECK(st.code() == Code::kInvalidArgument && st.message().find("never shared data buffer 6") != std::string::npos);
+  CHECK(!second.Publish(2, 1, data.fd(), data.size()).ok());  // local rank out of range
+
+  // The first failure on a host is kept, with the rank that raised it.
+  RaiseHostAbort(first.header(), 3, Status::Error(Code::kTimeout, "first"));
+  RaiseHostAbort(first.header(), 1, Status::Error(Code::kIoError, "second"));
+  CHECK_EQ(second.header()->abort.load(), 1u);
+  CHECK_EQ(second.header()->abort_rank, 3u);
+  CHECK_EQ(std::string(second.header()->abort_reason), std::string("first"));
 }
 
 TEST(AShortageOfMemoryIsAnErrorNamingItNeverASignal) {
