@@ -464,6 +464,31 @@ def test_down_removes_everything_and_is_idempotent() -> None:
     network.down()
 
 
+SEMAPHORE_JOB = """
+import multiprocessing, time
+event = multiprocessing.get_context("spawn").Event()  # as Horovod's launcher does, per rank
+print(event._flag._semlock.name, event._cond._lock._semlock.name, flush=True)
+time.sleep(120)
+"""
+
+
+@netem
+@pytest.mark.netem
+def test_down_lets_python_clean_up_the_semaphores_of_what_it_kills() -> None:
+    """A process in a host (here: as Horovod's launcher) with named multiprocessing semaphores is
+    SIGKILLed by down(); its resource tracker, spared for a moment, unlinks them (before: ten
+    /dev/shm/sem.mp-* left per killed launcher)."""
+    network = EmulatedCloud("2:100mbit:10mbit", prefix=PREFIX).up()
+    try:
+        proc = run_in_host(network.hosts[0], [sys.executable, "-c", SEMAPHORE_JOB], stdout=subprocess.PIPE, text=True)
+        names = proc.stdout.readline().split()
+        assert len(names) == 2 and all(Path("/dev/shm/sem." + n.lstrip("/")).exists() for n in names), names
+    finally:
+        network.down()
+    proc.wait(timeout=10)
+    assert [n for n in names if Path("/dev/shm/sem." + n.lstrip("/")).exists()] == []
+
+
 @netem
 @pytest.mark.netem
 def test_failure_in_the_middle_of_up_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

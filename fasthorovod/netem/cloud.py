@@ -82,12 +82,48 @@ def _list_namespaces() -> list[str]:
     return [line.split()[0] for line in run_command(["ip", "netns", "list"]).splitlines() if line.strip()]
 
 
+# How long a multiprocessing resource tracker gets to exit on its own once the processes it serves
+# are killed: it then unlinks the named semaphores they left (Horovod's launcher creates ten per job,
+# safe_shell_exec's spawn-context Events), which a SIGKILL of the tracker too would leave in /dev/shm.
+TRACKER_GRACE_S = 2.0
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
+def _namespace_pids(name: str) -> list[int]:
+    return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+
+
 def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
     """SIGKILL every process in namespace ``name`` until none is left (a process may fork while
-    its siblings die, hence rounds); returns the pids killed."""
+    its siblings die, hence rounds); returns the pids killed. Python's multiprocessing resource
+    trackers are spared for up to TRACKER_GRACE_S after the rest is killed, so that they clean up
+    the semaphores of the processes they served."""
     killed: list[int] = []
+    trackers: list[int] = []
     for _ in range(rounds):
-        pids = [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+        pids = _namespace_pids(name)
+        trackers = [pid for pid in pids if _is_resource_tracker(pid)]
+        others = [pid for pid in pids if pid not in trackers]
+        if not others:
+            break
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed += others
+        time.sleep(0.05)
+    deadline = time.monotonic() + TRACKER_GRACE_S
+    while trackers and time.monotonic() < deadline:
+        time.sleep(0.05)
+        trackers = [pid for pid in _namespace_pids(name) if _is_resource_tracker(pid)]
+    for _ in range(rounds):  # trackers that did not exit, and anything started meanwhile
+        pids = _namespace_pids(name)
         if not pids:
             break
         for pid in pids:
