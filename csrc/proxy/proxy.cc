@@ -314,6 +314,7 @@ class Proxy {
   Status ExecuteHost(const RequestDesc& r, const CollectiveDesc& desc, const ShardWork& work, RingStats* stats) {
     bool ring_ran = false;
     Status st = HostPhases(r, desc, work, stats, &ring_ran);
+    stats->end_ns = NowNs();  // also after a failure (the lane's busy time counts it)
     if (!st.ok() && !ring_ran && !links_.to_next.empty()) {
       std::atomic<uint32_t> raised{1};
       const uint32_t code = static_cast<uint32_t>(st.code());
@@ -407,9 +408,7 @@ class Proxy {
       const size_t other = part(m, &begin);
       if (other > 0) std::memcpy(shards[me] + begin * elem, shards[m] + begin * elem, other * elem);
     }
-    FHVD_RETURN_IF_ERROR(Meet(&HostPost::copied, n, "copy the other parts"));
-    stats->end_ns = NowNs();
-    return Status::Ok();
+    return Meet(&HostPost::copied, n, "copy the other parts");
   }
 
   // Marks this local rank as having reached `point` of hierarchical collective n and waits until the
