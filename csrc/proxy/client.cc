@@ -88,16 +88,18 @@ Status ProxyChannel::CreateBuffer(uint32_t id, size_t bytes, ShmSegment* out) {
   return Status::Ok();
 }
 
+std::string ProxyChannel::Token() const {
+  return std::string(reinterpret_cast<const char*>(header_->token), kTokenBytes);
+}
+
 Status ProxyChannel::CreateHost(uint32_t local_size, int* fd) {
-  FHVD_RETURN_IF_ERROR(HostSegment::Create(local_size, std::string(reinterpret_cast<const char*>(header_->token),
-                                                                   kTokenBytes), &host_));
+  FHVD_RETURN_IF_ERROR(HostSegment::Create(local_size, Token(), &host_));
   *fd = host_.fd();
   return Status::Ok();
 }
 
 Status ProxyChannel::OpenHost(int pid, int fd, uint32_t local_size) {
-  return HostSegment::Open(pid, fd, local_size,
-                           std::string(reinterpret_cast<const char*>(header_->token), kTokenBytes), &host_);
+  return HostSegment::Open(pid, fd, local_size, Token(), &host_);
 }
 
 Status ProxyChannel::AttachHost(uint32_t local_rank, uint32_t host_index, uint32_t num_hosts) {

@@ -110,6 +110,7 @@ class ProxyChannel {
  private:
   ProxyChannel() = default;
   RequestSlot& Slot(uint64_t seq) { return header_->slots[seq % kNumSlots]; }
+  std::string Token() const;  // the job token, as the header holds it
   bool SlotComplete(uint64_t seq) {
     return Slot(seq).lanes_done.load(std::memory_order_acquire) == header_->num_lanes;
   }

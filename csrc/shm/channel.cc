@@ -17,13 +17,17 @@ void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-void RaiseAbort(ChannelHeader* header, const Status& why) {
+bool RecordAbort(std::atomic<uint32_t>* flag, uint32_t* code, char (&reason)[kErrorBytes], const Status& why) {
+  if (flag->load() != 0) return false;
+  *code = static_cast<uint32_t>(why.ok() ? Code::kAborted : why.code());
+  CopyString(reason, why.message());
   uint32_t expected = 0;
-  if (header->abort.load() == 0) {
-    header->abort_code = static_cast<uint32_t>(why.ok() ? Code::kAborted : why.code());
-    CopyString(header->abort_reason, why.message());
-    header->abort.compare_exchange_strong(expected, 1, std::memory_order_release);
-  }
+  flag->compare_exchange_strong(expected, 1, std::memory_order_release);
+  return true;
+}
+
+void RaiseAbort(ChannelHeader* header, const Status& why) {
+  RecordAbort(&header->abort, &header->abort_code, header->abort_reason, why);
 }
 
 }  // namespace fasthorovod

@@ -138,6 +138,8 @@ void FutexWakeAll(std::atomic<uint32_t>* word);
 // Records why the job's collectives must stop (the first failure's kind and message), then raises
 // the abort flag every lane polls.
 void RaiseAbort(ChannelHeader* header, const Status& why);
+// The same for any abort record (flag, code, reason): false when an earlier failure already holds it.
+bool RecordAbort(std::atomic<uint32_t>* flag, uint32_t* code, char (&reason)[kErrorBytes], const Status& why);
 
 // Copies a string into a fixed char array, always NUL-terminated.
 template <size_t N>

@@ -8,10 +8,15 @@
 namespace fasthorovod {
 namespace {
 
-Status CheckHeader(const HostHeader* h, uint32_t local_size, const std::string& token) {
+Status CheckVersion(const HostHeader* h) {
   if (h->magic != kHostMagic || h->version != kHostVersion) {
     return Status::Error(Code::kInvalidArgument, "the host segment has a different version (stale build?)");
   }
+  return Status::Ok();
+}
+
+Status CheckHeader(const HostHeader* h, uint32_t local_size, const std::string& token) {
+  FHVD_RETURN_IF_ERROR(CheckVersion(h));
   if (token.size() != kTokenBytes || std::memcmp(h->token, token.data(), kTokenBytes) != 0) {
     return Status::Error(Code::kInvalidArgument, "the host segment belongs to another job");
   }
@@ -65,10 +70,7 @@ Status HostSegment::Map(int fd, uint64_t bytes, HostSegment* out) {
   }
   HostSegment seg;
   FHVD_RETURN_IF_ERROR(ShmSegment::Map(fd, sizeof(HostHeader), "the host segment", &seg.segment_));
-  const HostHeader* h = seg.header();
-  if (h->magic != kHostMagic || h->version != kHostVersion) {
-    return Status::Error(Code::kInvalidArgument, "the host segment has a different version (stale build?)");
-  }
+  FHVD_RETURN_IF_ERROR(CheckVersion(seg.header()));
   *out = std::move(seg);
   return Status::Ok();
 }
@@ -106,13 +108,8 @@ Status HostSegment::MapBuffer(uint32_t local_rank, uint32_t id, ShmSegment* out)
 }
 
 void RaiseHostAbort(HostHeader* host, uint32_t rank, const Status& why) {
-  uint32_t expected = 0;
-  if (host->abort.load() == 0) {
-    host->abort_rank = rank;
-    host->abort_code = static_cast<uint32_t>(why.ok() ? Code::kAborted : why.code());
-    CopyString(host->abort_reason, why.message());
-    host->abort.compare_exchange_strong(expected, 1, std::memory_order_release);
-  }
+  if (host->abort.load() == 0) host->abort_rank = rank;  // written before the flag, like the reason
+  RecordAbort(&host->abort, &host->abort_code, host->abort_reason, why);
   FutexWakeAll(&host->abort);
 }
 

@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -100,30 +100,12 @@ def _namespace_pids(name: str) -> list[int]:
     return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
 
 
-def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
-    """SIGKILL every process in namespace ``name`` until none is left (a process may fork while
-    its siblings die, hence rounds); returns the pids killed. Python's multiprocessing resource
-    trackers are spared for up to TRACKER_GRACE_S after the rest is killed, so that they clean up
-    the semaphores of the processes they served."""
+def _kill_rounds(name: str, rounds: int, spare: Callable[[int], bool] = lambda pid: False) -> list[int]:
+    """SIGKILL every process in namespace ``name`` but those ``spare`` names, until none is left (a
+    process may fork while its siblings die, hence rounds); returns the pids killed."""
     killed: list[int] = []
-    trackers: list[int] = []
     for _ in range(rounds):
-        pids = _namespace_pids(name)
-        trackers = [pid for pid in pids if _is_resource_tracker(pid)]
-        others = [pid for pid in pids if pid not in trackers]
-        if not others:
-            break
-        for pid in others:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        killed += others
-        time.sleep(0.05)
-    deadline = time.monotonic() + TRACKER_GRACE_S
-    while trackers and time.monotonic() < deadline:
-        time.sleep(0.05)
-        trackers = [pid for pid in _namespace_pids(name) if _is_resource_tracker(pid)]
-    for _ in range(rounds):  # trackers that did not exit, and anything started meanwhile
-        pids = _namespace_pids(name)
+        pids = [pid for pid in _namespace_pids(name) if not spare(pid)]
         if not pids:
             break
         for pid in pids:
@@ -132,6 +114,17 @@ def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
         killed += pids
         time.sleep(0.05)
     return killed
+
+
+def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
+    """SIGKILL every process in namespace ``name`` until none is left; returns the pids killed.
+    Python's multiprocessing resource trackers are spared for up to TRACKER_GRACE_S after the rest
+    is killed, so that they clean up the semaphores of the processes they served."""
+    killed = _kill_rounds(name, rounds, spare=_is_resource_tracker)
+    deadline = time.monotonic() + TRACKER_GRACE_S
+    while any(_is_resource_tracker(pid) for pid in _namespace_pids(name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return killed + _kill_rounds(name, rounds)  # trackers that did not exit, and anything started meanwhile
 
 
 def _delete_namespace(name: str) -> None:
