@@ -24,6 +24,14 @@
 // arriving segment releases the next step's segment, and sends, receives and reductions overlap
 // (the kernel's socket buffers keep filling while a segment is being reduced).
 //
+// In the hierarchical allreduce the shard is this local rank's part of the host's data
+// (ShardWork::host): the host's other contributions are added into a segment right before its
+// first use (the first step's sends are queued at the start, so 1/size of the shard is reduced in
+// the host before anything leaves; every other segment when its neighbour's segment arrives), and
+// every segment is copied out to the host's other ranks as soon as it is final (after the last
+// reduce-scatter step, or when it arrives in the allgather). The shared-memory work thus overlaps
+// the network's instead of preceding and following it.
+//
 // Reduce-scatter payloads land in a per-socket temporary of one segment and are added into the
 // shard (the lane reads one frame per socket at a time); allgather payloads land in place. The
 // ring checks that every received frame is one the schedule expects (step, segment and bounds,
@@ -87,11 +95,14 @@ class RingRun : public FrameSink {
 
   // FrameSink: segment f.segment of step f.step is in: reduce it and release the next step's.
   void Received(const Frame& f, size_t socket) override {
-    if (f.step < opt_.size - 1 && f.length > 0) {
-      ReduceSum(work_.dtype, Bytes(f.offset / elem_), temp_[socket].data(), f.length / elem_);
-      if (f.step == opt_.size - 2) Scale(work_.dtype, Bytes(f.offset / elem_), f.length / elem_, work_.postscale);
+    const size_t begin = f.offset / elem_, count = f.length / elem_;
+    if (f.step < opt_.size - 1 && count > 0) {
+      if (work_.host != nullptr) work_.host->ReduceIn(begin, count);
+      ReduceSum(work_.dtype, Bytes(begin), temp_[socket].data(), count);
+      if (f.step == opt_.size - 2) Scale(work_.dtype, Bytes(begin), count, work_.postscale);
     }
     if (f.step + 1 < steps_) QueueSend(f.step + 1, f.segment);
+    if (work_.host != nullptr && f.step >= opt_.size - 2 && count > 0) work_.host->CopyOut(begin, count);
   }
 
  private:
@@ -128,9 +139,15 @@ class RingRun : public FrameSink {
 
   Status Execute(RingStats* stats) {
     const bool gather = desc_.op == static_cast<uint32_t>(ReduceOp::kGather);
+    if (work_.host != nullptr && (gather || work_.prescale != 1.0)) {
+      return Status::Error(Code::kInvalidArgument, "a host's contributions are summed (not gathered) and prescaled "
+                                                   "by their owners");
+    }
     if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.prescale);
     if (opt_.size == 1) {
+      if (work_.host != nullptr) work_.host->ReduceIn(0, work_.count);
       if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.postscale);
+      if (work_.host != nullptr) work_.host->CopyOut(0, work_.count);
       return Status::Ok();
     }
     uint64_t frames_in = 0, frames_out = 0;
@@ -143,7 +160,14 @@ class RingRun : public FrameSink {
     received_.assign(frames_in, false);
     for (auto& temp : temp_) temp.resize(seg_elems_ * elem_);
     lane_.Begin(desc_, frames_out, frames_in);
-    for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) QueueSend(first_step_, i);
+    for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) {
+      if (work_.host != nullptr) {
+        size_t begin, end;
+        SegmentRange(SendChunk(first_step_), i, &begin, &end);
+        if (end > begin) work_.host->ReduceIn(begin, end - begin);
+      }
+      QueueSend(first_step_, i);
+    }
     return lane_.Run(this, stats);
   }
 

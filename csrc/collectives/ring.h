@@ -12,6 +12,20 @@
 
 namespace fasthorovod {
 
+// The shard is one local rank's part of data that several ranks of a host hold (the hierarchical
+// allreduce, shm/host.h): the ring asks for the host's other contributions to a range just before
+// it first reads the range, and hands every range on as soon as it holds the result, so that the
+// shared-memory work overlaps the network's. Ranges are elements of the shard.
+class HostShare {
+ public:
+  virtual ~HostShare() = default;
+  // Adds the host's other contributions into [begin, begin + count) of the shard: called once per
+  // element, before the ring sends or adds into it.
+  virtual void ReduceIn(size_t begin, size_t count) = 0;
+  // [begin, begin + count) holds the final result: called once per element, after its ReduceIn.
+  virtual void CopyOut(size_t begin, size_t count) = 0;
+};
+
 // The shard to reduce, in place.
 struct ShardWork {
   void* data = nullptr;
@@ -19,6 +33,7 @@ struct ShardWork {
   DType dtype = DType::kFloat32;
   double prescale = 1.0;   // applied to the local input once
   double postscale = 1.0;  // applied to every reduced element once (includes 1/size for Average)
+  HostShare* host = nullptr;  // the host's other local ranks (a sum; prescale 1: each owner prescales its own)
 };
 
 // The lane's options (ranks, timeout, abort flag, observer, neighbour names) and the segment size.

@@ -308,7 +308,8 @@ class Proxy {
   }
 
   // Lane j's shard among the L local ranks: reduce-scatter in shared memory, this part's ring across
-  // hosts, allgather in shared memory; three meetings of the host's lane-j proxies (host.h).
+  // hosts, allgather in shared memory, the first and last overlapping the ring segment by segment;
+  // two meetings of the host's lane-j proxies (host.h).
   // A failure outside the ring (a local rank's proxy gone, a timeout while meeting) is sent round the
   // ring of this local rank like any lane failure, so that the other hosts fail at once too.
   Status ExecuteHost(const RequestDesc& r, const CollectiveDesc& desc, const ShardWork& work, RingStats* stats) {
@@ -377,21 +378,15 @@ class Proxy {
       }
       shards[m] = static_cast<char*>(buffer->data()) + peer.buffer_offset + post.lane_begin * elem;
     }
-    auto part = [&](uint32_t m, size_t* begin) {
-      *begin = ChunkBegin(work.count, L, m);
-      return ChunkBegin(work.count, L, m + 1) - *begin;
-    };
-    size_t begin = 0;
-    const size_t count = part(me, &begin);
-    char* mine = shards[me] + begin * elem;
-    for (uint32_t m = 0; m < L; ++m) {
-      if (m != me) ReduceSum(work.dtype, mine, shards[m] + begin * elem, count);
-    }
+    size_t begin = ChunkBegin(work.count, L, me);
+    HostPart part(shards, me, begin * elem, work.dtype);
+    const size_t count = ChunkBegin(work.count, L, me + 1) - begin;
     if (ch_->num_hosts > 1) {
       ShardWork across = work;
-      across.data = mine;
+      across.data = shards[me] + begin * elem;
       across.count = count;
       across.prescale = 1.0;
+      across.host = &part;
       desc.shard_bytes = count * elem;
       RingStats ring;
       *ring_ran = true;
@@ -400,16 +395,45 @@ class Proxy {
       stats->bytes_received = ring.bytes_received;
       FHVD_RETURN_IF_ERROR(st);
     } else {
-      Scale(work.dtype, mine, count, work.postscale);
+      const size_t block = std::max<size_t>(1, options_.segment_bytes / elem);  // still in cache when copied out
+      for (size_t at = 0; at < count; at += block) {
+        const size_t len = std::min(block, count - at);
+        part.ReduceIn(at, len);
+        Scale(work.dtype, shards[me] + (begin + at) * elem, len, work.postscale);
+        part.CopyOut(at, len);
+      }
     }
-    FHVD_RETURN_IF_ERROR(Meet(&HostPost::reduced, n, "reduce its part"));
-    for (uint32_t m = 0; m < L; ++m) {
-      if (m == me) continue;
-      const size_t other = part(m, &begin);
-      if (other > 0) std::memcpy(shards[me] + begin * elem, shards[m] + begin * elem, other * elem);
-    }
-    return Meet(&HostPost::copied, n, "copy the other parts");
+    return Meet(&HostPost::copied, n, "copy its part out");
   }
+
+  // This local rank's part of lane j's shard, as the ring sees it (collectives/ring.h): its
+  // elements in every local rank's data buffer. Only this proxy reads or writes that part of the
+  // others' buffers during the collective, so it reads them as they were posted (prescaled) and
+  // overwrites them with the result.
+  class HostPart : public HostShare {
+   public:
+    HostPart(const std::vector<char*>& shards, uint32_t me, size_t offset, DType dtype)
+        : shards_(shards), me_(me), offset_(offset), dtype_(dtype), elem_(DTypeSize(dtype)) {}
+    void ReduceIn(size_t begin, size_t count) override {
+      char* mine = At(me_, begin);
+      for (uint32_t m = 0; m < shards_.size(); ++m) {
+        if (m != me_) ReduceSum(dtype_, mine, At(m, begin), count);
+      }
+    }
+    void CopyOut(size_t begin, size_t count) override {
+      for (uint32_t m = 0; m < shards_.size(); ++m) {
+        if (m != me_) std::memcpy(At(m, begin), At(me_, begin), count * elem_);
+      }
+    }
+
+   private:
+    char* At(uint32_t m, size_t element) const { return shards_[m] + offset_ + element * elem_; }
+    const std::vector<char*>& shards_;
+    const uint32_t me_;
+    const size_t offset_;  // bytes: the part's start within the lane's shard
+    const DType dtype_;
+    const size_t elem_;
+  };
 
   // Marks this local rank as having reached `point` of hierarchical collective n and waits until the
   // lane's other local ranks have too: bounded by the timeout, the abort flags (100 ms), and the
@@ -475,7 +499,6 @@ class Proxy {
     for (uint32_t lane = 0; lane < ch_->num_lanes; ++lane) {
       for (uint32_t m = 0; m < ch_->local_size; ++m) {
         FutexWakeAll(&host->posts[lane][m].posted);
-        FutexWakeAll(&host->posts[lane][m].reduced);
         FutexWakeAll(&host->posts[lane][m].copied);
       }
     }

@@ -8,10 +8,14 @@
 //      into its own worker's buffer, reading the other workers' buffers in place;
 //   2. across hosts: proxy (l, j) runs the ring allreduce of its part with proxy (l, j) of every
 //      other host (H steps instead of H·L, and the NIC carries L·k·S flows);
-//   3. allgather in shared memory: proxy (l, j) copies every other part m from worker m's buffer.
+//   3. allgather in shared memory: proxy (l, j) writes its part's result into every other local
+//      rank's buffer.
+// Only proxy (l, j) touches part l of any buffer, so the phases need no meeting in between: they
+// run segment by segment inside the ring (collectives/ring.h, HostShare), a segment reduced in the
+// host just before the ring first uses it and copied out as soon as it is final.
 //
-// The proxies of a lane meet at three counters per local rank (posted, reduced, copied: the number
-// of hierarchical collectives this lane has reached that point of), futex words in this segment;
+// The proxies of a lane meet at two counters per local rank (posted, copied: the number of
+// hierarchical collectives this lane has reached that point of), futex words in this segment;
 // requests arrive in the negotiated order, the same on every rank, so the counters of the L
 // proxies name the same collective. Every wait is bounded by the timeout, polls the abort flags
 // every 100 ms and checks that the other proxies it waits for are alive.
@@ -35,7 +39,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kHostMagic = 0x46484f56484f5331ull;  // "FHOVHOS1"
-constexpr uint32_t kHostVersion = 1;  // bump with any change of the layout below
+constexpr uint32_t kHostVersion = 2;  // bump with any change of the layout below
 constexpr uint32_t kMaxLocalRanks = 16;
 constexpr uint32_t kMaxHostBuffers = 1024;  // per local rank: data buffers a worker may share
 constexpr uint32_t kHostSegment = 0xfffffffeu;  // the id under which the host segment is handed to a proxy
@@ -43,8 +47,7 @@ constexpr uint32_t kHostSegment = 0xfffffffeu;  // the id under which the host s
 // What the proxy of one local rank posted for the lane's current hierarchical collective.
 struct HostPost {
   std::atomic<uint32_t> posted;   // futex: collectives whose data (prescaled) is in place
-  std::atomic<uint32_t> reduced;  // futex: ... whose own part is fully reduced (across hosts too)
-  std::atomic<uint32_t> copied;   // futex: ... for which every other part has been copied in
+  std::atomic<uint32_t> copied;   // futex: ... whose own part's result is in every local buffer
   int32_t proxy_pid;
   uint32_t buffer_id;
   uint32_t dtype;

@@ -1,5 +1,6 @@
 // The ring schedule: chunk bounds, segment counts, exact sums and the allgather, over real sockets.
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "collectives/ring.h"
@@ -97,4 +98,110 @@ TEST(RingAllgatherDeliversEveryRanksChunk) {
       for (uint32_t r = 0; r < size; ++r) CHECK(data[r] == expected);
     }
   }
+}
+
+namespace {
+
+// Local rank `me`'s part of a host's L buffers, as the hierarchical allreduce hands it to the ring:
+// counts how often each element was reduced in and copied out, and checks the order.
+class CountingHost : public HostShare {
+ public:
+  CountingHost(std::vector<std::vector<float>>& buffers, uint32_t me)
+      : buffers_(buffers), me_(me), reduced_(buffers[me].size()), copied_(buffers[me].size()) {}
+  void ReduceIn(size_t begin, size_t count) override {
+    for (size_t i = begin; i < begin + count; ++i) {
+      ++reduced_[i];
+      for (uint32_t m = 0; m < buffers_.size(); ++m) {
+        if (m != me_) buffers_[me_][i] += buffers_[m][i];
+      }
+    }
+  }
+  void CopyOut(size_t begin, size_t count) override {
+    for (size_t i = begin; i < begin + count; ++i) {
+      if (reduced_[i] != 1) early_ = true;  // a result before its host's contributions
+      ++copied_[i];
+      for (uint32_t m = 0; m < buffers_.size(); ++m) {
+        if (m != me_) buffers_[m][i] = buffers_[me_][i];
+      }
+    }
+  }
+  bool EachElementOnce() const {
+    for (size_t i = 0; i < reduced_.size(); ++i) {
+      if (reduced_[i] != 1 || copied_[i] != 1) return false;
+    }
+    return !early_;
+  }
+
+ private:
+  std::vector<std::vector<float>>& buffers_;
+  const uint32_t me_;
+  std::vector<int> reduced_, copied_;
+  bool early_ = false;
+};
+
+}  // namespace
+
+// The hierarchical allreduce's use of the ring: every rank's shard is one local rank's part of its
+// host's L buffers; the others' contributions are added only through ReduceIn, and the other
+// buffers get the result only through CopyOut. Every buffer of every host must end with the sum of
+// all H·L buffers (postscaled), each element reduced in and copied out exactly once.
+TEST(RingAddsTheHostsContributionsLazilyAndCopiesEachResultOutOnce) {
+  for (uint32_t hosts = 1; hosts <= 4; ++hosts) {
+    for (uint32_t local = 2; local <= 3; ++local) {
+      for (size_t count : {0, 1, 3, 1000, 100003}) {
+        auto links = ConnectRing(hosts, 1 + static_cast<int>((hosts + count) % 3));
+        std::vector<std::vector<std::vector<float>>> buffers(hosts, std::vector<std::vector<float>>(local));
+        std::vector<float> expected(count, 0.0f);
+        for (uint32_t h = 0; h < hosts; ++h) {
+          for (uint32_t l = 0; l < local; ++l) {
+            for (size_t i = 0; i < count; ++i) {
+              buffers[h][l].push_back(static_cast<float>(static_cast<int>((i * 7 + h * 13 + l * 31) % 101) - 50));
+              expected[i] += buffers[h][l].back();
+            }
+          }
+        }
+        for (auto& e : expected) e *= 0.5f;
+        std::vector<std::unique_ptr<CountingHost>> shares;
+        for (uint32_t h = 0; h < hosts; ++h) shares.emplace_back(new CountingHost(buffers[h], h % local));
+        RunRanks(hosts, [&](uint32_t h) {
+          CollectiveDesc desc;
+          desc.total_bytes = desc.shard_bytes = count * sizeof(float);
+          desc.dtype = static_cast<uint16_t>(DType::kFloat32);
+          RingOptions o;
+          static_cast<LaneOptions&>(o) = Options(h, hosts);
+          o.segment_bytes = 4096;
+          ShardWork work{buffers[h][h % local].data(), count, DType::kFloat32, 1.0, 0.5};
+          work.host = shares[h].get();
+          RingStats stats;
+          Status st = RingAllreduce(links[h], desc, work, o, &stats);
+          CHECK(st.ok());
+          if (!st.ok()) std::fprintf(stderr, "    host %u: %s\n", h, st.message().c_str());
+        });
+        for (uint32_t h = 0; h < hosts; ++h) {
+          CHECK(shares[h]->EachElementOnce());
+          for (uint32_t l = 0; l < local; ++l) CHECK(buffers[h][l] == expected);
+        }
+      }
+    }
+  }
+}
+
+TEST(RingRefusesToShareAHostsContributionsOfAGatherOrAPrescaledInput) {
+  auto links = ConnectRing(1, 1);
+  std::vector<std::vector<float>> buffers(2, std::vector<float>(8, 1.0f));
+  CountingHost share(buffers, 0);
+  for (bool gather : {true, false}) {
+    CollectiveDesc desc;
+    desc.total_bytes = desc.shard_bytes = 8 * sizeof(float);
+    desc.dtype = static_cast<uint16_t>(DType::kFloat32);
+    if (gather) desc.op = static_cast<uint16_t>(ReduceOp::kGather);
+    RingOptions o;
+    static_cast<LaneOptions&>(o) = Options(0, 1);
+    ShardWork work{buffers[0].data(), 8, DType::kFloat32, gather ? 1.0 : 2.0, 1.0};
+    work.host = &share;
+    RingStats stats;
+    Status st = RingAllreduce(links[0], desc, work, o, &stats);
+    CHECK_EQ(static_cast<int>(st.code()), static_cast<int>(Code::kInvalidArgument));
+  }
+  CHECK(buffers[0] == std::vector<float>(8, 1.0f));  // untouched
 }
