@@ -102,8 +102,13 @@ def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
     d.add_argument("-S", "--sockets", type=int, default=None,
                    help="sockets per lane; default: what the start-up probe would choose on this cluster")
     d.add_argument("--hierarchical", action="store_true",
-                   help="model a hierarchical allreduce (shared-memory reduce-scatter/allgather inside a host, "
-                        "inter-host rings of M/P); default flat: one ring of all ranks per lane (what runs today)")
+                   help="the hierarchical allreduce (FastHorovod's default with several ranks per host: "
+                        "shared-memory reduce-scatter/allgather inside a host, one ring of M/P per local rank "
+                        "across hosts, all P*k lanes on the NIC); default: flat, one ring of all ranks per lane "
+                        "(FASTHOROVOD_HIERARCHICAL=0, and what one rank per host runs)")
+    d.add_argument("--sequential-local", action="store_true",
+                   help="hierarchical: the shared-memory phases before and after the ring, not overlapped with it "
+                        "(the version measured in docs/hierarchical.md, before commit 836aa67)")
     d.add_argument("--threshold", type=parse_size, default=1 << 20,
                    help="allreduces smaller than this go through Horovod (default: 1MiB)")
 
@@ -121,7 +126,8 @@ def cluster_from_args(a) -> m.Cluster:
 
 def plane_from_args(a, c: m.Cluster, p: m.Params) -> m.Plane:
     auto = m.zero_config_plane(c, p, k=a.proxies or 4, threshold=a.threshold)
-    return m.Plane(k=a.proxies or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold)
+    return m.Plane(k=a.proxies or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold,
+                   local_overlap=not a.sequential_local)
 
 
 def cmd_predict(a) -> int:
@@ -190,6 +196,17 @@ def _fmt_size(n: float) -> str:
 # -- calibrate ----------------------------------------------------------------------------------
 
 
+CALIBRATION_JOBS = ["2:1gbit:200mbit", "3:1gbit:200mbit=horovod", "4:1gbit:200mbit", "5:1gbit:200mbit=fasthorovod",
+                    "5:500mbit:100mbit=fasthorovod"]
+
+
+def split_job(entry: str, default: str = "horovod,fasthorovod"):
+    """'HOSTS:LINK:PER_FLOW' or 'HOSTS:LINK:PER_FLOW=BACKENDS' (benchmarks/allreduce.py's --backends,
+    e.g. '4:1gbit:200mbit=fasthorovod:8x1') -> (spec, backends)."""
+    spec, _, backends = entry.partition("=")
+    return spec.strip(), (backends.strip() or default)
+
+
 def cmd_calibrate(a) -> int:
     from fasthorovod.sim import runs
 
@@ -212,16 +229,32 @@ def cmd_calibrate(a) -> int:
     for path in a.reuse or []:
         with open(path) as f:
             old = json.load(f)
-        obs.extend(old.get("observations", []))
-    for spec in a.clouds:
-        print(f"[{time.monotonic() - start:5.0f} s] allreduce on {spec} ...", flush=True)
-        job = runs.allreduce_job(spec, a.sizes, iters=a.iters, warmup=1, timeout=a.job_timeout)
-        rows = runs.observations(job)
-        doc["jobs"].append({k: job[k] for k in ("spec", "hosts", "argv", "measure")})
-        print(f"  {len(rows)} observations, {job['measure']['seconds']:.0f} s, other jobs' CPU "
-              f"{job['measure']['background_cores']:.2f} cores" + ("" if rows else f"; tail: {job['measure']['tail'][-3:]}"),
-              flush=True)
+        obs.extend(o for o in old.get("observations", []) if not (o.get("source") and a.sweep))
+        if a.skip_micro and old.get("unit_costs") and "unit_costs" not in doc:  # the reused run's own
+            costs = doc["unit_costs"] = old["unit_costs"]
+            prior = dataclasses.replace(prior, reduce_cost=costs["reduce"], copy_cost=costs["copy"],
+                                        socket_cost=costs["socket"])
+        for job in old.get("jobs", []):
+            doc["jobs"].append(dict(job, reused_from=path))
+    for path in a.sweep or []:
+        rows = sweep_rows(path, a.sweep_clouds)
+        print(f"{len(rows)} observations from the saved sweep {path}", flush=True)
         obs.extend(rows)
+    for entry in a.clouds:
+        spec, backends = split_job(entry)
+        ceiling = "=" not in entry and not a.no_ceiling  # the main clouds: also the raw-TCP ring ceiling
+        print(f"[{time.monotonic() - start:5.0f} s] allreduce on {spec} ({backends}{', ceiling' if ceiling else ''}) ...",
+              flush=True)
+        for job in runs.cloud_jobs(spec, backends, a.sizes, rounds=a.rounds, ceiling=ceiling, iters=a.iters,
+                                   warmup=1, timeout=a.job_timeout, threshold=a.threshold):
+            rows = runs.observations(job)
+            doc["jobs"].append({k: job[k] for k in ("spec", "hosts", "argv", "measure")})
+            ceil = runs.ceiling_Bps(job)
+            print(f"  {len(rows)} observations, {job['measure']['seconds']:.0f} s, other jobs' CPU "
+                  f"{job['measure']['background_cores']:.2f} cores"
+                  + (f", raw-TCP ring ceiling {ceil * 8e-9:.3f} Gbit/s" if ceil else "")
+                  + ("" if rows else f"; tail: {job['measure']['tail'][-3:]}"), flush=True)
+            obs.extend(rows)
     if a.background_scale != 1.0:
         for o in obs:
             o["background_cores_measured"] = o.get("background_cores_measured", o.get("background_cores", 0.0))
@@ -268,15 +301,18 @@ def residual_table(res: List[Dict]) -> str:
 # -- validate -----------------------------------------------------------------------------------
 
 
-def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background: float = 0.0) -> List[Dict]:
-    """Predicts every configuration of a saved benchmarks/sweep.py result (k x S grid, one size).
-    Networks the model cannot describe (uneven clouds: per-host rates) are left out, with a line."""
+def sweep_rows(path: str, only: Optional[List[str]] = None, background: float = 0.0) -> List[Dict]:
+    """Observations (one per k x S cell) of a saved benchmarks/sweep.py result, on the clouds in
+    `only` (None: all). Networks the model cannot describe (uneven clouds: per-host rates) are left
+    out, with a line."""
     from fasthorovod.netem.spec import parse_spec
 
     doc = json.load(open(path))
     rows = []
     for net in doc.get("networks", []):
         spec = net["network"].split("--emulate-cloud")[-1].strip() if "--emulate-cloud" in net["network"] else net["network"]
+        if only is not None and spec not in only:
+            continue
         try:
             uneven = parse_spec(spec).uneven
         except ValueError:  # not a cloud spec; the model says what it makes of it below
@@ -284,6 +320,7 @@ def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background
         if uneven:
             print(f"saved sweep: {spec} left out (the model takes even clouds only)", flush=True)
             continue
+        ceil = net.get("ceiling") or {}
         for cfg in net.get("configs", []):
             if cfg.get("status") != "ok" or not cfg["backend"].startswith("fasthorovod"):
                 continue
@@ -291,8 +328,15 @@ def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background
             r = cfg["result"]["results"][0]
             rows.append({"spec": spec, "hosts": net.get("np"), "backend": cfg["backend"], "bytes": r["bytes"],
                          "seconds": r["median_s"], "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
-                         "background_cores": background})
-    return fitting.residuals(rows, p, cores, threshold)
+                         "background_cores": background, "source": path,
+                         "ceiling_Bps": ceil["mean_gbps"] * 1e9 / 8 if ceil.get("status") == "ok" else None})
+    return rows
+
+
+def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background: float = 0.0,
+                only: Optional[List[str]] = None) -> List[Dict]:
+    """Predicts every configuration of a saved benchmarks/sweep.py result (k x S grid, one size)."""
+    return fitting.residuals(sweep_rows(path, only, background), p, cores, threshold)
 
 
 def cmd_validate(a) -> int:
@@ -305,22 +349,25 @@ def cmd_validate(a) -> int:
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join(sys.argv), "model": a.model, "params": p.to_json(), "allreduce": [], "training": []}
     for path in a.saved_sweep or []:
-        res = sweep_check(path, p, cores, threshold, a.saved_background)
-        doc["saved_sweep"] = {"path": path, "background_cores": a.saved_background, "rows": res,
-                              "summary": fitting.summary(res)}
+        res = sweep_check(path, p, cores, threshold, a.saved_background, a.saved_clouds)
+        doc.setdefault("saved_sweeps", []).append({"path": path, "background_cores": a.saved_background,
+                                                   "rows": res, "summary": fitting.summary(res)})
         print(f"saved sweep {path} (measured earlier; other jobs' CPU assumed {a.saved_background:g}):")
         print(residual_table(res), flush=True)
     for spec in a.clouds:
         print(f"[{time.monotonic() - start:5.0f} s] allreduce on {spec} ...", flush=True)
-        job = runs.allreduce_job(spec, a.sizes, iters=a.iters, warmup=1, timeout=a.job_timeout)
-        rows = runs.observations(job)
-        res = fitting.residuals(rows, p, cores, threshold)
-        doc["allreduce"].append({"spec": spec, "measure": job["measure"], "argv": job["argv"], "rows": res})
-        if not rows:
-            print(f"  no results: {job['measure']['tail'][-4:]}", flush=True)
-        else:
-            print(residual_table(res), flush=True)
-        _write(a.out, doc)
+        for job in runs.cloud_jobs(spec, "horovod,fasthorovod", a.sizes, rounds=a.rounds, iters=a.iters, warmup=1,
+                                   timeout=a.job_timeout, threshold=threshold):
+            rows = runs.observations(job)
+            res = fitting.residuals(rows, p, cores, threshold)
+            for r, o in zip(res, rows):
+                r["round_seconds"] = o.get("round_seconds")
+            doc["allreduce"].append({"spec": spec, "measure": job["measure"], "argv": job["argv"], "rows": res})
+            if not rows:
+                print(f"  no results: {job['measure']['tail'][-4:]}", flush=True)
+            else:
+                print(residual_table(res), flush=True)
+            _write(a.out, doc)
     if a.train_cloud:
         import tempfile
 
@@ -376,10 +423,13 @@ def cmd_project(a) -> int:
         errs += [abs(e) for t in v.get("training", []) for e in (t.get("errors") or {}).values()]
         band = max(errs) if errs else 0.15
     band = 0.15 if band is None else band
+    kappa_lane = p.kappa_lane if a.keep_kappa_lane else p.kappa
     rows, doc = [], {"params_from": a.model or "defaults", "band": band, "assumptions": {
         "ranks_per_host": 8, "rtt_s": a.rtt, "stage_rate_Bps": a.stage_rate / 8, "compute_cores_per_rank": 1,
-        "kappa_net": p.kappa_net if a.keep_kappa_net else 0.0, "goodput": a.goodput}, "rows": []}
-    q = dataclasses.replace(p, kappa_net=p.kappa_net if a.keep_kappa_net else 0.0, goodput=a.goodput)
+        "kappa_net": p.kappa_net if a.keep_kappa_net else 0.0, "kappa_lane": kappa_lane, "goodput": a.goodput,
+        "link_goodput": a.goodput}, "rows": []}
+    q = dataclasses.replace(p, kappa_net=p.kappa_net if a.keep_kappa_net else 0.0, goodput=a.goodput,
+                            link_goodput=a.goodput, kappa_lane=kappa_lane)
     if not a.keep_latency:  # the emulator's t0/alpha are mostly its scheduler's wake-up latency under load
         d = m.Params()
         q = dataclasses.replace(q, t0_fh=d.t0_fh, alpha_fh=d.alpha_fh, t0_hvd=d.t0_hvd, alpha_hvd=d.alpha_hvd)
@@ -394,7 +444,7 @@ def cmd_project(a) -> int:
                                   stage_rate=a.stage_rate / 8)
                     plane = m.zero_config_plane(c, q)
                     hier = dataclasses.replace(plane, hierarchical=True)
-                    kk = m.cpu_bound_k(c, q, S=plane.S)
+                    kk = m.cpu_bound_k(c, q, S=plane.S, hierarchical=True)
                     out = {"workload": wl, "gpus": gpus, "nic_gbps": nic / 1e9, "cores": cores, "k": plane.k,
                            "S": plane.S, "k_fill": kk["k_fill"], "k_cpu": kk["k_cpu"]}
                     for label, pl in (("flat", plane), ("hier", hier)):
@@ -409,18 +459,20 @@ def cmd_project(a) -> int:
                                         "low": lo["algorithms"][name]["images_per_s"],
                                         "high": hi["algorithms"][name]["images_per_s"]}
                         out["ideal"] = mid["ideal_images_per_s"]
-                    out["bound"] = m.fasthorovod_rate(c, plane, q)["bound"]
+                    out["bound"] = m.fasthorovod_rate(c, hier, q)["bound"]
+                    out["bound_flat"] = m.fasthorovod_rate(c, plane, q)["bound"]
                     doc["rows"].append(out)
-    for r in doc["rows"]:
-        hv, fh, fhh = r["horovod"], r["fasthorovod ssgd"], r["fasthorovod ssgd (hier)"]
+    for r in doc["rows"]:  # FastHorovod's default with 8 ranks per host is the hierarchical allreduce
+        hv, fhh, fh = r["horovod"], r["fasthorovod ssgd (hier)"], r["fasthorovod ssgd"]
         rows.append([r["workload"], r["gpus"], f"{r['nic_gbps']:g}", f"{r['cores']:g}", f"{r['k']}x{r['S']}",
-                     f"{hv['images_per_s']:.0f}", f"{fh['images_per_s']:.0f} [{fh['low']:.0f}-{fh['high']:.0f}]",
-                     f"{fh['images_per_s'] / hv['images_per_s']:.2f}x", r["bound"],
-                     f"{fhh['images_per_s']:.0f}", f"{r['fasthorovod od-sgd']['images_per_s']:.0f}",
-                     f"{r['fasthorovod ssd-sgd']['images_per_s']:.0f}", f"{r['fasthorovod cd-sgd']['images_per_s']:.0f}",
+                     f"{hv['images_per_s']:.0f}", f"{fhh['images_per_s']:.0f} [{fhh['low']:.0f}-{fhh['high']:.0f}]",
+                     f"{fhh['images_per_s'] / hv['images_per_s']:.2f}x", r["bound"],
+                     f"{fh['images_per_s']:.0f}", f"{r['fasthorovod od-sgd (hier)']['images_per_s']:.0f}",
+                     f"{r['fasthorovod ssd-sgd (hier)']['images_per_s']:.0f}",
+                     f"{r['fasthorovod cd-sgd (hier)']['images_per_s']:.0f}",
                      f"{r['ideal']:.0f}", f"{r['k_fill']}", f"{r['k_cpu'] or '-'}"])
     headers = ["model", "GPUs", "NIC Gbit/s", "cores", "k x S", "Horovod img/s", "FastHorovod img/s [band]",
-               "speed-up", "bound", "hier. img/s", "OD-SGD", "SSD-SGD", "CD-SGD", "ideal", "k fill", "k CPU"]
+               "speed-up", "bound", "flat img/s", "OD-SGD", "SSD-SGD", "CD-SGD", "ideal", "k fill", "k CPU"]
     text = _table(headers, rows)
     print(text)
     print(f"band: communication times x (1 +/- {band:.2f})")
@@ -452,9 +504,10 @@ def plot_projection(doc: dict, path: str, matplotlib) -> None:
             cores = max(r["cores"] for r in rows)
             sel = [r for r in rows if r["nic_gbps"] == nic and r["cores"] == cores]
             g = [r["gpus"] for r in sel]
-            for key, style in (("horovod", ":"), ("fasthorovod ssgd", "-"), ("fasthorovod ssgd (hier)", "--")):
+            for key, style, label in (("horovod", ":", "Horovod"), ("fasthorovod ssgd (hier)", "-", "FastHorovod"),
+                                      ("fasthorovod ssgd", "--", "FastHorovod flat")):
                 y = [r[key]["images_per_s"] for r in sel]
-                line, = ax.plot(g, y, style, marker="o", label=f"{key} {nic:g}G")
+                line, = ax.plot(g, y, style, marker="o", label=f"{label} {nic:g}G")
                 ax.fill_between(g, [r[key]["low"] for r in sel], [r[key]["high"] for r in sel],
                                 color=line.get_color(), alpha=0.15)
         ax.plot(g, [r["ideal"] for r in sel], color="grey", lw=0.8, label="compute only")
@@ -500,12 +553,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     ca = sub.add_parser("calibrate", help="measure here and on emulated clouds, fit, write JSON with residuals")
     ca.add_argument("--out", default="sim-model.json", help="where to write the model (default: %(default)s)")
-    ca.add_argument("--clouds", nargs="*", default=["2:1gbit:200mbit", "3:1gbit:200mbit", "4:1gbit:200mbit"],
-                    help="emulated clouds to run allreduces on, one rank per host (default: %(default)s; none: "
+    ca.add_argument("--clouds", nargs="*", default=CALIBRATION_JOBS, metavar="SPEC[=BACKENDS]",
+                    help="allreduce jobs on emulated clouds, one rank per host: HOSTS:LINK:PER_FLOW runs Horovod and "
+                         "FastHorovod's defaults after the raw-TCP ring ceiling; SPEC=BACKENDS runs those "
+                         "(benchmarks/allreduce.py --backends, e.g. fasthorovod:8x1) (default: %(default)s; none: "
                          "unit costs only)")
+    ca.add_argument("--no-ceiling", action="store_true", help="do not measure the raw-TCP ring ceiling")
+    ca.add_argument("--sweep", nargs="*", metavar="JSON",
+                    help="also fit on the k x S cells of saved benchmarks/sweep.py results (other jobs' CPU: 0)")
+    ca.add_argument("--sweep-clouds", nargs="*", metavar="SPEC",
+                    help="only these clouds of the --sweep files (default: all even ones)")
     ca.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
                     default=[2 * MiB, 8 * MiB, 32 * MiB], help="comma-separated (default: 2MiB,8MiB,32MiB)")
     ca.add_argument("--iters", type=int, default=3, help="timed allreduces per size and job (default: 3)")
+    ca.add_argument("--rounds", type=int, default=3,
+                    help="FastHorovod jobs per cloud (new connections each time; the median is fitted) (default: 3)")
     ca.add_argument("--threshold", type=parse_size, default=64 << 10,
                     help="FASTHOROVOD_PROXY_THRESHOLD_BYTES of the jobs (default: 64KiB, allreduce.py's)")
     ca.add_argument("--machine-cores", type=float, default=float(len(os.sched_getaffinity(0))),
@@ -528,6 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
                     default=[4 * MiB, 16 * MiB, 64 * MiB], help="comma-separated (default: 4MiB,16MiB,64MiB)")
     va.add_argument("--iters", type=int, default=3)
+    va.add_argument("--rounds", type=int, default=3,
+                    help="FastHorovod jobs per cloud (new connections each time; the median is compared) (default: 3)")
     va.add_argument("--train-cloud", default="4:1gbit:200mbit", help="'' to skip the training validation")
     va.add_argument("--train-model", default="alexnet")
     va.add_argument("--steps", type=int, default=3, help="timed training steps (default: 3)")
@@ -535,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--job-timeout", type=float, default=400)
     va.add_argument("--saved-sweep", nargs="*", metavar="JSON",
                     help="also predict every k x S cell of saved benchmarks/sweep.py results (no jobs run)")
+    va.add_argument("--saved-clouds", nargs="*", metavar="SPEC",
+                    help="only these clouds of the --saved-sweep files (default: all even ones)")
     va.add_argument("--saved-background", type=float, default=0.0,
                     help="other jobs' CPU to assume for --saved-sweep (not recorded there) (default: 0)")
     va.set_defaults(func=cmd_validate)
@@ -553,9 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
     pj.add_argument("--stage-rate", type=parse_rate, default=96e9,
                     help="GPU<->host copy rate in bit/s (default: 96gbit = 12 GB/s, PCIe 3.0 x16)")
     pj.add_argument("--goodput", type=float, default=0.97,
-                    help="TCP goodput of a configured cloud rate (default: 0.97)")
+                    help="TCP goodput of a configured cloud rate, one flow's and a full link's (default: 0.97)")
     pj.add_argument("--keep-kappa-net", action="store_true",
                     help="keep the emulator's network-stack cost (default: 0 on a real NIC)")
+    pj.add_argument("--keep-kappa-lane", action="store_true",
+                    help="keep the emulator's CPU per byte on a lane's critical path (default: the proxy's own "
+                         "per-byte cost kappa, measured on loopback: the emulator's also holds its network stack)")
     pj.add_argument("--keep-latency", action="store_true",
                     help="keep the calibrated t0 and alpha (default: the priors, 2 ms and 0.2 ms: the emulator's are "
                          "its loaded scheduler's wake-up latency)")

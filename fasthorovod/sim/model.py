@@ -8,17 +8,26 @@ Notation (docs/scale.md has the derivation):
   a round trip plus software per step), R the rate of the ring's slowest hop. The bus bandwidth
   2(n−1)/n · M / T is then R for a big message;
 * flows: a host's NIC carries ``B`` bytes/s, one TCP flow at most ``C`` (the cloud's per-flow cap);
-  TCP gets a fraction ``goodput`` of either (headers, framing). FastHorovod runs k lanes (proxies)
-  of S sockets each, so a host's lanes carry ``goodput · min(B, C · k · D(S))`` where D(S) is the
-  number of distinct per-flow caps the S sockets of a lane land in (S on a cloud that caps each
-  5-tuple; fewer on the emulated cloud, whose shaper hashes flows into 16 buckets per server port:
-  ``D(S) = b(1 − (1 − 1/b)^S)``). Lanes are rebalanced to their rates, so the sum is what counts;
+  one TCP flow gets a fraction ``goodput`` of its cap, many flows together ``link_goodput`` of the
+  link (headers, framing, TCP sharing: the raw-TCP ring ceiling). FastHorovod runs k lanes
+  (proxies) of S sockets each; a frame (one segment of at most ``segment_bytes``, 1 MiB) travels
+  whole on one socket, so a lane keeps at most ``a = s / ceil(s / S)`` sockets busy when a ring
+  chunk M/(k·n) has s segments (:func:`active_frames`: small messages use one socket per lane). A
+  lane's ring moves at its slowest hop; on the emulated cloud the S sockets of a lane to one server
+  port share the per-flow caps of the buckets their source ports hash into, and Linux hands out
+  the source ports of successive connections 2 + 2·U{0..7} apart (:func:`port_buckets`), so each
+  hop has D ≤ S distinct caps. A host's lanes carry
+  ``min(link_goodput · B, goodput · C · k · E[min(a, min over hops D)])`` (lanes are rebalanced to
+  their rates, so the sum is what counts);
 * CPU: a proxy pays ``kappa`` CPU-seconds per wire byte it sends (the send, the matching receive,
-  half a byte of adds: docs/placement.md), is busy at most ``eta`` of the time, and pays
-  ``kappa·(1 + gamma·(m − 1))`` when m busy threads share a core (placement.py's fitted model).
-  Each byte through the host's network stack costs ``kappa_net`` more (zero on a real NIC with
-  offloads, where loopback's kappa already holds the copies; large on the emulated cloud, whose
-  bridge, veth pairs and htb shapers run on the same two cores as everything else);
+  half a byte of adds: docs/placement.md) and each byte through the host's network stack
+  ``kappa_net`` more (zero on a real NIC with offloads; on the emulated cloud its bridge, veth pairs
+  and htb shapers run on the same two cores as everything else). ``kappa_lane`` of a lane's
+  CPU-seconds per byte lie on its ring's critical path (a segment is received, added, and only then
+  sent on). While the CPU domain is busy a fraction ρ of the time, that work waits for a core:
+  1 / r = 1 / r_net + kappa_lane / (1 − ρ) per lane, with ρ = (other jobs + compute + the proxies'
+  own load at rate r) / cores, solved for r (:func:`lane_rate`; M/M/1-like waiting); a proxy also
+  never exceeds ``eta / kappa_m`` (placement.py's single-thread bound);
 * a flat ring with P ranks per host keeps every rank's proxies as busy as the NIC's: the host's
   proxies do P times the NIC's work. A hierarchical allreduce (reduce-scatter inside the host over
   shared memory, P inter-host rings of M/P, allgather inside the host) does the NIC's work once;
@@ -30,6 +39,7 @@ Every function here is pure and cheap: the CLI, the projection and the tests cal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Dict, Mapping, Optional
@@ -44,6 +54,12 @@ REDUCE_COST = 7.9e-11      # float32 add into a shard, s/B
 SOCKET_COST = 2.39e-10     # loopback TCP send + receive, s/B (the probe's raw flows)
 # One core of Gloo moved ~1.07 GB/s through an allreduce on 40 GbE (facebookincubator/gloo#248).
 GLOO_KAPPA = 1.0 / 1.07e9
+# FASTHOROVOD_SEGMENT_BYTES' default: the ring's pipelining unit, one frame on one socket.
+SEGMENT_BYTES = 1 << 20
+# Linux (>= 5.18, "tcp: add small random increments to the source port") gives the next connect()
+# to the same destination the port 2 + 2·U{0..7} above the last: 1..8 steps of the emulated
+# cloud's hash, which takes bits 1-4 of a port.
+LINUX_PORT_STEP = 8
 
 
 @dataclasses.dataclass
@@ -58,11 +74,19 @@ class Params:
     """extra per-byte cost per additional busy thread on a core"""
     kappa_net: float = 0.0
     """extra CPU-seconds per byte through the host's network stack beyond loopback's"""
+    kappa_lane: float = 0.0
+    """CPU-seconds per byte on a lane's ring critical path (receive, add, send on), alone on a core"""
     copy_cost: float = COPY_COST
     reduce_cost: float = REDUCE_COST
     socket_cost: float = SOCKET_COST
     goodput: float = 0.95
-    """TCP goodput as a fraction of a configured rate (per-flow cap or link)"""
+    """TCP goodput of one flow as a fraction of its configured cap"""
+    link_goodput: Optional[float] = None
+    """goodput of a link filled by many flows, fraction of its rate (the raw-TCP ring ceiling);
+    None: ``goodput``"""
+    link_jitter: float = 0.0
+    """coefficient of variation of a flow's share of a link it shares (a ring waits for its
+    slowest hop at every step: :func:`link_share`)"""
     alpha_fh: float = 2.0e-4
     """FastHorovod: software latency per ring step, s"""
     t0_fh: float = 2.0e-3
@@ -99,7 +123,9 @@ class Cluster:
     on a real cluster, where each host has ``cores`` of its own. ``background_cores``: cores other
     jobs hold. ``compute_cores``: cores each rank's training keeps busy while it communicates.
     ``flow_buckets``: per-flow caps are hashed into this many buckets per server port (the
-    emulated cloud: 16); None: every flow has its own cap. ``stage_rate``: bytes/s of the copy
+    emulated cloud: 16); None: every flow has its own cap. ``port_step``: successive connections of a
+    lane get source ports 1..port_step buckets apart (Linux: 8, see :func:`port_buckets`); None:
+    ports hash uniformly. ``stage_rate``: bytes/s of the copy
     into and out of the proxies' shared memory (a GPU's D2H/H2D; None: CPU tensors, 1/copy_cost)."""
 
     hosts: int
@@ -113,6 +139,7 @@ class Cluster:
     compute_cores: float = 0.0
     flow_buckets: Optional[int] = None
     stage_rate: Optional[float] = None
+    port_step: Optional[int] = None
 
     @property
     def ranks(self) -> int:
@@ -138,7 +165,7 @@ class Cluster:
             raise ValueError(f"{spec}: the model takes even clouds only")
         return cls(hosts=s.hosts, ranks_per_host=ranks_per_host, nic_bps=s.link_bits_per_s,
                    flow_bps=s.per_flow_bits_per_s, rtt_s=5e-5, cores=cores, shared_cores=cores,
-                   background_cores=background_cores, flow_buckets=16)
+                   background_cores=background_cores, flow_buckets=16, port_step=LINUX_PORT_STEP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +176,10 @@ class Plane:
     S: int = 1
     hierarchical: bool = False
     threshold: int = 1 << 20
+    segment_bytes: int = SEGMENT_BYTES
+    local_overlap: bool = True
+    """hierarchical: the shared-memory work overlaps the ring segment by segment (since commit
+    836aa67); False: three phases one after the other (the version measured in docs/hierarchical.md)"""
 
 
 # -- closed-form pieces ----------------------------------------------------------------------------
@@ -173,17 +204,138 @@ def ring_time(nbytes: float, n: int, rate: float, alpha: float) -> float:
 
 
 def distinct_buckets(flows: int, buckets: Optional[int]) -> float:
-    """Expected number of distinct per-flow caps `flows` flows hash into (b(1−(1−1/b)^f));
-    `flows` when every flow has its own cap (buckets None)."""
+    """Expected number of distinct per-flow caps `flows` flows hash into when their ports hash
+    uniformly (b(1−(1−1/b)^f)); `flows` when every flow has its own cap (buckets None)."""
     if buckets is None or flows <= 0:
         return float(max(flows, 0))
     return buckets * (1.0 - (1.0 - 1.0 / buckets) ** flows)
 
 
-def network_rate(cluster: Cluster, k: int, S: int, p: Params) -> float:
-    """Bytes/s a host's k lanes of S sockets can send over its NIC (rebalanced lanes: the sum)."""
-    flows = k * distinct_buckets(S, cluster.flow_buckets)
-    return p.goodput * min(cluster.nic_Bps, cluster.flow_Bps * flows)
+@functools.lru_cache(maxsize=None)
+def port_buckets(sockets: int, buckets: int = 16, step: Optional[int] = LINUX_PORT_STEP) -> tuple:
+    """Distribution of D, the number of distinct per-flow buckets the `sockets` connections of one
+    lane to one server port land in: P(D = d) for d = 0..buckets.
+
+    step None: ports hash uniformly (occupancy of `buckets` bins). Otherwise successive source ports
+    are 1..step buckets apart, uniformly (Linux's random increments of the ephemeral port; the
+    emulated cloud hashes bits 1-4 of it): computed exactly over (occupied set, last bucket)."""
+    if sockets <= 0:
+        return tuple([1.0] + [0.0] * buckets)
+    if step is None:  # P(D = d) = C(b, d) d! S2(s, d) / b^s, by recursion on the sockets
+        dist = [0.0] * (buckets + 1)
+        dist[1] = 1.0
+        for _ in range(sockets - 1):
+            nxt = [0.0] * (buckets + 1)
+            for d, pr in enumerate(dist):
+                if pr:
+                    nxt[d] += pr * d / buckets
+                    if d < buckets:
+                        nxt[d + 1] += pr * (buckets - d) / buckets
+            dist = nxt
+        return tuple(dist)
+    import numpy as np
+
+    prob = np.zeros((1 << buckets, buckets))
+    prob[1, 0] = 1.0  # the first socket's bucket, by symmetry bucket 0
+    for _ in range(sockets - 1):
+        nxt = np.zeros_like(prob)
+        for pos in range(buckets):
+            col = prob[:, pos]
+            masks = np.nonzero(col)[0]
+            if len(masks) == 0:
+                continue
+            for d in range(1, step + 1):
+                new = (pos + d) % buckets
+                np.add.at(nxt[:, new], masks | (1 << new), col[masks] / step)
+        prob = nxt
+    counts = np.array([bin(x).count("1") for x in range(1 << buckets)])
+    dist = np.bincount(counts, weights=prob.sum(axis=1), minlength=buckets + 1)
+    return tuple(float(x) for x in dist)
+
+
+def lane_flows(sockets: int, active: float, hops: int, buckets: Optional[int],
+               step: Optional[int] = LINUX_PORT_STEP) -> float:
+    """Per-flow caps one lane's ring can use: E[min(active, min over `hops` hops of D)], D the
+    distinct buckets of the lane's `sockets` connections on a hop (independent per hop), `active`
+    the sockets its frames keep busy. Every flow its own cap (buckets None): min(active, sockets)."""
+    if sockets <= 0 or active <= 0:
+        return 0.0
+    if buckets is None:
+        return float(min(active, sockets))
+    dist = port_buckets(sockets, buckets, step)
+    hops = max(1, hops)
+    total = 0.0
+    for d in range(1, len(dist)):
+        at_least = sum(dist[d:]) ** hops  # P(min over hops >= d)
+        total += min(1.0, max(0.0, active - (d - 1))) * at_least
+    return total
+
+
+def active_frames(nbytes: Optional[float], lanes: int, ring: int, sockets: int,
+                  segment: int = SEGMENT_BYTES) -> float:
+    """Sockets' worth of flow a lane keeps busy: a ring chunk of M/(lanes·ring) bytes has
+    s = ceil(chunk/segment) frames, each whole on one socket, so a step lasts ceil(s/S) full
+    segments on its busiest socket: chunk / (ceil(s/S) · segment) (1 for a chunk of one segment,
+    S when the segments divide evenly). nbytes None: a large message (S)."""
+    if nbytes is None or sockets <= 1:
+        return float(max(sockets, 0))
+    chunk = nbytes / max(1, lanes) / max(1, ring)
+    s = max(1, math.ceil(chunk / segment))
+    # every step waits for its longest chain of frames on one socket: ceil(s/S) full segments
+    return chunk / (math.ceil(s / sockets) * min(segment, chunk))
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal variables] (0 for n = 1; 0.564 for 2, 1.267 for 6)."""
+    if n <= 1:
+        return 0.0
+    step, total = 1e-3, 0.0
+    x = -8.0
+    while x < 8.0:
+        phi = math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        cdf = 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+        total += x * n * phi * cdf ** (n - 1) * step
+        x += step
+    return total
+
+
+def link_share(hops: int, jitter: float) -> float:
+    """Fraction of a shared link a ring of `hops` hops keeps: each step waits for its slowest hop,
+    and the flows sharing a link get shares that vary by `jitter` (coefficient of variation):
+    1 / (1 + jitter · E[max of hops standard normals])."""
+    return 1.0 / (1.0 + max(jitter, 0.0) * expected_max_normal(max(1, hops)))
+
+
+def network_rate(cluster: Cluster, k: int, S: int, p: Params, nbytes: Optional[float] = None,
+                 ring: Optional[int] = None, segment: int = SEGMENT_BYTES) -> float:
+    """Bytes/s a host's k lanes of S sockets can send over its NIC for an allreduce of `nbytes` over
+    a ring of `ring` ranks (rebalanced lanes: the sum; each lane at its slowest hop)."""
+    ring = cluster.ranks if ring is None else ring
+    hops = ring if cluster.hosts > 1 else 1
+    a = active_frames(nbytes, k, ring, S, segment)
+    flows = k * lane_flows(S, a, hops, cluster.flow_buckets, cluster.port_step)
+    link = (p.goodput if p.link_goodput is None else p.link_goodput) * link_share(hops, p.link_jitter)
+    return min(link * cluster.nic_Bps, p.goodput * cluster.flow_Bps * flows)
+
+
+def unlucky_ports_probability(cluster: Cluster, plane: Plane, nbytes: Optional[float] = None) -> float:
+    """Probability that some hop of the ring has two busy flows of *different* lanes in one per-flow
+    bucket (the slow mode of issue 19): their server ports (one per lane, random) agree in the
+    hash's 4 bits with probability 1/b and their source ports with 1/b again, independently; with
+    f = k·ceil(a) busy flows per hop, f(f−1)/2 − k·ceil(a)(ceil(a)−1)/2 such pairs on each of the
+    ring's hops. The model's rates are those of the lucky draw (no such pair): the median job while
+    this probability is below one half; until the lanes are rebalanced, an unlucky job waits for
+    the lanes that share a cap. 0 on a cloud that caps every flow on its own (buckets None)."""
+    b = cluster.flow_buckets
+    if b is None or cluster.hosts <= 1:
+        return 0.0
+    nic_lanes, _, ring = _plane_shape(cluster, plane)
+    a = math.ceil(active_frames(nbytes, nic_lanes, ring, plane.S, plane.segment_bytes) - 1e-9)
+    f = nic_lanes * a
+    pairs = f * (f - 1) / 2 - nic_lanes * a * (a - 1) / 2
+    hops = ring
+    return 1.0 - (1.0 - 1.0 / (b * b)) ** (pairs * hops)
 
 
 def crowded_kappa(p: Params, threads: float, cores: float) -> float:
@@ -202,27 +354,74 @@ def _cpu_domain(cluster: Cluster):
     return max(0.05 * cores, avail), hosts
 
 
-def proxy_cpu_rate(cluster: Cluster, plane: Plane, p: Params) -> float:
-    """The NIC bytes/s per host the proxies' CPU allows.
+def lane_rate(net: float, serial: float, load: float, busy: float, cores: float) -> float:
+    """A lane's pace r (bytes/s) from 1/r = 1/net + serial/(1 − ρ), ρ = (busy + load·r)/cores:
+    `serial` CPU-seconds per byte on the lane's critical path, `load` CPU-seconds per byte of pace r
+    that the whole CPU domain spends (all its proxies and NIC streams), `busy` cores already taken.
+    The smaller root of A·L·r² − (L + A(1 − b) + s)·r + (1 − b) = 0 (A = 1/net, L = load/cores,
+    b = busy/cores, s = serial): the one with ρ < 1."""
+    b = min(max(busy / cores, 0.0), 0.95)
+    L = max(load, 0.0) / cores
+    s = max(serial, 0.0)
+    A = 1.0 / net if net > 0 else 0.0
+    if A == 0.0 and L == 0.0 and s == 0.0:
+        return math.inf
+    q = L + A * (1.0 - b) + s
+    disc = max(q * q - 4.0 * A * L * (1.0 - b), 0.0)
+    return 2.0 * (1.0 - b) / (q + math.sqrt(disc))
 
-    Flat ring: every one of the P·k proxies of a host sends at the ring's pace r, k of those
-    streams cross the NIC; hierarchical: P·k inter-host lanes, all of them cross the NIC. With
-    T proxies per CPU domain (a host, or all hosts of the emulated cloud) on c free cores:
-    r = min(eta / kappa_m, c / (T·kappa_m + N·kappa_net)), N the NIC streams in the domain."""
-    cores, hosts = _cpu_domain(cluster)
+
+def _plane_shape(cluster: Cluster, plane: Plane):
+    """(lanes per host on the NIC, proxies per host, ring size) of a data plane."""
     P = cluster.ranks_per_host
-    threads = hosts * P * plane.k
-    nic_streams = hosts * (P * plane.k if plane.hierarchical else plane.k)
-    kap = crowded_kappa(p, threads, cores)
-    r = min(p.eta / kap, cores / (threads * kap + nic_streams * p.kappa_net))
-    return r * nic_streams / hosts
+    if plane.hierarchical and P > 1:
+        return P * plane.k, P * plane.k, cluster.hosts
+    return plane.k, P * plane.k, cluster.ranks
 
 
-def fasthorovod_rate(cluster: Cluster, plane: Plane, p: Params) -> Dict[str, float]:
-    """NIC bytes/s per host: the network's limit, the CPU's, and the smaller."""
-    net = network_rate(cluster, plane.k * (cluster.ranks_per_host if plane.hierarchical else 1), plane.S, p)
-    cpu = proxy_cpu_rate(cluster, plane, p)
-    return {"network": net, "cpu": cpu, "rate": min(net, cpu), "bound": "cpu" if cpu < net else "network"}
+def fasthorovod_rate(cluster: Cluster, plane: Plane, p: Params, nbytes: Optional[float] = None) -> Dict[str, float]:
+    """NIC bytes/s per host: the network's limit, the rate its CPU lets the lanes reach, and the rate.
+
+    Each of the N lanes on a host's NIC runs at r: 1/r = 1/(net/N) + kappa_lane/(1 − ρ), and a
+    host's proxies spend (T·kappa_m + N·kappa_net)·r CPU-seconds per second (T proxies: a flat ring
+    with P ranks per host keeps all P·k at the ring's pace, k of them on the NIC; hierarchical: P·k
+    lanes, all on the NIC). kappa_m = kappa·(1 + gamma·(m − 1)) with m the proxies per core that
+    want a core (each runs r·kappa_m of the time and waits 1/(1 − ρ) as long: all of them on a
+    saturated CPU, few when they mostly wait on the network), and no proxy exceeds eta/kappa_m. ``cpu`` is the rate with an infinitely
+    fast network (the CPU's ceiling); ``bound`` says which of the two costs more time per byte."""
+    cores, hosts = _cpu_domain(cluster)
+    nic_lanes, proxies, ring = _plane_shape(cluster, plane)
+    net = network_rate(cluster, nic_lanes, plane.S, p, nbytes, ring, plane.segment_bytes)
+    busy = 0.0  # other jobs and compute are already taken out of `cores` (_cpu_domain)
+
+    def pace(lane_net: float) -> float:
+        # crowding counts the proxies that want a core, not those waiting on the network: each runs
+        # r·kappa_m of the time and waits for a core 1/(1 − ρ) as long (a fixed point, a few rounds)
+        kap, r = p.kappa, 0.0
+        for _ in range(12):
+            load = hosts * (proxies * kap + nic_lanes * p.kappa_net)
+            single = p.eta / kap if kap > 0 else math.inf
+            r = min(lane_rate(lane_net, p.kappa_lane, load, busy, cores), single)
+            if not math.isfinite(r):
+                busy_threads = hosts * proxies
+            else:
+                rho = min(0.999, load * r / cores)
+                busy_threads = hosts * proxies * min(1.0, r * kap / (1.0 - rho))
+            new = crowded_kappa(p, busy_threads, cores)
+            if abs(new - kap) <= 1e-6 * kap:
+                break
+            kap = new
+        return r
+
+    rate = pace(net / nic_lanes) * nic_lanes
+    cpu = pace(math.inf) * nic_lanes
+    bound = "cpu" if cpu < net else "network"
+    return {"network": net, "cpu": cpu, "rate": rate, "bound": bound}
+
+
+def proxy_cpu_rate(cluster: Cluster, plane: Plane, p: Params) -> float:
+    """The NIC bytes/s per host the proxies' CPU allows with an infinitely fast network."""
+    return fasthorovod_rate(dataclasses.replace(cluster, nic_bps=1e18, flow_bps=1e18), plane, p)["cpu"]
 
 
 def stage_seconds(nbytes: float, cluster: Cluster, p: Params) -> float:
@@ -258,25 +457,44 @@ def horovod_allreduce(nbytes: float, cluster: Cluster, p: Params) -> Dict[str, f
     return {"seconds": t, "busbw": busbw(nbytes, t, n), "rate": r["rate"], "bound": r["bound"]}
 
 
+def local_phase_seconds(nbytes: float, cluster: Cluster, plane: Plane, p: Params) -> float:
+    """The hierarchical allreduce's shared-memory work that the ring does not hide: lane j's proxy
+    of each of the P local ranks adds the other P−1 ranks' copies of its 1/P of the lane's shard
+    and copies the other P−1 parts in: (P−1)/P · M/k bytes of adds and of copies per proxy, all
+    P·k proxies of a host at once (bounded by the CPU domain's cores). As three phases one after
+    the other (plane.local_overlap False: proxy.cc before 836aa67) all of it; overlapped with the
+    ring segment by segment (since 836aa67) the first step's adds and the last step's copies, 1/H."""
+    P = cluster.ranks_per_host
+    if not plane.hierarchical or P <= 1:
+        return 0.0
+    per_proxy = (P - 1) / P * nbytes / plane.k * (p.reduce_cost + p.copy_cost)
+    cores, hosts = _cpu_domain(cluster)
+    proxies = hosts * P * plane.k
+    total = per_proxy * max(1.0, proxies / cores)
+    return total / cluster.hosts if plane.local_overlap and cluster.hosts > 1 else total
+
+
 def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Params) -> Dict[str, float]:
     """FastHorovod: below the threshold Horovod's path; above it k lanes × S sockets per rank,
-    flat (every rank in one ring per lane) or hierarchical (shared-memory reduce-scatter and
-    allgather inside the host, P rings of M/P between hosts)."""
+    flat (every rank in one ring per lane) or hierarchical (shared-memory reduce-scatter, one ring of
+    M/P per local rank across the H hosts, shared-memory allgather: :func:`local_phase_seconds`;
+    all P·k lanes of a host on its NIC)."""
     n, P, H = cluster.ranks, cluster.ranks_per_host, cluster.hosts
     if nbytes < plane.threshold or n <= 1:
         out = horovod_allreduce(nbytes, cluster, p)
         out["path"] = "horovod"
         return out
-    r = fasthorovod_rate(cluster, plane, p)
+    r = fasthorovod_rate(cluster, plane, p, nbytes)
     fixed = p.t0_fh + cluster.rtt_s + stage_seconds(nbytes, cluster, p)
     lat = step_latency(cluster, p.alpha_fh)
     if plane.hierarchical and P > 1:
-        local = (P - 1) / P * nbytes * (p.reduce_cost + p.copy_cost)  # every rank in parallel
-        t = fixed + local + ring_time(nbytes, H, r["rate"], lat) if H > 1 else fixed + local
+        # each host's NIC carries 2(H−1)/H · M (its P rings of M/P), at r["rate"] in all
+        t = fixed + local_phase_seconds(nbytes, cluster, plane, p) + ring_time(nbytes, H, r["rate"], lat)
     else:
         t = fixed + ring_time(nbytes, n, r["rate"], lat)
     return {"seconds": t, "busbw": busbw(nbytes, t, n), "rate": r["rate"], "bound": r["bound"],
-            "network_rate": r["network"], "cpu_rate": r["cpu"], "path": "proxies"}
+            "network_rate": r["network"], "cpu_rate": r["cpu"], "path": "proxies",
+            "p_unlucky_ports": unlucky_ports_probability(cluster, plane, nbytes)}
 
 
 def allgather_seconds(payload: float, cluster: Cluster, plane: Plane, p: Params) -> float:
@@ -285,7 +503,7 @@ def allgather_seconds(payload: float, cluster: Cluster, plane: Plane, p: Params)
     n = cluster.ranks
     if n <= 1:
         return 0.0
-    r = fasthorovod_rate(cluster, plane, p)["rate"]
+    r = fasthorovod_rate(cluster, dataclasses.replace(plane, hierarchical=False), p, n * payload)["rate"]
     return p.t0_fh + cluster.rtt_s + (n - 1) * step_latency(cluster, p.alpha_fh) + (n - 1) * payload / r
 
 
@@ -293,13 +511,15 @@ def allgather_seconds(payload: float, cluster: Cluster, plane: Plane, p: Params)
 
 
 def probe_curve(cluster: Cluster, p: Params, max_flows: int = 32) -> Dict[int, float]:
-    """What the start-up probe would measure on one hop: raw TCP with 1, 2, 4, ... flows (no
-    reduction: the socket cost only), stopping once doubling gains less than 5%."""
+    """What the start-up probe would measure on its slowest hop: raw TCP with 1, 2, 4, ... flows to
+    one port (no reduction: the socket cost only), stopping once doubling gains less than 5%."""
     cores, hosts = _cpu_domain(cluster)
     curve: Dict[int, float] = {}
     f, last = 1, 0.0
     while f <= max_flows:
-        net = p.goodput * min(cluster.nic_Bps, cluster.flow_Bps * distinct_buckets(f, cluster.flow_buckets))
+        link = p.goodput if p.link_goodput is None else p.link_goodput
+        caps = lane_flows(f, f, cluster.hosts, cluster.flow_buckets, cluster.port_step)
+        net = min(link * cluster.nic_Bps, p.goodput * cluster.flow_Bps * caps)
         per_flow_cpu = p.eta / p.socket_cost
         cpu = min(f * per_flow_cpu, cores / (p.socket_cost + p.kappa_net) / hosts)
         rate = min(net, cpu)

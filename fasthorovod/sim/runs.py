@@ -135,7 +135,8 @@ def run_measured(argv: List[str], timeout: float, env: Optional[dict] = None) ->
     ours = ((ch1.children_user - ch0.children_user) + (ch1.children_system - ch0.children_system)
             + (ch1.user - ch0.user) + (ch1.system - ch0.system) + cloud.seconds())
     other = max(0.0, (busy1 - busy0) - (soft1 - soft0) - ours) / max(wall, 1e-9)
-    return {"rc": rc, "seconds": wall, "background_cores": other, "tail": out.splitlines()[-15:]}
+    return {"rc": rc, "seconds": wall, "background_cores": other, "job_cores": ours / max(wall, 1e-9),
+            "softirq_cores": (soft1 - soft0) / max(wall, 1e-9), "tail": out.splitlines()[-15:]}
 
 
 def launcher(spec: str) -> str:
@@ -146,9 +147,12 @@ def launcher(spec: str) -> str:
 
 
 def allreduce_job(spec: str, sizes: List[int], backends: str = "horovod,fasthorovod", iters: int = 3,
-                  warmup: int = 1, timeout: float = 400, threshold: int = 64 << 10) -> Dict:
-    """benchmarks/allreduce.py on one emulated cloud (one rank per host). Returns the driver's JSON
-    with this job's background CPU and wall time."""
+                  warmup: int = 1, timeout: float = 400, threshold: int = 64 << 10, ceiling: bool = False,
+                  rounds: int = 1) -> Dict:
+    """benchmarks/allreduce.py on one emulated cloud (one rank per host), with the raw-TCP ring
+    ceiling first if `ceiling`, `rounds` times (separate jobs: new connections, new ports; each
+    size's time is the median of the rounds' medians). Returns the driver's JSON with this job's
+    background CPU and wall time."""
     from fasthorovod.netem.spec import parse_spec
 
     hosts = parse_spec(spec).hosts
@@ -157,10 +161,16 @@ def allreduce_job(spec: str, sizes: List[int], backends: str = "horovod,fasthoro
         argv = [sys.executable, benchmark_script("allreduce.py"), "--launcher-prefix", launcher(spec),
                 "--np", str(hosts), "--backends", backends, "--sizes", ",".join(str(s) for s in sizes),
                 "--iters", str(iters), "--warmup", str(warmup), "--proxy-threshold", str(threshold),
-                "--timeout", str(timeout), "--out", out]
-        meas = run_measured(argv, timeout * 2 + 60, env={"PYTHONPATH": _pythonpath()})
+                "--timeout", str(timeout), "--rounds", str(rounds), "--out", out] + (["--ceiling"] if ceiling else [])
+        meas = run_measured(argv, (timeout * 2 + 60) * rounds, env={"PYTHONPATH": _pythonpath()})
         doc = json.load(open(out)) if os.path.exists(out) else None
     return {"spec": spec, "hosts": hosts, "argv": shlex.join(argv), "measure": meas, "report": doc}
+
+
+def ceiling_Bps(job: Dict) -> Optional[float]:
+    """The raw-TCP ring ceiling of an allreduce job (bytes/s per host), None if not measured."""
+    ceil = (job.get("report") or {}).get("ceiling") or {}
+    return ceil["mean_gbps"] * 1e9 / 8 if ceil.get("status") == "ok" and ceil.get("mean_gbps") else None
 
 
 def train_job(spec: str, np: int, model: str, backends: str, steps: int, warmup: int, trace_root: str,
@@ -179,6 +189,21 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (repo_root(), os.environ.get("PYTHONPATH")) if p)
 
 
+def cloud_jobs(spec: str, backends: str, sizes: List[int], rounds: int = 1, ceiling: bool = False,
+               **kw) -> List[Dict]:
+    """The jobs of one cloud: Horovod once (with the ceiling if asked), FastHorovod `rounds` times
+    (its speed depends on the ports its connections got: docs/scale.md)."""
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    hvd = [b for b in names if b.startswith("horovod")]
+    fh = [b for b in names if not b.startswith("horovod")]
+    jobs = []
+    if hvd:
+        jobs.append(allreduce_job(spec, sizes, ",".join(hvd), ceiling=ceiling, **kw))
+    if fh:
+        jobs.append(allreduce_job(spec, sizes, ",".join(fh), ceiling=ceiling and not hvd, rounds=rounds, **kw))
+    return jobs
+
+
 def observations(job: Dict) -> List[Dict]:
     """Flat rows (backend, hosts, bytes, seconds, k, S, probe 1-flow rate) from an allreduce job."""
     rows = []
@@ -190,12 +215,19 @@ def observations(job: Dict) -> List[Dict]:
         plane = result.get("data_plane") or {}
         curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
         one_flow = curve.get("1", curve.get(1))
+        if entry.get("rounds"):  # several rounds: each round's own probe, the first kept here
+            plane = (entry["rounds"][0].get("result") or {}).get("data_plane") or plane
+            curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
+            one_flow = curve.get("1", curve.get(1))
         for r in result["results"]:
             rows.append({"spec": job["spec"], "hosts": job["hosts"], "backend": entry["backend"],
                          "bytes": r["bytes"], "seconds": r["median_s"], "busbw_gbps": r["busbw_gbps"],
+                         "round_seconds": r.get("round_medians_s"),
                          "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
                          "background_cores": job["measure"]["background_cores"],
-                         "probe_one_flow_Bps": float(one_flow) if one_flow else None})
+                         "probe_one_flow_Bps": float(one_flow) if one_flow else None,
+                         "probe_curve_Bps": {str(f): float(v) for f, v in curve.items()} or None,
+                         "ceiling_Bps": ceiling_Bps(job)})
     return rows
 
 
