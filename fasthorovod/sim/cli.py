@@ -143,7 +143,7 @@ def cmd_predict(a) -> int:
         doc["allreduce"].append({"bytes": size, "horovod": h, "fasthorovod": f})
         rows.append([_fmt_size(size), f"{h['seconds'] * 1e3:.2f}", _gbps(h["busbw"]), h["bound"],
                      f"{f['seconds'] * 1e3:.2f}", _gbps(f["busbw"]), f"{f['bound']} ({f['path']})",
-                     f"{h['seconds'] / f['seconds']:.2f}x"])
+                     f"{h['seconds'] / f['seconds']:.2f}x", f"{f.get('p_unlucky_ports', 0.0):.2f}"])
     kk = m.cpu_bound_k(c, p, hierarchical=plane.hierarchical)
     doc["cpu_bound_k"] = kk
     if a.trace:
@@ -159,7 +159,7 @@ def cmd_predict(a) -> int:
     print(f"FastHorovod: k={plane.k} lanes x S={plane.S} sockets, {'hierarchical' if plane.hierarchical else 'flat'}; "
           f"proxies stop paying at k={kk['k_fill']} (CPU-bound from k={kk['k_cpu']})")
     print(_table(["size", "Horovod ms", "busbw Gbit/s", "bound", "FastHorovod ms", "busbw Gbit/s", "bound",
-                  "speed-up"], rows))
+                  "speed-up", "p unlucky ports"], rows))
     if a.trace:
         t = doc["training"]
         print(f"\ntraining from {a.trace}: compute {t['compute_s']:.3f} s/step, gradients "

@@ -312,7 +312,7 @@ def network_rate(cluster: Cluster, k: int, S: int, p: Params, nbytes: Optional[f
     """Bytes/s a host's k lanes of S sockets can send over its NIC for an allreduce of `nbytes` over
     a ring of `ring` ranks (rebalanced lanes: the sum; each lane at its slowest hop)."""
     ring = cluster.ranks if ring is None else ring
-    hops = ring if cluster.hosts > 1 else 1
+    hops = cluster.hosts if cluster.hosts > 1 else 1  # the hops that leave a host (shaped, hashed)
     a = active_frames(nbytes, k, ring, S, segment)
     flows = k * lane_flows(S, a, hops, cluster.flow_buckets, cluster.port_step)
     link = (p.goodput if p.link_goodput is None else p.link_goodput) * link_share(hops, p.link_jitter)
@@ -324,7 +324,7 @@ def unlucky_ports_probability(cluster: Cluster, plane: Plane, nbytes: Optional[f
     bucket (the slow mode of issue 19): their server ports (one per lane, random) agree in the
     hash's 4 bits with probability 1/b and their source ports with 1/b again, independently; with
     f = k·ceil(a) busy flows per hop, f(f−1)/2 − k·ceil(a)(ceil(a)−1)/2 such pairs on each of the
-    ring's hops. The model's rates are those of the lucky draw (no such pair): the median job while
+    ring's H hops between hosts. The model's rates are those of the lucky draw (no such pair): the median job while
     this probability is below one half; until the lanes are rebalanced, an unlucky job waits for
     the lanes that share a cap. 0 on a cloud that caps every flow on its own (buckets None)."""
     b = cluster.flow_buckets
@@ -334,7 +334,7 @@ def unlucky_ports_probability(cluster: Cluster, plane: Plane, nbytes: Optional[f
     a = math.ceil(active_frames(nbytes, nic_lanes, ring, plane.S, plane.segment_bytes) - 1e-9)
     f = nic_lanes * a
     pairs = f * (f - 1) / 2 - nic_lanes * a * (a - 1) / 2
-    hops = ring
+    hops = cluster.hosts  # the ring's hops that leave a host
     return 1.0 - (1.0 - 1.0 / (b * b)) ** (pairs * hops)
 
 
