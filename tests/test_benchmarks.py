@@ -732,3 +732,23 @@ def test_peer_steps_apply_to_every_backend_but_fasthorovod():
                                    plain)) == (4, 3)
     with pytest.raises(SystemExit):
         train.parse_args(["--peer-steps", "0"])
+
+
+@pytest.mark.multiproc
+def test_placement_harness_measures_bytes_on_its_tcp_ring(tmp_path):
+    """The placement model is of proxies on a TCP ring; its harness's two ranks share one host,
+    where the default (hierarchical) allreduce would move nothing over TCP and leave every lane's
+    rate at zero (the harness then divided by it)."""
+    out = tmp_path / "placement.json"
+    only = "k1 separated|k1 clustered|k2 two per CPU|k2 a lane per CPU"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "placement.py"), "--only", only, "--seconds", "0.1",
+                           "--windows", "1", "--passes", "1", "--mib", "4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180, cwd=BENCHMARKS.parent,
+                          env=dict(os.environ, PYTHONPATH=str(BENCHMARKS.parent)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [p["name"] for p in report["placements"]] == only.split("|")
+    for placement in report["placements"]:
+        assert placement["measured"] > 0, placement["name"]
+        for window in placement["windows"]:
+            assert all(rate > 0 for rate in window["lane_rates"]), (placement["name"], window["lane_rates"])
