@@ -532,17 +532,7 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
   FHVD_RETURN_IF_ERROR(accepting);
   if (accepted < sockets) return Status::Error(Code::kAborted, "ring set-up was abandoned");
   links->to_next = std::move(to_next);
-  for (auto& sock : links->to_next) {
-    FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
-    // The lane hands a frame to the first socket whose kernel takes it (lane.h): with the kernel's
-    // autotuned buffers socket 0 would take every frame of a step until megabytes wait in it, and
-    // the other sockets — the other per-flow caps — would idle. A socket that holds this much
-    // unsent data refuses more, so the next frame goes to the next socket.
-    if (sockets > 1) {
-      const int lowat = static_cast<int>(kLaneUnsentBytes);
-      setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof(lowat));
-    }
-  }
+  for (auto& sock : links->to_next) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
   for (auto& sock : links->from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
   return Status::Ok();
 }

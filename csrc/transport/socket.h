@@ -98,10 +98,6 @@ struct RingEndpoint {
 // buffer_bytes > 0 fixes SO_SNDBUF/SO_RCVBUF of the sockets it accepts; 0 keeps autotuning.
 Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* port);
 
-// With S > 1, a lane's send socket refuses more data while this much it was given is unsent
-// (TCP_NOTSENT_LOWAT), so that the lane spreads a step's frames over its S sockets.
-constexpr size_t kLaneUnsentBytes = 256 << 10;
-
 // Connects S sockets to `next`, accepts S from the previous rank on `listener`, with handshakes.
 // `self` is this proxy's identity; the expected previous rank is (self.rank + size - 1) % size.
 // `purpose` is what both ends must be connecting for (a lane's ring, or the path probe's).
