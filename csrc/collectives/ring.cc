@@ -145,9 +145,7 @@ class RingRun : public FrameSink {
     }
     if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.prescale);
     if (opt_.size == 1) {
-      if (work_.host != nullptr) work_.host->ReduceIn(0, work_.count);
-      if (!gather) Scale(work_.dtype, work_.data, work_.count, work_.postscale);
-      if (work_.host != nullptr) work_.host->CopyOut(0, work_.count);
+      if (!gather) ReduceWithoutRing(work_, opt_.segment_bytes);
       return Status::Ok();
     }
     uint64_t frames_in = 0, frames_out = 0;
@@ -185,6 +183,17 @@ class RingRun : public FrameSink {
 };
 
 }  // namespace
+
+void ReduceWithoutRing(const ShardWork& work, size_t block_bytes) {
+  const size_t elem = DTypeSize(work.dtype);
+  const size_t block = std::max<size_t>(1, block_bytes / elem);
+  for (size_t at = 0; at < work.count; at += block) {
+    const size_t len = std::min(block, work.count - at);
+    if (work.host != nullptr) work.host->ReduceIn(at, len);
+    Scale(work.dtype, static_cast<char*>(work.data) + at * elem, len, work.postscale);
+    if (work.host != nullptr) work.host->CopyOut(at, len);
+  }
+}
 
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk) {
   return static_cast<size_t>((static_cast<unsigned __int128>(count) * chunk) / size);

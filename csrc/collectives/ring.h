@@ -55,6 +55,12 @@ struct RingStats : LaneStats {
 Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work,
                      const RingOptions& options, RingStats* stats);
 
+// What a ring of one rank does to a sum's shard after its prescale: the host's other contributions
+// added in (work.host), the postscale applied and the result copied out to the host, block by block
+// of `block_bytes` (a block is still in cache when it is scaled and copied out). The hierarchical
+// allreduce on a single host runs this instead of a ring.
+void ReduceWithoutRing(const ShardWork& work, size_t block_bytes);
+
 // Helpers exposed for unit tests: chunk boundaries and segment counts of the ring schedule.
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk);
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements);

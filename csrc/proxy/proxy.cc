@@ -381,12 +381,12 @@ class Proxy {
     size_t begin = ChunkBegin(work.count, L, me);
     HostPart part(shards, me, begin * elem, work.dtype);
     const size_t count = ChunkBegin(work.count, L, me + 1) - begin;
+    ShardWork across = work;
+    across.data = shards[me] + begin * elem;
+    across.count = count;
+    across.prescale = 1.0;
+    across.host = &part;
     if (ch_->num_hosts > 1) {
-      ShardWork across = work;
-      across.data = shards[me] + begin * elem;
-      across.count = count;
-      across.prescale = 1.0;
-      across.host = &part;
       desc.shard_bytes = count * elem;
       RingStats ring;
       *ring_ran = true;
@@ -395,13 +395,7 @@ class Proxy {
       stats->bytes_received = ring.bytes_received;
       FHVD_RETURN_IF_ERROR(st);
     } else {
-      const size_t block = std::max<size_t>(1, options_.segment_bytes / elem);  // still in cache when copied out
-      for (size_t at = 0; at < count; at += block) {
-        const size_t len = std::min(block, count - at);
-        part.ReduceIn(at, len);
-        Scale(work.dtype, shards[me] + (begin + at) * elem, len, work.postscale);
-        part.CopyOut(at, len);
-      }
+      ReduceWithoutRing(across, options_.segment_bytes);
     }
     return Meet(&HostPost::copied, n, "copy its part out");
   }
