@@ -305,6 +305,11 @@ def _leftovers(cloud_id: str) -> list[str]:
             + [str(p) for p in STATE_DIR.glob(f"{cloud_id}*")] + [f"sshd pid {pid}" for pid in sshd])
 
 
+def _semaphores() -> set[str]:
+    """Python's named semaphores in /dev/shm (multiprocessing's, as Horovod's launcher creates them)."""
+    return {path.name for path in Path("/dev/shm").glob("sem.mp-*")}
+
+
 def _hosts(stderr: str) -> dict[str, str]:
     """namespace -> address, from the --verbose line."""
     line = next(line for line in stderr.splitlines() if "hosts: " in line)
@@ -363,6 +368,7 @@ def test_sigterm_kills_the_ranks_and_tears_the_network_down(tmp_path: Path) -> N
     script = tmp_path / "sleep.py"
     script.write_text("import time, horovod.torch as hvd\nhvd.init()\nprint('up', flush=True)\ntime.sleep(600)\n")
     log = tmp_path / "log"
+    semaphores = _semaphores()
     with open(log, "w") as sink:
         proc = subprocess.Popen([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
                                  sys.executable, str(script)], stdout=sink, stderr=subprocess.STDOUT, cwd=REPO,
@@ -381,6 +387,8 @@ def test_sigterm_kills_the_ranks_and_tears_the_network_down(tmp_path: Path) -> N
     text = log.read_text()
     assert "SIGTERM received" in text
     assert _leftovers(_cloud_id(text)) == []
+    # The launcher's resource tracker outlived it and unlinked its semaphores (killed with it, it did not).
+    assert _semaphores() - semaphores == set()
 
 
 @netem

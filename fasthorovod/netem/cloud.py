@@ -88,7 +88,7 @@ def _list_namespaces() -> list[str]:
 TRACKER_GRACE_S = 2.0
 
 
-def _is_resource_tracker(pid: int) -> bool:
+def is_resource_tracker(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return b"multiprocessing.resource_tracker" in f.read()
@@ -100,12 +100,13 @@ def _namespace_pids(name: str) -> list[int]:
     return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
 
 
-def _kill_rounds(name: str, rounds: int, spare: Callable[[int], bool] = lambda pid: False) -> list[int]:
-    """SIGKILL every process in namespace ``name`` but those ``spare`` names, until none is left (a
+def kill_rounds(list_pids: Callable[[], list[int]], rounds: int,
+                spare: Callable[[int], bool] = lambda pid: False) -> list[int]:
+    """SIGKILL every process ``list_pids()`` names but those ``spare`` names, until none is left (a
     process may fork while its siblings die, hence rounds); returns the pids killed."""
     killed: list[int] = []
     for _ in range(rounds):
-        pids = [pid for pid in _namespace_pids(name) if not spare(pid)]
+        pids = [pid for pid in list_pids() if not spare(pid)]
         if not pids:
             break
         for pid in pids:
@@ -120,11 +121,14 @@ def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
     """SIGKILL every process in namespace ``name`` until none is left; returns the pids killed.
     Python's multiprocessing resource trackers are spared for up to TRACKER_GRACE_S after the rest
     is killed, so that they clean up the semaphores of the processes they served."""
-    killed = _kill_rounds(name, rounds, spare=_is_resource_tracker)
+    def pids() -> list[int]:
+        return _namespace_pids(name)
+
+    killed = kill_rounds(pids, rounds, spare=is_resource_tracker)
     deadline = time.monotonic() + TRACKER_GRACE_S
-    while any(_is_resource_tracker(pid) for pid in _namespace_pids(name)) and time.monotonic() < deadline:
+    while any(is_resource_tracker(pid) for pid in pids()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return killed + _kill_rounds(name, rounds)  # trackers that did not exit, and anything started meanwhile
+    return killed + kill_rounds(pids, rounds)  # trackers that did not exit, and anything started meanwhile
 
 
 def _delete_namespace(name: str) -> None:

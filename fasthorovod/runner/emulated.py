@@ -24,7 +24,9 @@ So this mode is a thin wrapper around the launcher that runs real clusters:
    environment (FASTHOROVOD_IFACE=eth0 is set there, so the proxies bind on the host's address).
 3. **The end.** The job's exit status is ours (the first failed rank's, as ``fasthorovodrun``
    reports it on a real cluster). On SIGINT, SIGTERM or SIGHUP the launcher gets SIGTERM (Horovod
-   stops its ranks), then SIGKILL after ``STOP_GRACE_S``, and the exit status is 128 + signal.
+   stops its ranks), then its process group SIGKILL after ``STOP_GRACE_S`` (all but its
+   multiprocessing resource tracker, which unlinks the launcher's semaphores once the processes it
+   serves are gone; the teardown gives it ``TRACKER_GRACE_S``), and the exit status is 128 + signal.
    Whatever happened, the cloud is torn down (``finally``, ``atexit`` as a backstop): every process
    left in its namespaces (sshd, ranks, proxies, the launcher) is killed, the namespaces, hosts
    files, keys and discovery files removed. The launcher also dies with this process
@@ -50,7 +52,7 @@ from collections.abc import Mapping
 from types import FrameType
 
 from fasthorovod.netem import EmulatedCloud, NetemError, NetemPermissionError
-from fasthorovod.netem.cloud import HOST_DEVICE
+from fasthorovod.netem.cloud import HOST_DEVICE, is_resource_tracker, kill_rounds
 
 PROG = "fasthorovodrun"
 STOP_GRACE_S = 10.0  # after forwarding a signal, the launcher has this long to stop its ranks
@@ -103,6 +105,22 @@ class _Interrupted(BaseException):
 def _exit_status(returncode: int) -> int:
     """Popen's returncode as a shell reports it (killed by signal S -> 128 + S)."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (from /proc/PID/stat: state, ppid, pgrp follow the name)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
 
 
 def _die_with_parent() -> None:
@@ -188,7 +206,8 @@ class EmulatedJob:
         return _exit_status(self.launcher.wait())
 
     def _stop_launcher(self, signum: int) -> None:
-        """SIGTERM the launcher (Horovod then stops its ranks), SIGKILL its group after STOP_GRACE_S."""
+        """SIGTERM the launcher (Horovod then stops its ranks), SIGKILL its group but resource trackers after
+        STOP_GRACE_S."""
         launcher = self.launcher
         if launcher is None or launcher.poll() is not None:
             return
@@ -198,10 +217,9 @@ class EmulatedJob:
             launcher.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        # Not its resource tracker: killed, it would leave the launcher's semaphores in /dev/shm. It
+        # runs in the launcher's namespace, where the cloud's teardown kills it if it stays.
+        kill_rounds(lambda: _group_pids(launcher.pid), rounds=10, spare=is_resource_tracker)
         launcher.wait()
 
     def teardown(self) -> None:
