@@ -18,8 +18,11 @@
 //
 // The chunk sent at step t+1 is always the chunk received at step t. Chunks are cut further into
 // segments of at most `segment_bytes`, and each segment travels as one frame {step, segment,
-// offset, length} (an empty chunk still travels as one empty frame, so that its header is
-// checked). Segment i of step t+1 may leave as soon as segment i of step t has arrived and been
+// offset, length} on one of the lane's S sockets. A frame travels whole on one socket, so a chunk
+// of one segment would leave the other S − 1 idle (behind a per-flow cap, the lane would get one
+// flow's rate): a chunk is cut into at least S segments, down to kMinRingSegmentBytes
+// (RingSegmentElements); every rank computes the same cut from the same request and settings. (An
+// empty chunk still travels as one empty frame, so that its header is checked.) Segment i of step t+1 may leave as soon as segment i of step t has arrived and been
 // reduced, so the schedule is a pipeline: all segments of the first step are queued at once, every
 // arriving segment releases the next step's segment, and sends, receives and reductions overlap
 // (the kernel's socket buffers keep filling while a segment is being reduced).
@@ -52,7 +55,7 @@ class RingRun : public FrameSink {
  public:
   RingRun(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work, const RingOptions& opt)
       : lane_(links, opt), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)) {
-    seg_elems_ = std::max<size_t>(1, opt.segment_bytes / elem_);
+    seg_elems_ = RingSegmentElements(work.count, opt.size, links.to_next.size(), opt.segment_bytes, elem_);
     steps_ = 2 * (opt.size - 1);
     first_step_ = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? opt.size - 1 : 0;
     temp_.resize(links.from_prev.size());
@@ -200,6 +203,16 @@ size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk) {
 }
 
 uint32_t AllgatherOwnChunk(uint32_t rank, uint32_t size) { return (rank + 1) % size; }
+
+size_t RingSegmentElements(size_t count, uint32_t size, size_t sockets, size_t segment_bytes, size_t elem) {
+  size_t segment = std::max<size_t>(1, segment_bytes / elem);
+  if (sockets > 1) {
+    const size_t chunk = (count + size - 1) / std::max<uint32_t>(1, size);  // the largest chunk
+    const size_t even = (chunk + sockets - 1) / sockets;
+    segment = std::min(segment, std::max(even, std::max<size_t>(1, kMinRingSegmentBytes / elem)));
+  }
+  return segment;
+}
 
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements) {
   // An empty chunk still travels as one empty frame so that its header is checked.

@@ -61,8 +61,16 @@ Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWo
 // allreduce on a single host runs this instead of a ring.
 void ReduceWithoutRing(const ShardWork& work, size_t block_bytes);
 
+// A chunk is cut into at least one segment per socket, but not below this (frames of less would
+// cost more in headers and wake-ups than an idle socket loses).
+constexpr size_t kMinRingSegmentBytes = 64 << 10;
+
 // Helpers exposed for unit tests: chunk boundaries and segment counts of the ring schedule.
 size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk);
+// Elements per segment for `count` elements of `elem` bytes over a ring of `size` ranks whose
+// lane has `sockets` sockets: segment_bytes, or less so that the largest chunk has a segment for
+// every socket (not below kMinRingSegmentBytes).
+size_t RingSegmentElements(size_t count, uint32_t size, size_t sockets, size_t segment_bytes, size_t elem);
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements);
 // The chunk a rank holds complete when the allgather phase starts (its contribution to a kGather).
 uint32_t AllgatherOwnChunk(uint32_t rank, uint32_t size);

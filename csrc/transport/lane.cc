@@ -7,7 +7,12 @@
 // may already be waiting on the receive side, and it is a better error than the broken send — and
 // then the send sockets. A send socket keeps writing until the kernel refuses (MSG_DONTWAIT), each
 // frame as one sendmsg of the header and payload iovecs; when its frame is out it takes the oldest
-// frame of the shared queue, so frames go to the first socket free. A receive socket keeps reading
+// frame of the shared queue if it has the smallest backlog of the lane's sockets (the bytes it
+// holds that have not left: unsent in the kernel, SIOCOUTQNSD, plus what it has yet to write).
+// Without that rule the first socket would take every frame while the kernel accepts (autotuned
+// send buffers hold megabytes) and the other sockets' flows would idle; with it a step's frames
+// spread over the sockets, in proportion to how fast each drains. Only sockets allowed to take a
+// frame are polled for writing, so a socket refused does not spin. A receive socket keeps reading
 // until the kernel has nothing: a header, then the payload straight into where the sink said.
 //
 // Aborting. SendAbort first finishes any half-written frame on a socket (so the stream stays
@@ -16,7 +21,9 @@
 // to the rank it came from (the next rank, when the abort has gone all the way round).
 #include "transport/lane.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -68,6 +75,7 @@ class Lane::Impl {
   Impl(RingLinks& links, const LaneOptions& opt) : links_(links), opt_(opt) {
     out_.resize(links.to_next.size());
     end_sent_.resize(links.to_next.size());
+    backlog_.resize(links.to_next.size());
     in_.resize(links.from_prev.size());
   }
 
@@ -152,6 +160,7 @@ class Lane::Impl {
         return Status::Error(code, Str("rank ", opt_.rank, " aborted its collectives: ",
                                        known ? opt_.abort_reason : "the job is shutting down"));
       }
+      MeasureBacklogs();
       for (size_t s = 0; s < out_.size(); ++s) {
         fds[s] = {links_.to_next[s].fd(), static_cast<short>(SocketHasWork(s) ? POLLOUT : 0), 0};
       }
@@ -190,13 +199,31 @@ class Lane::Impl {
     return Status::Ok();
   }
 
-  // Socket s has something to write: its frame in progress, a frame from the shared queue, or
-  // (all frames out) its end marker.
+  // Socket s has something to write: its frame in progress, a frame from the shared queue it may
+  // take, or (all frames out) its end marker.
   bool SocketHasWork(size_t s) const {
-    return !out_[s].empty() || !pending_.empty() || (frames_queued_ == frames_out_ && !end_sent_[s]);
+    return !out_[s].empty() || (!pending_.empty() && MayTake(s)) || (frames_queued_ == frames_out_ && !end_sent_[s]);
+  }
+
+  // Each send socket's bytes not yet on the wire: unsent in the kernel and yet to be written.
+  void MeasureBacklogs() {
+    if (out_.size() < 2) return;
+    for (size_t s = 0; s < out_.size(); ++s) {
+      int unsent = 0;
+      if (ioctl(links_.to_next[s].fd(), SIOCOUTQNSD, &unsent) < 0) unsent = 0;
+      size_t backlog = static_cast<size_t>(std::max(unsent, 0));
+      for (const OutFrame& f : out_[s]) backlog += f.total() - f.sent;
+      backlog_[s] = backlog;
+    }
+  }
+
+  // A socket takes a frame from the shared queue only if no other socket has less left to send.
+  bool MayTake(size_t s) const {
+    return out_.size() < 2 || backlog_[s] <= *std::min_element(backlog_.begin(), backlog_.end());
   }
 
   bool SendsPending() const {
+    if (!pending_.empty()) return true;
     for (size_t s = 0; s < out_.size(); ++s) {
       if (SocketHasWork(s)) return true;
     }
@@ -222,8 +249,10 @@ class Lane::Impl {
   // its end marker once every frame of the collective has been handed to some socket.
   bool TakeNext(size_t s) {
     if (!pending_.empty()) {
+      if (!MayTake(s)) return false;
       out_[s].push_back(pending_.front());
       pending_.pop_front();
+      backlog_[s] += out_[s].back().total();
       return true;
     }
     if (frames_queued_ == frames_out_ && !end_sent_[s]) {
@@ -456,6 +485,7 @@ class Lane::Impl {
   std::vector<InState> in_;
   std::deque<OutFrame> pending_;  // frames ready to send, in the order queued, not yet on a socket
   std::vector<bool> end_sent_;    // per socket: its end marker has been queued
+  std::vector<size_t> backlog_;   // per send socket (S > 1): bytes not yet on the wire, this poll round
   uint64_t frames_queued_ = 0;    // frames queued so far in this collective
   uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective
   uint64_t recv_remaining_ = 0;

@@ -19,9 +19,10 @@
 // frame is written from the collective's buffer with one sendmsg of two iovecs (header, payload)
 // and read straight into the destination the sink names.
 //
-// Striping. Frames ready to go wait in one queue, in the order queued, and each goes out on
-// whichever of the S sockets can take it first, so a socket whose flow is slower (an unlucky share
-// of a shaped link) carries fewer frames instead of holding the collective back. Once its last
+// Striping. Frames ready to go wait in one queue, in the order queued, and each goes out on the
+// socket with the least left to send (unsent bytes in the kernel and in its frame in progress), so
+// a step's frames spread over the S sockets and a socket whose flow is slower (an unlucky share of
+// a shaped link) carries fewer frames instead of holding the collective back. Once its last
 // frame is out, the sender closes the collective on every socket with an end marker (a header
 // without payload), so each receiver knows when a socket's frames of this collective are over and
 // never reads into the next collective's. Every poll round receives before it sends.

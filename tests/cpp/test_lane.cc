@@ -1,6 +1,7 @@
 // The lane transport on its own: striping, end markers, aborts, deadlines, mismatches, peeking.
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -48,10 +49,12 @@ class SocketCounter : public FrameObserver {
   int64_t OnFrame(const CollectiveDesc&, const FrameEvent& e) override {
     std::lock_guard<std::mutex> lock(mutex);
     (e.send ? sent_on : received_on).insert(e.socket);
+    if (e.send) sent_count[e.socket]++;
     return next_id++;
   }
   std::mutex mutex;
   std::set<size_t> sent_on, received_on;
+  std::map<size_t, size_t> sent_count;
   int64_t next_id = 0;
 };
 
@@ -108,6 +111,34 @@ TEST(LaneStripesFramesOverEverySocket) {
     for (auto& c : counters) {
       CHECK_EQ(c.sent_on.size(), static_cast<size_t>(sockets));  // every socket carried frames
       CHECK_EQ(c.received_on.size(), static_cast<size_t>(sockets));
+    }
+  }
+}
+
+// With the kernel's autotuned send buffers (megabytes), the first socket would accept every frame
+// of a small collective and the others' flows would idle: the lane gives each frame to the socket
+// with the least left to send, so each of S sockets carries a fair part of the frames.
+TEST(LaneSpreadsFramesWhenEverySocketWouldTakeThemAll) {
+  for (int sockets = 2; sockets <= 4; sockets += 2) {
+    const uint32_t size = 2;
+    const size_t frames = 16, frame_bytes = 128 << 10;  // 2 MiB per rank: one autotuned buffer holds it
+    auto links = ConnectRing(size, sockets);
+    std::vector<SocketCounter> counters(size);
+    RunRanks(size, [&](uint32_t r) {
+      LaneOptions o = Options(r, size);
+      o.observer = &counters[r];
+      CollectiveDesc desc = Desc(0);
+      Lane lane(links[r], o);
+      Exchange x(frames, frame_bytes);
+      std::vector<char> mine = Pattern(r, frames * frame_bytes);
+      lane.Begin(desc, frames, frames);
+      x.SendAll(lane, mine);
+      LaneStats stats;
+      CHECK(lane.Run(&x, &stats).ok());
+      CHECK(x.received == Pattern((r + size - 1) % size, frames * frame_bytes));
+    });
+    for (auto& c : counters) {
+      for (int s = 0; s < sockets; ++s) CHECK(c.sent_count[s] >= frames / sockets / 2);
     }
   }
 }

@@ -205,3 +205,26 @@ TEST(RingRefusesToShareAHostsContributionsOfAGatherOrAPrescaledInput) {
   }
   CHECK(buffers[0] == std::vector<float>(8, 1.0f));  // untouched
 }
+
+// A frame travels whole on one socket: a chunk of one segment would leave a lane's other sockets
+// idle, so chunks are cut into a segment per socket (never below kMinRingSegmentBytes).
+TEST(RingCutsEveryChunkIntoASegmentPerSocket) {
+  const size_t mib = 1 << 20, f32 = 4;
+  // 4 MiB over 6 ranks, 2 sockets: chunks of ~699 KB, one 1 MiB segment each before; now two.
+  const size_t count = 4 * mib / f32;
+  size_t seg = RingSegmentElements(count, 6, 2, mib, f32);
+  CHECK_EQ(SegmentCount(ChunkBegin(count, 6, 1) - ChunkBegin(count, 6, 0), seg), 2u);
+  CHECK_EQ(RingSegmentElements(count, 6, 1, mib, f32), mib / f32);       // one socket: as configured
+  CHECK_EQ(RingSegmentElements(64 * mib / f32, 4, 2, mib, f32), mib / f32);  // large chunks: as configured
+  CHECK_EQ(RingSegmentElements(1000, 4, 4, mib, f32), kMinRingSegmentBytes / f32);  // small: the floor
+  CHECK_EQ(RingSegmentElements(count, 6, 2, 4096, f32), 4096 / f32);     // never above the setting
+  for (uint32_t size = 2; size <= 6; ++size) {
+    for (size_t sockets = 2; sockets <= 8; ++sockets) {
+      for (size_t total : {256 * 1024, 3 * 1000 * 1000, 5 * 1024 * 1024}) {
+        const size_t elems = RingSegmentElements(total, size, sockets, mib, 1);
+        const size_t chunk = (total + size - 1) / size;
+        CHECK(SegmentCount(chunk, elems) >= std::min(sockets, (chunk + kMinRingSegmentBytes - 1) / kMinRingSegmentBytes));
+      }
+    }
+  }
+}
