@@ -281,19 +281,25 @@ PLACEMENTS = [
     ("k3 three per CPU", "validate", [((0,), (1,))] * 3, None),
     ("k1 separated, compute 50% on 0", "validate", [((0,), (1,))], ((0,), 0.5)),
     ("k2 two per CPU, compute on 1", "validate", [((0,), (1,))] * 2, ((1,), 1.0)),
-    ("k1 clustered on 1, compute on 0", "validate", [((1,), (1,))], ((0,), 1.0)),
+    ("k1 clustered on 1, compute on 0", "fit", [((1,), (1,))], ((0,), 1.0)),
     ("k1 clustered with compute on 0", "validate", [((0,), (0,))], ((0,), 1.0)),
     ("k1 unpinned", "validate", [(None, None)], None),
     ("k2 unpinned", "validate", [(None, None)] * 2, None),
     ("k2 unpinned, compute on 0", "validate", [(None, None)] * 2, ((0,), 1.0)),
+    ("k1 one end unpinned", "validate", [((0,), None)], None),
+    ("k3 unpinned", "validate", [(None, None)] * 3, None),
+    ("k2 a lane per CPU, compute 50% on 1", "validate", [((0,), (0,)), ((1,), (1,))], ((1,), 0.5)),
 ]
 
 
-def model_placement(cpus, lanes, compute):
-    """The model's view of a placement: both ranks' proxies of every lane and the compute thread."""
+def model_placement(cpus, lanes, compute, shared_core=False):
+    """The model's view of a placement: both ranks' proxies of every lane and the compute thread.
+    With `shared_core`, the CPUs are described as SMT siblings of one core (what a VM's vCPUs may be
+    without showing it); the fitted beta then says how much a busy other CPU costs per byte."""
     proxies = tuple(ProxySpec(j, c) for j, ends in enumerate(lanes) for c in ends)
     busy = (Busy(compute[0], compute[1]),) if compute else ()
-    return Placement(tuple(cpus), proxies, busy)
+    siblings = {c: tuple(x for x in cpus if x != c) for c in cpus} if shared_core else {}
+    return Placement(tuple(cpus), proxies, busy, siblings)
 
 
 def measure(ring, cpus, lanes, compute, hog, seconds, weights, windows):
@@ -417,6 +423,8 @@ def main(argv=None):
     parser.add_argument("--mib", type=int, default=32, help="allreduce size, MiB")
     parser.add_argument("--passes", type=int, default=1, help="passes over the placements (even ones reversed)")
     parser.add_argument("--only", default="", help="|-separated placement names (development)")
+    parser.add_argument("--no-shared-core", dest="shared_core", action="store_false",
+                        help="do not describe the two CPUs as siblings of one core (beta not fitted)")
     parser.add_argument("--no-account-other", dest="account_other", action="store_false",
                         help="do not tell the model how much CPU other jobs took")
     args = parser.parse_args(argv)
@@ -452,7 +460,7 @@ def main(argv=None):
 
     # -- fit and validate: every window is a sample, with the CPU other jobs took as measured --
     def window_placement(lanes, compute, w):
-        pl = model_placement(cpus2, lanes, compute)
+        pl = model_placement(cpus2, lanes, compute, args.shared_core)
         pl = dataclasses.replace(pl, busy=pl.busy + tuple(Busy(None, min(1.0, u)) for u in w["worker_cpu"]))
         if args.account_other:
             pl = dataclasses.replace(pl, reserved={int(c): v for c, v in w["other_cpu"].items()})
@@ -463,7 +471,7 @@ def main(argv=None):
     cpu_samples = [(window_placement(lanes, compute, w),
                     [w["proxy_cpu_per_byte"][rank][j] for j in range(len(lanes)) for rank in range(2)])
                    for name, role, lanes, compute in placements if role == "fit" for w in runs[name]]
-    model = PlacementModel.fit(samples, cpu_samples=cpu_samples, components=components)
+    model = PlacementModel.fit(samples, cpu_samples=cpu_samples, components=components, fit_beta=args.shared_core)
     proc_kappa = [c for name, role, _, _ in placements if role == "fit" for w in runs[name]
                   for rank in w["proxy_cpu_per_byte"] for c in rank]
     model.fit_info["proxy_process_cpu_per_byte_median"] = statistics.median(proc_kappa)
@@ -496,7 +504,9 @@ def main(argv=None):
 
     print()
     print(f"model: kappa {model.kappa * 1e9:.3f} ns/B (alone {model.alone_rate() / 1e6:.0f} MB/s), "
-          f"eta {model.eta:.3f}, gamma {model.gamma:.3f}, delta {model.delta:.3f}, beta {model.beta} (prior, no SMT here); "
+          f"eta {model.eta:.3f}, gamma {model.gamma:.3f} (busy co-runner "
+          f"{'as gamma' if model.gamma_busy is None else f'{model.gamma_busy:.3f}'}), delta {model.delta:.3f}, beta {model.beta:.3f} "
+          f"({'fitted, the CPUs as one shared core' if model.beta_measured else 'prior, no SMT here'}); "
           f"bottom-up kappa {model.bottom_up_kappa() * 1e9:.3f} ns/B; proxy process CPU "
           f"{model.fit_info['proxy_process_cpu_per_byte_median'] * 1e9:.3f} ns/B; "
           f"fit rms log error {model.fit_info['rms_log_error']:.3f}")

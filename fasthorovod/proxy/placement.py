@@ -20,26 +20,33 @@ its SMT siblings are idle, and *clustered* otherwise. Clustering costs twice:
   whose affinity lies inside it). A lane runs at its slowest proxy's pace, so the fair sharing is
   over lanes: each lane's rate rises until a CPU set it uses is full (progressive filling).
 * **cost per byte**: a clustered thread's per-byte cost rises (context switches, caches shared
-  with another working set):
+  with another working set; an SMT sibling's execution units):
 
-      kappa_p = kappa * (1 + gamma * (m_p - 1) + beta * o_p - delta * s_p)
+      kappa_p = kappa * (1 + gamma * (c_p - b_p) + gamma_busy * b_p + beta * o_p - delta * s_p)
 
-  where m_p >= 1 is how many busy threads p's CPU holds on average (every thread's demand spread
-  over its allowed CPUs as evenly as the scheduler can), o_p in [0, 1] how busy p's SMT siblings
-  are, and s_p in [0, 1] how much of the time p's ring peer of the same lane shares its CPU. The
-  last term only exists on a test rig whose ranks share a host (a loopback ring): the receiver
-  then reads from cache what its peer has just written. On a real cluster a host runs one proxy
-  per lane, s_p = 0.
+  where c_p = min(1, m_p - 1) is the fraction of p's time that its logical CPU is shared (m_p >= 1:
+  how many busy threads that CPU holds on average, every thread's demand spread over its allowed
+  CPUs as evenly as the scheduler can; SCP's clustered state, paid once: a third co-runner
+  pollutes a cache no further), b_p the part of c_p due to busy threads that are not proxies (a
+  compute thread's small working set costs less, gamma_busy), o_p in [0, 1] how busy p's SMT
+  siblings are, and s_p in [0, 1] how much of the time p's ring peer of the same lane shares its
+  CPU. The last term only exists on a test rig whose ranks share a host (a loopback ring). On a
+  real cluster a host runs one proxy per lane, s_p = 0.
+* **the scheduler's states** (``_states``): an unpinned proxy runs in bursts and sleeps on its ring
+  neighbour, so the kernel places it when it wakes, with no notion of ring neighbours: it is taken
+  to sit on any allowed CPU with equal probability, independently of the others. A duty-cycled
+  busy thread is runnable a fraction d of the time and then competes like any busy thread. The
+  prediction is the time average over these states, each predicted as a pinning.
 
-The parameters are physical and few: kappa (s/B), eta, gamma, beta, delta. ``PlacementModel.fit``
-takes them from measured placements (benchmarks/placement.py). The multipliers gamma and delta
+The parameters are physical and few: kappa (s/B), eta, gamma, gamma_busy, beta, delta.
+``PlacementModel.fit`` takes them from measured placements (benchmarks/placement.py). The multipliers
 are what they say, changes of CPU-seconds per byte, so when the proxies' own CPU time per byte was
 measured they come from a linear least-squares fit of it (this survives a host shared with other
 jobs far better than rates do); for fixed multipliers and eta every predicted rate is proportional
 to 1/kappa, so kappa has a closed-form least-squares solution on log rates, and eta is a
 one-dimensional search. Without CPU measurements (eta, gamma) are searched on a grid together. beta can only be
-measured on a host with SMT siblings; elsewhere it keeps a stated prior (``beta_measured`` says
-which). ``components`` keeps the measured unit costs the workload is made of (reduction, memcpy,
+measured on a host with SMT siblings (or CPUs described as such: ``fit(fit_beta=True)``, as the
+harness does for a VM's vCPUs); elsewhere it keeps a stated prior (``beta_measured`` says which). ``components`` keeps the measured unit costs the workload is made of (reduction, memcpy,
 loopback send+recv per byte), for the bottom-up check kappa ~ socket + reduce / 2.
 
 ``plan`` chooses k and a pinning: given the usable CPUs (``read_topology``), how many CPUs the
@@ -57,6 +64,7 @@ import itertools
 import json
 import math
 import os
+import random
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -229,6 +237,11 @@ class Prediction:
     proxy_crowding: List[float] = dataclasses.field(default_factory=list)  # m_p
     proxy_sibling: List[float] = dataclasses.field(default_factory=list)  # o_p
     proxy_peer: List[float] = dataclasses.field(default_factory=list)  # s_p
+    proxy_clustered: List[float] = dataclasses.field(default_factory=list)  # c_p = min(1, m_p - 1)
+    proxy_clustered_busy: List[float] = dataclasses.field(default_factory=list)  # the part of c_p due to busy threads
+    states: int = 1
+    """How many scheduler states (where unpinned proxies sit, whether duty-cycled threads run) the
+    prediction averages over."""
 
 
 # -- the model --------------------------------------------------------------------------------------
@@ -263,7 +276,11 @@ class PlacementModel:
     eta: float = 0.8
     """Largest fraction of the time a proxy is busy (the rest it waits on its ring neighbours)."""
     gamma: float = 0.0
-    """Extra per-byte cost per additional busy thread on the same logical CPU."""
+    """Extra per-byte cost when the proxy's logical CPU is shared (SCP's "clustered"): times the
+    fraction c_p = min(1, m_p - 1) of its time that another busy thread wants that CPU."""
+    gamma_busy: Optional[float] = None
+    """The same when the co-runner is a busy thread that is not a proxy (compute: a small working set
+    pollutes the proxy's caches less than another proxy's stream); None: as gamma."""
     beta: float = 0.3
     """Extra per-byte cost when the proxy's SMT siblings are busy (a prior unless beta_measured)."""
     beta_measured: bool = False
@@ -309,19 +326,21 @@ class PlacementModel:
     # -- prediction --
 
     def predict(self, placement: Placement) -> Prediction:
-        return _predict(placement, self.kappa, self.eta, self.gamma, self.beta, self.delta)
+        return _predict(placement, self.kappa, self.eta, self.gamma, self.beta, self.delta, self.gamma_busy)
 
     # -- fitting --
 
     @classmethod
     def fit(cls, samples: Sequence[Tuple[Placement, Mapping[int, float]]], *,
             cpu_samples: Optional[Sequence[Tuple[Placement, Sequence[float]]]] = None, beta: float = 0.3,
-            beta_measured: bool = False, delta: float = 0.0, components: Optional[Mapping[str, float]] = None,
+            beta_measured: bool = False, fit_beta: bool = False, delta: float = 0.0,
+            components: Optional[Mapping[str, float]] = None,
             eta_range: Tuple[float, float] = (0.2, 1.0), gamma_range: Tuple[float, float] = (0.0, 1.5)
             ) -> "PlacementModel":
         """Least squares on log lane rates: `samples` are (placement, {lane: measured wire bytes/s}).
         With `cpu_samples` (placement, each proxy's measured CPU-seconds per byte, in the
-        placement's order) gamma and delta come from a linear fit of those, alternating with a
+        placement's order) gamma and delta (and beta, with `fit_beta`) come from a linear fit of
+        those, alternating with a
         search of eta; without, (eta, gamma) come from a grid refined twice around its best point
         and delta stays as given. kappa is closed-form in both (rates scale as 1/kappa)."""
         obs = [(pl, lane, rate) for pl, rates in samples for lane, rate in rates.items() if rate > 0]
@@ -332,7 +351,7 @@ class PlacementModel:
         placements = list({id(pl): pl for pl, _, _ in obs}.values())
 
         def sse(eta: float, gamma: float, dlt: float) -> Tuple[float, float]:
-            unit = {id(pl): _predict(pl, 1.0, eta, gamma, beta, dlt).lane_rates for pl in placements}
+            unit = {id(pl): _predict(pl, 1.0, eta, gamma, beta, dlt, gamma_busy).lane_rates for pl in placements}
             logs = [math.log(unit[id(pl)][lane]) - math.log(rate) for pl, lane, rate in obs]
             log_kappa = sum(logs) / len(logs)
             return sum((x - log_kappa) ** 2 for x in logs), math.exp(log_kappa)
@@ -350,11 +369,14 @@ class PlacementModel:
             return best
 
         info: Dict = {}
+        gamma_busy: Optional[float] = None
         if cpu_samples:
             eta, gamma = 0.7, 0.0
             for _ in range(3):
-                gamma, delta, cpu_fit = _fit_multipliers(cpu_samples, eta, beta)
+                gamma, gamma_busy, beta, delta, cpu_fit = _fit_multipliers(cpu_samples, eta, beta, fit_beta)
                 gamma = min(max(gamma, gamma_range[0]), gamma_range[1])
+                if gamma_busy is not None:
+                    gamma_busy = min(gamma_busy, gamma_range[1])
                 err, eta, kappa = search_eta(gamma, delta, *eta_range)
             info.update(cpu_fit)
         else:
@@ -377,7 +399,7 @@ class PlacementModel:
             err, eta, gamma, kappa = best
         info.update({"observations": len(obs), "placements": len(placements),
                      "rms_log_error": math.sqrt(err / len(obs))})
-        return cls(kappa=kappa, eta=eta, gamma=gamma, beta=beta, beta_measured=beta_measured, delta=delta,
+        return cls(kappa=kappa, eta=eta, gamma=gamma, gamma_busy=gamma_busy, beta=beta, beta_measured=beta_measured or fit_beta, delta=delta,
                    components=dict(components or {}), fit_info=info)
 
 
@@ -397,30 +419,40 @@ def _solve(a: List[List[float]], b: List[float]) -> Optional[List[float]]:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
-def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], eta: float, beta: float
-                     ) -> Tuple[float, float, Dict]:
-    """gamma and delta from measured CPU-seconds per byte y_p = c0 * (1 + beta*o_p + gamma*(m_p - 1)
-    - delta*s_p): linear least squares in (c0, c0*gamma, c0*delta); a regressor that never varies
-    is left out (its multiplier 0)."""
+def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], eta: float, beta: float,
+                     fit_beta: bool = False) -> Tuple[float, Optional[float], float, float, Dict]:
+    """The multipliers from measured CPU-seconds per byte y_p = c0 * (1 + gamma*(c_p - b_p)
+    + gamma_busy*b_p + beta*o_p - delta*s_p) (b_p: the part of c_p due to busy non-proxy threads):
+    linear least squares in (c0, c0*gamma, c0*gamma_busy, c0*beta, c0*delta), beta only when
+    `fit_beta` (otherwise it stays as given). A regressor that never varies is left out: its
+    multiplier is 0 (gamma_busy: None, as gamma; beta: as given). Returns (gamma, gamma_busy, beta,
+    delta, info)."""
     rows, ys = [], []
     for pl, per_proxy in cpu_samples:
-        pred = _predict(pl, 1.0, eta, 0.0, beta, 0.0)
+        pred = _predict(pl, 1.0, eta, 0.0, 0.0, 0.0)
         for i, y in enumerate(per_proxy):
             if y and y > 0:
-                rows.append([1.0 + beta * pred.proxy_sibling[i], pred.proxy_crowding[i] - 1.0, -pred.proxy_peer[i]])
+                o, b = pred.proxy_sibling[i], pred.proxy_clustered_busy[i]
+                rows.append([1.0 if fit_beta else 1.0 + beta * o, pred.proxy_clustered[i] - b, b, o,
+                             -pred.proxy_peer[i]])
                 ys.append(y)
     if not rows:
         raise ValueError("cpu_samples hold no positive CPU-per-byte measurement")
-    used = [0] + [j for j in (1, 2) if max(r[j] for r in rows) - min(r[j] for r in rows) > 1e-9]
+    candidates = (1, 2, 3, 4) if fit_beta else (1, 2, 4)
+    used = [0] + [j for j in candidates if max(r[j] for r in rows) - min(r[j] for r in rows) > 1e-9]
     ata = [[sum(r[a] * r[b] for r in rows) for b in used] for a in used]
     aty = [sum(r[a] * y for r, y in zip(rows, ys)) for a in used]
     coef = _solve(ata, aty) or [sum(ys) / len(ys)] + [0.0] * (len(used) - 1)
     full = dict(zip(used, coef))
     c0 = full[0]
-    gamma = full.get(1, 0.0) / c0 if c0 > 0 else 0.0
-    delta = full.get(2, 0.0) / c0 if c0 > 0 else 0.0
-    resid = [y - sum(full.get(j, 0.0) * r[j] for j in range(3)) for r, y in zip(rows, ys)]
-    return gamma, min(max(delta, 0.0), 0.9), {
+    ratio = {j: (full[j] / c0 if c0 > 0 else 0.0) for j in full}
+    gamma = ratio.get(1, 0.0)
+    gamma_busy = max(0.0, ratio[2]) if 2 in ratio else None
+    if fit_beta:
+        beta = max(0.0, ratio.get(3, 0.0))
+    delta = ratio.get(4, 0.0)
+    resid = [y - sum(full.get(j, 0.0) * r[j] for j in range(5)) for r, y in zip(rows, ys)]
+    return gamma, gamma_busy, beta, min(max(delta, 0.0), 0.9), {
         "cpu_per_byte_alone": c0, "cpu_fit_points": len(ys),
         "cpu_fit_rms_relative": math.sqrt(sum((e / y) ** 2 for e, y in zip(resid, ys)) / len(ys))}
 
@@ -484,7 +516,103 @@ def _sibling_occupancy(affinity: CpuSet, siblings: Mapping[int, CpuSet], cpu_loa
     return min(1.0, total)
 
 
-def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0) -> Prediction:
+STATE_LIMIT = 1024
+"""Scheduler states enumerated exactly up to this many; beyond, ``STATE_SAMPLES`` drawn at random
+(a fixed seed: the same placement always gets the same prediction)."""
+STATE_SAMPLES = 96
+
+
+def _states(pl: Placement) -> List[Tuple[float, Placement]]:
+    """The states the scheduler moves a placement between, each with its share of the time.
+
+    * **Unpinned proxies.** A proxy runs in bursts and sleeps on its ring neighbour between them,
+      so the kernel places it when it wakes (wake-affine, the waker's or an idle CPU nearby), not
+      by balancing load it never shows for long: nothing keeps the two ends of a lane apart. Each
+      proxy allowed on several CPUs is taken to sit on any one of them with equal probability,
+      independently of the others; the state is that pinning.
+    * **Duty-cycled threads.** A busy thread with duty d < 1 is runnable a fraction d of the time
+      and then competes for its CPU like any busy thread; the other 1 - d its CPU is free. (A
+      compute thread with bursts, not a thread that asks for d of a CPU all the time.)
+
+    A placement without either is its own single state."""
+    universe = tuple(sorted(pl.cpus))
+    choices: List[CpuSet] = []
+    free: List[int] = []
+    for i, p in enumerate(pl.proxies):
+        allowed = tuple(sorted(p.cpus)) if p.cpus is not None else universe
+        if len(allowed) > 1:
+            free.append(i)
+            choices.append(allowed)
+    cycling = [j for j, b in enumerate(pl.busy) if 0.0 < b.duty < 1.0]
+    if not free and not cycling:
+        return [(1.0, pl)]
+
+    def state(cpus: Sequence[int], on: Sequence[bool]) -> Placement:
+        proxies = list(pl.proxies)
+        for i, c in zip(free, cpus):
+            proxies[i] = ProxySpec(proxies[i].lane, (c,))
+        busy = list(pl.busy)
+        for j, running in zip(cycling, on):
+            busy[j] = Busy(busy[j].cpus, 1.0 if running else 0.0)
+        return dataclasses.replace(pl, proxies=tuple(proxies), busy=tuple(busy))
+
+    total = 2 ** len(cycling)
+    for allowed in choices:
+        total *= len(allowed)
+        if total > STATE_LIMIT:
+            break
+    out: List[Tuple[float, Placement]] = []
+    if total <= STATE_LIMIT:
+        for cpus in itertools.product(*choices):
+            w_cpus = 1.0 / math.prod(len(a) for a in choices)
+            for on in itertools.product((True, False), repeat=len(cycling)):
+                w = w_cpus * math.prod(pl.busy[j].duty if o else 1.0 - pl.busy[j].duty for j, o in zip(cycling, on))
+                if w > 0:
+                    out.append((w, state(cpus, on)))
+        return out
+    rng = random.Random(0)
+    for _ in range(STATE_SAMPLES):
+        cpus = [rng.choice(a) for a in choices]
+        on = [rng.random() < pl.busy[j].duty for j in cycling]
+        out.append((1.0 / STATE_SAMPLES, state(cpus, on)))
+    return out
+
+
+def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0,
+             gamma_busy: Optional[float] = None) -> Prediction:
+    """The time average over the scheduler's states (``_states``) of each state's prediction: rates
+    and CPU shares weighted by time, each proxy's per-byte cost and its regressors (m, c, o, s) by
+    the bytes it carries in each state (what a measured CPU-seconds per byte averages)."""
+    states = _states(pl)
+    if len(states) == 1:
+        return _predict_state(pl, kappa, eta, gamma, beta, delta, gamma_busy)
+    preds = [(w, _predict_state(s, kappa, eta, gamma, beta, delta, gamma_busy)) for w, s in states]
+    lanes = pl.lanes()
+    n_p, n_b = len(pl.proxies), len(pl.busy)
+    lane_rates = {lane: sum(w * p.lane_rates[lane] for w, p in preds) for lane in lanes}
+    proxy_cpu = [sum(w * p.proxy_cpu[i] for w, p in preds) for i in range(n_p)]
+    busy_cpu = [sum(w * p.busy_cpu[j] for w, p in preds) for j in range(n_b)]
+
+    def by_bytes(field: str, i: int) -> float:
+        num = sum(w * p.proxy_rates[i] * getattr(p, field)[i] for w, p in preds)
+        den = sum(w * p.proxy_rates[i] for w, p in preds)
+        return num / den if den > 0 else sum(w * getattr(p, field)[i] for w, p in preds)
+
+    fields = ("proxy_kappa", "proxy_crowding", "proxy_sibling", "proxy_peer", "proxy_clustered",
+              "proxy_clustered_busy")
+    avg = {f: [by_bytes(f, i) for i in range(n_p)] for f in fields}
+    proxy_rates = [lane_rates[p.lane] for p in pl.proxies]
+    total = sum(lane_rates.values())
+    equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
+    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, avg["proxy_kappa"], total, equal,
+                      avg["proxy_crowding"], avg["proxy_sibling"], avg["proxy_peer"], avg["proxy_clustered"],
+                      avg["proxy_clustered_busy"], states=len(states))
+
+
+def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0,
+                   gamma_busy: Optional[float] = None) -> Prediction:
+    """One scheduler state: every proxy's CPUs as given (a proxy allowed on several CPUs is spread
+    over them as a fluid), every busy thread wanting its duty."""
     universe = tuple(sorted(pl.cpus))
     if not universe:
         raise ValueError("a placement needs at least one usable CPU")
@@ -520,15 +648,25 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float,
     cpu_load, spread = _balanced_loads(universe, entities, base=reserved)
     kap: List[float] = []
     ms: List[float] = []
+    cls_: List[float] = []
+    cls_busy: List[float] = []
+    g_busy = gamma if gamma_busy is None else gamma_busy
     occs: List[float] = []
     peers: List[float] = []
+    proxy_load = {c: sum(spread[q].get(c, 0.0) for q in range(len(aff_p))) for c in universe}
     for i, a in enumerate(aff_p):
         d = demand_p[i]
+        where = {c: spread[i].get(c, 0.0) / d for c in a} if d > 0 else {c: 1.0 / len(a) for c in a}
         if d > 0:
             m = sum(spread[i].get(c, 0.0) * cpu_load[c] for c in a) / d
         else:
             m = sum(cpu_load[c] for c in a) / len(a)
         m = max(1.0, m)
+        clustered = min(1.0, m - 1.0)
+        # who the co-runners are: other proxies, or busy threads (and other jobs)
+        others_p = sum(w * (proxy_load[c] - spread[i].get(c, 0.0)) for c, w in where.items())
+        others_b = sum(w * (cpu_load[c] - proxy_load[c]) for c, w in where.items())
+        clustered_busy = clustered * others_b / (others_p + others_b) if others_p + others_b > 1e-12 else 0.0
         occ = _sibling_occupancy(a, pl.siblings, cpu_load, spread[i], d)
         peer = 0.0
         for q, other in enumerate(pl.proxies):
@@ -536,9 +674,12 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float,
                 peer += sum(spread[i].get(c, 0.0) / d * min(1.0, spread[q].get(c, 0.0) / demand_p[q]) for c in a)
         peer = min(1.0, peer)
         ms.append(m)
+        cls_.append(clustered)
+        cls_busy.append(clustered_busy)
         occs.append(occ)
         peers.append(peer)
-        kap.append(kappa * max(0.05, 1.0 + gamma * (m - 1.0) + beta * occ - delta * peer))
+        kap.append(kappa * max(0.05, 1.0 + gamma * (clustered - clustered_busy) + g_busy * clustered_busy
+                               + beta * occ - delta * peer))
 
     # progressive filling over a level lam (CPU-time a thread may take): lane l runs at
     # min(lam, eta) / max kappa_p of its proxies (capped by lane_cap), proxy p uses kappa_p * rate,
@@ -618,7 +759,8 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float,
     busy_cpu = [frozen_busy[j] for j in range(len(pl.busy))]
     total = sum(lane_rates.values())
     equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
-    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal, ms, occs, peers)
+    return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal, ms, occs, peers, cls_,
+                      cls_busy)
 
 
 # -- planning ---------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The CPU placement model and planner (fasthorovod/proxy/placement.py), without processes:
 topology from a fake sysfs tree, the fit recovering known parameters, predictions and plans in
 cases whose answer is clear."""
+import dataclasses
 import json
 import math
 
 import pytest
 
+from fasthorovod.proxy import placement as placement_module
 from fasthorovod.proxy.placement import (Busy, Placement, PlacementModel, ProxySpec, Topology, parse_cpu_list,
                                          plan, read_topology)
 
@@ -108,16 +110,45 @@ def test_compute_thread_takes_half_of_a_shared_cpu():
 
 
 def test_duty_cycle_compute_leaves_the_rest():
+    # the compute runs 30% of the time and then takes its fair half of CPU 0; the other 70% the
+    # proxy is alone and takes the 0.6 it wants
     pred = MODEL.predict(placement([[(0,)]], [Busy((0,), 0.3)]))
-    assert pred.busy_cpu == [pytest.approx(0.3)]
-    assert pred.proxy_cpu == [pytest.approx(0.6)]  # 0.7 is free, the proxy wants only 0.6
+    assert pred.states == 2
+    assert pred.busy_cpu == [pytest.approx(0.3 * 0.5)]
+    assert pred.proxy_cpu == [pytest.approx(0.3 * 0.5 + 0.7 * 0.6)]
+    shared = 0.5 / (KAPPA * (1 + 0.2 * 0.6))  # m = 0.6 + 1: clustered 60% of its time
+    assert pred.aggregate == pytest.approx(0.3 * shared + 0.7 * 0.6 / KAPPA)
 
 
-def test_unpinned_threads_spread_over_cpus():
-    # an unpinned proxy next to a compute thread pinned to CPU 0 runs on CPU 1, uncrowded
+def test_duty_cycle_is_the_time_average_of_on_and_off():
+    pl = placement([[(0,), (1,)]], [Busy((0,), 0.4)])
+    on = MODEL.predict(placement([[(0,), (1,)]], [Busy((0,))]))
+    off = MODEL.predict(placement([[(0,), (1,)]]))
+    pred = MODEL.predict(pl)
+    assert pred.aggregate == pytest.approx(0.4 * on.aggregate + 0.6 * off.aggregate)
+    assert pred.busy_cpu == [pytest.approx(0.4 * on.busy_cpu[0])]
+
+
+def test_unpinned_proxy_lands_anywhere():
+    # an unpinned proxy next to a compute thread pinned to CPU 0: half the time on CPU 0 (sharing
+    # it, 60% clustered), half on the free CPU 1
     pred = MODEL.predict(placement([[None]], [Busy((0,))]))
-    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
-    assert pred.proxy_kappa == [pytest.approx(KAPPA)]
+    assert pred.states == 2
+    assert pred.aggregate == pytest.approx(0.5 * 0.6 / KAPPA + 0.5 * 0.5 / (KAPPA * (1 + 0.2 * 0.6)))
+    # its per-byte cost is averaged over the bytes it carries in each state
+    fast, slow = 0.6 / KAPPA, 0.5 / (KAPPA * 1.12)
+    assert pred.proxy_kappa[0] == pytest.approx((fast * KAPPA + slow * KAPPA * 1.12) / (fast + slow))
+
+
+def test_unpinned_ring_neighbours_share_a_cpu_half_the_time():
+    # both ends of a lane unpinned on two CPUs: together (clustered) in 2 of the 4 states
+    model = PlacementModel(kappa=KAPPA, eta=0.9, gamma=0.3, beta=0.0)
+    apart = model.predict(placement([[(0,), (1,)]])).aggregate
+    together = model.predict(placement([[(0,), (0,)]])).aggregate
+    pred = model.predict(placement([[None, None]]))
+    assert pred.states == 4
+    assert together < apart
+    assert pred.aggregate == pytest.approx((apart + together) / 2)
 
 
 def test_lane_runs_at_its_slowest_proxy():
@@ -147,9 +178,9 @@ def test_cpu_taken_by_other_jobs_is_not_shared():
     pred = MODEL.predict(placement([[(0,)]], reserved={0: 0.7}))
     assert pred.proxy_cpu == [pytest.approx(0.3)]
     assert pred.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.2 * 0.3))]
-    # an unpinned one goes to the idle CPU 1
+    # an unpinned one is on either CPU half the time
     pred = MODEL.predict(placement([[None]], reserved={0: 0.7}))
-    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+    assert pred.aggregate == pytest.approx(0.5 * 0.6 / KAPPA + 0.5 * 0.3 / (KAPPA * 1.06))
 
 
 def test_bad_affinity_is_refused():
@@ -208,6 +239,27 @@ def test_fit_from_cpu_per_byte_recovers_multipliers():
     assert fitted.eta == pytest.approx(0.65, abs=0.01)
     assert fitted.kappa == pytest.approx(0.6e-9, rel=0.02)
     assert fitted.fit_info["cpu_per_byte_alone"] == pytest.approx(0.6e-9, rel=0.01)
+
+
+SHARED = {0: (1,), 1: (0,)}  # two CPUs described as SMT siblings of one core
+
+
+def test_fit_recovers_beta_and_gamma_busy_from_cpu_per_byte():
+    # the fit set of benchmarks/placement.py with the CPUs as one shared core: the pair with a busy
+    # sibling (compute on the other CPU) separates beta from delta
+    pls = [dataclasses.replace(pl, siblings=SHARED) for pl in FIT_PLACEMENTS + [
+        placement([[(1,), (1,)]], [Busy((0,))])]]
+    truth = PlacementModel(kappa=0.3e-9, eta=0.9, gamma=0.5, gamma_busy=0.15, beta=0.6, delta=0.05)
+    rates = synthetic(truth, pls)
+    cpu = [(pl, truth.predict(pl).proxy_kappa) for pl in pls]
+    fitted = PlacementModel.fit(rates, cpu_samples=cpu, fit_beta=True)
+    assert fitted.beta_measured
+    assert fitted.beta == pytest.approx(0.6, abs=0.01)
+    assert fitted.gamma == pytest.approx(0.5, abs=0.01)
+    assert fitted.gamma_busy == pytest.approx(0.15, abs=0.01)
+    assert fitted.delta == pytest.approx(0.05, abs=0.01)
+    assert fitted.eta == pytest.approx(0.9, abs=0.01)
+    assert fitted.kappa == pytest.approx(0.3e-9, rel=0.02)
 
 
 def test_peer_on_the_same_cpu_saves_delta():
@@ -289,13 +341,53 @@ def test_plan_prefers_separate_physical_cores():
     assert not set(c for core in cores for c in core) & set(p.worker_cpus)
 
 
-def test_unpinned_on_smt_uses_idle_cores_first():
+def test_unpinned_on_smt_averages_over_cpus():
+    # two single-proxy lanes unpinned on 2 cores x 2 threads: 16 equally likely states; the
+    # prediction is their mean, each state predicted as that pinning
     siblings = {0: (2,), 2: (0,), 1: (3,), 3: (1,)}
     cpus = (0, 1, 2, 3)
-    two = MODEL.predict(placement([[None], [None]], cpus=cpus, siblings=siblings))
-    assert two.proxy_kappa == [pytest.approx(KAPPA)] * 2  # 1.2 busy threads on 2 cores: no sharing
-    four = MODEL.predict(placement([[None], [None]], [Busy(), Busy()], cpus=cpus, siblings=siblings))
-    assert four.proxy_kappa[0] == pytest.approx(KAPPA * (1 + 0.3 * (3.2 - 2) / 2))
+    pred = MODEL.predict(placement([[None], [None]], cpus=cpus, siblings=siblings))
+    assert pred.states == 16
+    states = [MODEL.predict(placement([[(a,)], [(b,)]], cpus=cpus, siblings=siblings)).aggregate
+              for a in cpus for b in cpus]
+    assert pred.aggregate == pytest.approx(sum(states) / 16)
+    # same CPU (4 states) < siblings of one core (4) < separate cores (8)
+    same = MODEL.predict(placement([[(0,)], [(0,)]], cpus=cpus, siblings=siblings)).aggregate
+    sib = MODEL.predict(placement([[(0,)], [(2,)]], cpus=cpus, siblings=siblings)).aggregate
+    apart = MODEL.predict(placement([[(0,)], [(1,)]], cpus=cpus, siblings=siblings)).aggregate
+    assert same < sib < apart == pytest.approx(2 * 0.6 / KAPPA)
+    assert pred.aggregate == pytest.approx((4 * same + 4 * sib + 8 * apart) / 16)
+
+
+def test_many_states_are_sampled_deterministically():
+    cpus = tuple(range(8))
+    pl = placement([[None]] * 6, [Busy()], cpus=cpus)  # 8**6 states: sampled
+    a, b = MODEL.predict(pl), MODEL.predict(pl)
+    assert a.states == placement_module.STATE_SAMPLES
+    assert a.aggregate == b.aggregate
+
+
+def test_clustered_penalty_is_paid_once():
+    # SCP's clustered state: sharing a CPU with one busy proxy or with three costs the same per byte
+    model = PlacementModel(kappa=KAPPA, eta=1.0, gamma=0.4, beta=0.0)
+    two = model.predict(placement([[(0,), (1,)]] * 2))
+    four = model.predict(placement([[(0,), (1,)]] * 4))
+    assert two.proxy_kappa == [pytest.approx(KAPPA * 1.4)] * 4
+    assert four.proxy_kappa == [pytest.approx(KAPPA * 1.4)] * 8
+    assert four.aggregate == pytest.approx(two.aggregate)
+
+
+def test_a_busy_co_runner_costs_gamma_busy():
+    model = PlacementModel(kappa=KAPPA, eta=1.0, gamma=0.4, gamma_busy=0.1, beta=0.0)
+    with_compute = model.predict(placement([[(0,)]], [Busy((0,))]))
+    assert with_compute.proxy_clustered_busy == [pytest.approx(1.0)]
+    assert with_compute.proxy_kappa == [pytest.approx(KAPPA * 1.1)]
+    assert with_compute.aggregate == pytest.approx(0.5 / (KAPPA * 1.1))
+    with_proxy = model.predict(placement([[(0,)], [(0,)]]))
+    assert with_proxy.proxy_kappa == [pytest.approx(KAPPA * 1.4)] * 2
+    # without gamma_busy, a compute co-runner costs gamma
+    same = PlacementModel(kappa=KAPPA, eta=1.0, gamma=0.4, beta=0.0).predict(placement([[(0,)]], [Busy((0,))]))
+    assert same.proxy_kappa == [pytest.approx(KAPPA * 1.4)]
 
 
 def test_plan_json():
