@@ -229,7 +229,9 @@ def cmd_calibrate(a) -> int:
     for path in a.reuse or []:
         with open(path) as f:
             old = json.load(f)
-        obs.extend(o for o in old.get("observations", []) if not (o.get("source") and a.sweep))
+        striping = m.striping_at(old.get("date"))  # the data plane of the reused run's day
+        obs.extend(dict(o, striping=o.get("striping") or striping) for o in old.get("observations", [])
+                   if not (o.get("source") and a.sweep))
         if a.skip_micro and old.get("unit_costs") and "unit_costs" not in doc:  # the reused run's own
             costs = doc["unit_costs"] = old["unit_costs"]
             prior = dataclasses.replace(prior, reduce_cost=costs["reduce"], copy_cost=costs["copy"],
@@ -308,6 +310,7 @@ def sweep_rows(path: str, only: Optional[List[str]] = None, background: float = 
     from fasthorovod.netem.spec import parse_spec
 
     doc = json.load(open(path))
+    striping = m.striping_at(doc.get("date"))  # sweeps measured before commit 636c542: "first-free"
     rows = []
     for net in doc.get("networks", []):
         spec = net["network"].split("--emulate-cloud")[-1].strip() if "--emulate-cloud" in net["network"] else net["network"]
@@ -328,7 +331,7 @@ def sweep_rows(path: str, only: Optional[List[str]] = None, background: float = 
             r = cfg["result"]["results"][0]
             rows.append({"spec": spec, "hosts": net.get("np"), "backend": cfg["backend"], "bytes": r["bytes"],
                          "seconds": r["median_s"], "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
-                         "background_cores": background, "source": path,
+                         "background_cores": background, "source": path, "striping": striping,
                          "ceiling_Bps": ceil["mean_gbps"] * 1e9 / 8 if ceil.get("status") == "ok" else None})
     return rows
 

@@ -34,7 +34,10 @@ def cluster_of(obs: Dict, cores: float) -> m.Cluster:
 
 
 def plane_of(obs: Dict, threshold: int) -> m.Plane:
-    return m.Plane(k=int(obs.get("k") or 4), S=int(obs.get("S") or 1), threshold=threshold)
+    """The data plane an observation ran: its k and S, and the lane's striping of its date
+    (``striping``: runs measured before commit 636c542 ran "first-free")."""
+    return m.Plane(k=int(obs.get("k") or 4), S=int(obs.get("S") or 1), threshold=threshold,
+                   striping=obs.get("striping") or "least-left")
 
 
 def predict_obs(obs: Dict, p: m.Params, cores: float, threshold: int) -> float:

@@ -10,10 +10,13 @@ Notation (docs/scale.md has the derivation):
 * flows: a host's NIC carries ``B`` bytes/s, one TCP flow at most ``C`` (the cloud's per-flow cap);
   one TCP flow gets a fraction ``goodput`` of its cap, many flows together ``link_goodput`` of the
   link (headers, framing, TCP sharing: the raw-TCP ring ceiling). FastHorovod runs k lanes
-  (proxies) of S sockets each; a frame (one segment of at most ``segment_bytes``, 1 MiB) travels
-  whole on one socket, so a lane keeps at most ``a = s / ceil(s / S)`` sockets busy when a ring
-  chunk M/(k·n) has s segments (:func:`active_frames`: small messages use one socket per lane). A
-  lane's ring moves at its slowest hop; on the emulated cloud the S sockets of a lane to one server
+  (proxies) of S sockets each; a frame (one segment) travels whole on one socket, and since commit
+  636c542 a ring chunk M/(k·n) is cut into at least S segments (``segment_bytes``, 1 MiB, or
+  chunk/S, not below 64 KiB: :func:`ring_segment_bytes`) that go, in order, each to the socket with
+  the least left to send; segment i of a step waits only for segment i of the step before, so a
+  lane keeps ``a = min(S, chunk / largest frame)`` sockets' worth of flow busy (:func:`active_frames`:
+  S for any chunk from S·64 KiB on, chunk/64 KiB below; before 636c542 one per 1 MiB segment,
+  ``striping="first-free"``). A lane's ring moves at its slowest hop; on the emulated cloud the S sockets of a lane to one server
   port share the per-flow caps of the buckets their source ports hash into, and Linux hands out
   the source ports of successive connections 2 + 2·U{0..7} apart (:func:`port_buckets`), so each
   hop has D ≤ S distinct caps. A host's lanes carry
@@ -56,6 +59,13 @@ SOCKET_COST = 2.39e-10     # loopback TCP send + receive, s/B (the probe's raw f
 GLOO_KAPPA = 1.0 / 1.07e9
 # FASTHOROVOD_SEGMENT_BYTES' default: the ring's pipelining unit, one frame on one socket.
 SEGMENT_BYTES = 1 << 20
+# The smallest segment the ring cuts a chunk into to give every socket of a lane a frame
+# (kMinRingSegmentBytes, csrc/collectives/ring.h).
+MIN_SEGMENT_BYTES = 64 << 10
+# How a lane hands frames to its sockets: "least-left" (since commit 636c542, 2026-12-02 16:31 UTC:
+# the socket with the least left to send, chunks cut into >= S segments) or "first-free" (before:
+# the first socket the kernel takes a frame on, chunks cut into segments of segment_bytes).
+STRIPING_CHANGE = "2026-12-02T16:31:51+00:00"
 # Linux (>= 5.18, "tcp: add small random increments to the source port") gives the next connect()
 # to the same destination the port 2 + 2·U{0..7} above the last: 1..8 steps of the emulated
 # cloud's hash, which takes bits 1-4 of a port.
@@ -180,6 +190,22 @@ class Plane:
     local_overlap: bool = True
     """hierarchical: the shared-memory work overlaps the ring segment by segment (since commit
     836aa67); False: three phases one after the other (the version measured in docs/hierarchical.md)"""
+    striping: str = "least-left"
+    """how a lane's frames go to its sockets: "least-left" (since commit 636c542) or "first-free"
+    (the data plane before it, as the model of the morning of 2026-12-02 described it), see
+    :func:`active_frames`"""
+
+
+def striping_at(date: Optional[str]) -> str:
+    """The striping of a data plane measured at `date` (ISO 8601; None: today's)."""
+    if not date:
+        return "least-left"
+    import datetime
+
+    when = datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return "first-free" if when < datetime.datetime.fromisoformat(STRIPING_CHANGE) else "least-left"
 
 
 # -- closed-form pieces ----------------------------------------------------------------------------
@@ -271,18 +297,44 @@ def lane_flows(sockets: int, active: float, hops: int, buckets: Optional[int],
     return total
 
 
+def ring_segment_bytes(chunk: float, sockets: int, segment: int = SEGMENT_BYTES) -> float:
+    """The ring's segment for a chunk of `chunk` bytes on a lane of `sockets` sockets
+    (RingSegmentElements, csrc/collectives/ring.cc): `segment`, or less so that the chunk has a
+    segment for every socket, but not below 64 KiB: min(segment, max(chunk/S, 64 KiB)) for S > 1."""
+    if sockets <= 1:
+        return float(segment)
+    return float(min(segment, max(chunk / sockets, MIN_SEGMENT_BYTES)))
+
+
 def active_frames(nbytes: Optional[float], lanes: int, ring: int, sockets: int,
-                  segment: int = SEGMENT_BYTES) -> float:
-    """Sockets' worth of flow a lane keeps busy: a ring chunk of M/(lanes·ring) bytes has
-    s = ceil(chunk/segment) frames, each whole on one socket, so a step lasts ceil(s/S) full
-    segments on its busiest socket: chunk / (ceil(s/S) · segment) (1 for a chunk of one segment,
-    S when the segments divide evenly). nbytes None: a large message (S)."""
+                  segment: int = SEGMENT_BYTES, striping: str = "least-left") -> float:
+    """Sockets' worth of flow a lane keeps busy through a ring of `ring` ranks, for a ring chunk of
+    M/(lanes·ring) bytes, each frame whole on one socket.
+
+    "least-left" (since commit 636c542): the chunk is cut into segments of
+    :func:`ring_segment_bytes` and each frame ready to go is given to the socket with the least left
+    to send. Segment i of step t+1 leaves once segment i of step t has arrived, so the s segments
+    are s chains of 2(n−1) frames each that wait for themselves, not for a step's other frames: a
+    lane's ring takes max(2(n−1)·chunk / (S·c), 2(n−1)·f / c) on sockets of rate c, f the largest
+    frame, min(segment, chunk) — the sockets' bytes or the longest chain, whichever is longer — and
+    keeps a = min(S, chunk / f) sockets busy: 1 for a chunk up to 64 KiB, chunk/64 KiB up to
+    S·64 KiB, S from there on (the fill and drain of the chains, a frame each, left out).
+    "first-free" (before 636c542, the model of the morning of 2026-12-02): segments of `segment`
+    bytes, a step waiting for its busiest socket's ceil(s/S) full segments:
+    chunk / (ceil(s/S) · segment), one socket for any chunk up to one segment.
+    nbytes None: a large message (S)."""
     if nbytes is None or sockets <= 1:
         return float(max(sockets, 0))
     chunk = nbytes / max(1, lanes) / max(1, ring)
-    s = max(1, math.ceil(chunk / segment))
-    # every step waits for its longest chain of frames on one socket: ceil(s/S) full segments
-    return chunk / (math.ceil(s / sockets) * min(segment, chunk))
+    if chunk <= 0:
+        return 1.0
+    if striping == "first-free":
+        s = max(1, math.ceil(chunk / segment))
+        return chunk / (math.ceil(s / sockets) * min(segment, chunk))
+    if striping != "least-left":
+        raise ValueError(f"unknown striping {striping!r} (least-left, first-free)")
+    largest = min(ring_segment_bytes(chunk, sockets, segment), chunk)
+    return min(float(sockets), chunk / largest)
 
 
 @functools.lru_cache(maxsize=None)
@@ -308,12 +360,12 @@ def link_share(hops: int, jitter: float) -> float:
 
 
 def network_rate(cluster: Cluster, k: int, S: int, p: Params, nbytes: Optional[float] = None,
-                 ring: Optional[int] = None, segment: int = SEGMENT_BYTES) -> float:
+                 ring: Optional[int] = None, segment: int = SEGMENT_BYTES, striping: str = "least-left") -> float:
     """Bytes/s a host's k lanes of S sockets can send over its NIC for an allreduce of `nbytes` over
     a ring of `ring` ranks (rebalanced lanes: the sum; each lane at its slowest hop)."""
     ring = cluster.ranks if ring is None else ring
     hops = cluster.hosts if cluster.hosts > 1 else 1  # the hops that leave a host (shaped, hashed)
-    a = active_frames(nbytes, k, ring, S, segment)
+    a = active_frames(nbytes, k, ring, S, segment, striping)
     flows = k * lane_flows(S, a, hops, cluster.flow_buckets, cluster.port_step)
     link = (p.goodput if p.link_goodput is None else p.link_goodput) * link_share(hops, p.link_jitter)
     return min(link * cluster.nic_Bps, p.goodput * cluster.flow_Bps * flows)
@@ -331,7 +383,7 @@ def unlucky_ports_probability(cluster: Cluster, plane: Plane, nbytes: Optional[f
     if b is None or cluster.hosts <= 1:
         return 0.0
     nic_lanes, _, ring = _plane_shape(cluster, plane)
-    a = math.ceil(active_frames(nbytes, nic_lanes, ring, plane.S, plane.segment_bytes) - 1e-9)
+    a = math.ceil(active_frames(nbytes, nic_lanes, ring, plane.S, plane.segment_bytes, plane.striping) - 1e-9)
     f = nic_lanes * a
     pairs = f * (f - 1) / 2 - nic_lanes * a * (a - 1) / 2
     hops = cluster.hosts  # the ring's hops that leave a host
@@ -391,7 +443,7 @@ def fasthorovod_rate(cluster: Cluster, plane: Plane, p: Params, nbytes: Optional
     fast network (the CPU's ceiling); ``bound`` says which of the two costs more time per byte."""
     cores, hosts = _cpu_domain(cluster)
     nic_lanes, proxies, ring = _plane_shape(cluster, plane)
-    net = network_rate(cluster, nic_lanes, plane.S, p, nbytes, ring, plane.segment_bytes)
+    net = network_rate(cluster, nic_lanes, plane.S, p, nbytes, ring, plane.segment_bytes, plane.striping)
     busy = 0.0  # other jobs and compute are already taken out of `cores` (_cpu_domain)
 
     def pace(lane_net: float) -> float:

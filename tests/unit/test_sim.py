@@ -112,26 +112,110 @@ def test_lane_flows_min_over_hops_and_active_sockets():
 
 def test_unlucky_ports_probability():
     emu = m.Cluster.emulated("4:1gbit:200mbit")
-    # 4 lanes x 1 busy flow: 6 cross-lane pairs on each of 4 hops, each 1/256
-    assert m.unlucky_ports_probability(emu, m.Plane(k=4, S=2), 8 * MiB) == pytest.approx(1 - (255 / 256) ** 24)
-    # 4 lanes x 2 busy flows: 28 pairs, 4 of them within a lane (the allocator keeps those apart)
+    # 1 MiB on 4 lanes x 4 ranks: chunks of 64 KiB, one frame, 1 busy flow per lane: 6 cross-lane
+    # pairs on each of 4 hops, each 1/256
+    assert m.unlucky_ports_probability(emu, m.Plane(k=4, S=2), 1 * MiB) == pytest.approx(1 - (255 / 256) ** 24)
+    # 8 MiB: chunks of 0.5 MiB cut into 2 frames, 2 busy flows per lane: 28 pairs, 4 of them within
+    # a lane (the allocator keeps those apart); before the striping change that was one busy flow
+    assert m.unlucky_ports_probability(emu, m.Plane(k=4, S=2), 8 * MiB) == pytest.approx(1 - (255 / 256) ** 96)
+    old = m.Plane(k=4, S=2, striping="first-free")
+    assert m.unlucky_ports_probability(emu, old, 8 * MiB) == pytest.approx(1 - (255 / 256) ** 24)
     assert m.unlucky_ports_probability(emu, m.Plane(k=4, S=2), 64 * MiB) == pytest.approx(1 - (255 / 256) ** 96)
     assert m.unlucky_ports_probability(emu, m.Plane(k=1, S=4), 64 * MiB) == 0.0
     assert m.unlucky_ports_probability(cluster(hosts=4), m.Plane(k=4, S=2), 64 * MiB) == 0.0  # own caps
 
 
-def test_active_frames_whole_segments_on_one_socket():
-    seg = 1 << 20
-    assert m.active_frames(8 * MiB, 4, 4, 2, seg) == 1.0            # chunk 0.5 MiB: one frame per step
-    assert m.active_frames(64 * MiB, 4, 4, 2, seg) == 2.0           # chunk 4 MiB: 2 per socket
-    assert m.active_frames(3 * 4 * 2 * MiB, 4, 2, 2, seg) == 1.5    # chunk 3 MiB: 2 + 1 frames
-    assert m.active_frames(1.6 * 20 * MiB, 4, 5, 2, seg) == pytest.approx(1.6)  # 1 MiB + 0.6 MiB
-    assert m.active_frames(None, 4, 4, 3, seg) == 3.0
-    # so a small allreduce on 4 lanes x 2 sockets is capped by 4 flows, a large one by 8
+KiB = 1 << 10
+
+
+def test_ring_segment_is_cut_for_every_socket():
+    # RingSegmentElements (csrc/collectives/ring.cc): min(segment, max(chunk/S, 64 KiB)) for S > 1
+    assert m.ring_segment_bytes(512 * KiB, 2) == 256 * KiB
+    assert m.ring_segment_bytes(100 * KiB, 2) == 64 * KiB       # not below 64 KiB
+    assert m.ring_segment_bytes(32 * KiB, 4) == 64 * KiB        # one frame, shorter than a segment
+    assert m.ring_segment_bytes(4 * MiB, 2) == 1 * MiB          # never above FASTHOROVOD_SEGMENT_BYTES
+    assert m.ring_segment_bytes(512 * KiB, 1) == 1 * MiB        # one socket: the segment as configured
+    assert m.ring_segment_bytes(512 * KiB, 2, 128 * KiB) == 128 * KiB
+
+
+def test_active_frames_least_left_striping():
+    # a chunk of M/(k·n): 8 MiB on 4 lanes x 4 ranks is 0.5 MiB, two frames of 256 KiB, one per socket
+    assert m.active_frames(8 * MiB, 4, 4, 2) == 2.0
+    assert m.active_frames(96 * KiB * 16, 4, 4, 2) == pytest.approx(1.5)   # 64 + 32 KiB: the 64 KiB chain
+    assert m.active_frames(32 * KiB * 16, 4, 4, 2) == 1.0                  # one frame below 64 KiB
+    assert m.active_frames(192 * KiB * 16, 4, 4, 4) == pytest.approx(3.0)  # 3 frames of 64 KiB on 4
+    assert m.active_frames(3 * 4 * 2 * MiB, 4, 2, 2) == 2.0                # 3 MiB: 3 chains keep 2 busy
+    assert m.active_frames(None, 4, 4, 3) == 3.0
+    assert m.active_frames(8 * MiB, 4, 4, 1) == 1.0
+    # the data plane before 636c542, as the model described it: whole 1 MiB frames, a step waiting
+    # for its busiest socket
+    old = dict(striping="first-free")
+    assert m.active_frames(8 * MiB, 4, 4, 2, **old) == 1.0
+    assert m.active_frames(64 * MiB, 4, 4, 2, **old) == 2.0
+    assert m.active_frames(3 * 4 * 2 * MiB, 4, 2, 2, **old) == 1.5
+    assert m.active_frames(1.6 * 20 * MiB, 4, 5, 2, **old) == pytest.approx(1.6)
+    with pytest.raises(ValueError):
+        m.active_frames(8 * MiB, 4, 4, 2, striping="round-robin")
+    # so a 2 MiB allreduce on 4 lanes x 2 sockets now has 8 flows; before, 4; 256 KiB (32 KiB chunks) 4
     c = cluster(nic_bps=8e12, flow_bps=8e8)
     p = ideal()
-    assert m.network_rate(c, 4, 2, p, nbytes=2 * MiB, ring=2) == pytest.approx(4 * 1e8)
+    assert m.network_rate(c, 4, 2, p, nbytes=2 * MiB, ring=2) == pytest.approx(8 * 1e8)
+    assert m.network_rate(c, 4, 2, p, nbytes=2 * MiB, ring=2, striping="first-free") == pytest.approx(4 * 1e8)
+    assert m.network_rate(c, 4, 2, p, nbytes=256 * KiB, ring=2) == pytest.approx(4 * 1e8)
     assert m.network_rate(c, 4, 2, p, nbytes=64 * MiB, ring=2) == pytest.approx(8 * 1e8)
+
+
+def simulate_lane(chunk: float, sockets: int, steps: int, segment: float) -> float:
+    """Time one lane of a symmetric ring takes for `steps` steps on `sockets` sockets of rate 1:
+    frames ready in order go each to the socket that will have the least left to send (it frees
+    first); segment i of step t+1 is ready when segment i of step t has arrived (every rank alike,
+    so when this rank's own send of it ended). No latency."""
+    sizes = [segment] * int(chunk // segment) + ([chunk % segment] if chunk % segment > 1e-9 else [])
+    free = [0.0] * sockets
+    ready = [(0.0, i) for i in range(len(sizes))]  # (ready time, segment) of the current step's frames
+    end = 0.0
+    for _ in range(steps):
+        done = []
+        for t, i in sorted(ready):
+            j = min(range(sockets), key=lambda x: max(free[x], t))
+            free[j] = max(free[j], t) + sizes[i]
+            done.append((free[j], i))
+            end = max(end, free[j])
+        ready = done
+    return end
+
+
+@pytest.mark.parametrize("chunk_kib,S", [(512, 2), (96, 2), (3 * 1024, 2), (2.5 * 1024, 2), (192, 4), (5 * 1024, 4)])
+def test_active_frames_against_a_frame_by_frame_lane(chunk_kib, S):
+    # the closed form (the sockets' bytes or the longest chain) against frames scheduled one by one:
+    # no faster, and slower by at most the fill and drain of one frame per chain
+    chunk, steps = chunk_kib * KiB, 10
+    seg = m.ring_segment_bytes(chunk, S)
+    a = m.active_frames(chunk, 1, 1, S)
+    closed = steps * chunk / a
+    t = simulate_lane(chunk, S, steps, seg)
+    assert closed - 1e-6 <= t <= closed + min(seg, chunk) + 1e-6
+    # the per-step barrier of the old model would have been slower wherever the frames do not divide evenly
+    old = steps * chunk / m.active_frames(chunk, 1, 1, S, striping="first-free")
+    assert t <= old + 1e-6
+
+
+def test_striping_follows_the_date_of_a_measurement(tmp_path):
+    assert m.striping_at(None) == "least-left"
+    assert m.striping_at("2026-12-02T06:25:01+00:00") == "first-free"
+    assert m.striping_at("2026-12-02T16:31:50Z") == "first-free"
+    assert m.striping_at("2026-12-02T17:00:00+00:00") == "least-left"
+    # a saved sweep of the morning is predicted with the lane as it ran then
+    cfg = {"backend": "fasthorovod:4x2", "status": "ok",
+           "result": {"data_plane": {"lanes": 4, "sockets_per_lane": 2},
+                      "results": [{"bytes": 8 << 20, "median_s": 1.0}]}}
+    for date, striping in (("2026-12-02T06:25:01+00:00", "first-free"), ("2026-12-02T18:00:00+00:00", "least-left")):
+        path = tmp_path / f"sweep-{striping}.json"
+        path.write_text(json.dumps({"date": date, "networks": [{"network": "4:1gbit:200mbit", "np": 4,
+                                                                "configs": [cfg]}]}))
+        rows = cli.sweep_rows(str(path))
+        assert rows[0]["striping"] == striping
+        assert fitting.plane_of(rows[0], 64 << 10).striping == striping
 
 
 def test_lane_rate_closed_forms():
