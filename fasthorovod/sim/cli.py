@@ -111,6 +111,11 @@ def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
                         "(the version measured in docs/hierarchical.md, before commit 836aa67)")
     d.add_argument("--threshold", type=parse_size, default=1 << 20,
                    help="allreduces smaller than this go through Horovod (default: 1MiB)")
+    d.add_argument("--striping", choices=["least-left", "first-free"], default="least-left",
+                   help="how a lane hands frames to its sockets: least-left (since commit 636c542: chunks cut into "
+                        ">= S segments of >= 64 KiB, each frame to the socket with the least left to send) or "
+                        "first-free (before it: 1 MiB segments; to predict measurements made before 2026-12-02 "
+                        "16:31 UTC) (default: %(default)s)")
 
 
 def cluster_from_args(a) -> m.Cluster:
@@ -127,7 +132,7 @@ def cluster_from_args(a) -> m.Cluster:
 def plane_from_args(a, c: m.Cluster, p: m.Params) -> m.Plane:
     auto = m.zero_config_plane(c, p, k=a.proxies or 4, threshold=a.threshold)
     return m.Plane(k=a.proxies or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold,
-                   local_overlap=not a.sequential_local)
+                   local_overlap=not a.sequential_local, striping=a.striping)
 
 
 def cmd_predict(a) -> int:

@@ -447,6 +447,12 @@ def test_cli_end_to_end_on_a_tiny_calibration(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     row = out["allreduce"][0]
     assert row["fasthorovod"]["busbw"] > row["horovod"]["busbw"] > 0
+    # the lane before 636c542: 16 MiB on 4 hosts (1 MiB chunks, one frame each) used one socket per lane
+    assert cli.main(["predict", "--model", str(model), "--emulated", "4:1gbit:200mbit", "--size", "16MiB",
+                     "-k", "4", "-S", "2", "--striping", "first-free", "--json"]) == 0
+    old = json.loads(capsys.readouterr().out)
+    assert old["plane"]["striping"] == "first-free"
+    assert old["allreduce"][0]["fasthorovod"]["network_rate"] < row["fasthorovod"]["network_rate"]
     proj = tmp_path / "proj.json"
     assert cli.main(["project", "--model", str(model), "--workloads", "resnet50", "--gpus", "16", "256",
                      "--nics", "25gbit", "--cores", "48", "--out", str(proj)]) == 0
@@ -462,7 +468,7 @@ def test_predict_help_documents_the_inputs():
                          text=True, timeout=60)
     assert out.returncode == 0
     for flag in ("--hosts", "--ranks-per-host", "--nic", "--per-flow", "--rtt", "--cores", "--proxies",
-                 "--sockets", "--hierarchical", "--size", "--trace"):
+                 "--sockets", "--hierarchical", "--size", "--trace", "--striping"):
         assert flag in out.stdout
 
 
