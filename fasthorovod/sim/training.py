@@ -131,16 +131,25 @@ def images_per_s(step_s: float, profile: Profile, n: int) -> float:
 
 
 def profile_from_trace(path: str, skip: int = 1, batch_per_rank: int = 1, rank: Optional[int] = None) -> Profile:
-    """The median iteration of a FASTHOROVOD_TRACE_DIR trace: forward and backward spans, update
-    span, and every proxied or Horovod-routed gradient request (bytes, time after backward's
-    start). Steps before `skip` (warm-up) are left out; medians over steps and ranks."""
+    """The median synchronous iteration of a FASTHOROVOD_TRACE_DIR trace: forward, backward and
+    update spans, and every proxied or Horovod-routed gradient request (bytes, time after
+    backward's start). Steps before `skip` (warm-up) are left out.
+
+    A collective starts only once every rank has asked for it, and the update waits for the last
+    one, so each step is the slowest rank's: per step, with every rank's times taken from its own
+    forward's start (the ranks leave the previous step's last allreduce together; no clock offsets
+    needed), a bucket is ready at the latest of the ranks' requests and backward ends at the latest
+    rank's end; forward and update are the ranks' medians. Then medians over the steps. (Before
+    2026-12-02 evening: medians over steps and ranks, the typical rank, which on a loaded machine
+    — backward 1.3–4.6 s on the four ranks of one AlexNet step — asked for its buckets seconds
+    before the last rank did.) `rank`: that rank's iterations alone."""
     from fasthorovod.trace import format as fmt
 
     trace = fmt.load_trace_dir(path)
     if not trace.workers:
         raise ValueError(f"{path}: no worker trace (rank*.worker.jsonl)")
-    fwd, bwd, upd = [], [], []
-    per_step_buckets: List[List[Bucket]] = []
+    # step -> rank -> (forward s, backward end s, update s, [(bytes, request s)]), from the rank's forward start
+    steps: Dict[int, Dict[int, Tuple[float, float, float, List[Bucket]]]] = {}
     for r, parts in sorted(trace.workers.items()):
         if rank is not None and r != rank:
             continue
@@ -157,18 +166,29 @@ def profile_from_trace(path: str, skip: int = 1, batch_per_rank: int = 1, rank: 
             reqs = [e for e in evs if e["k"] == "request" and "bytes" in e]
             if not f or not b or not reqs:
                 continue
-            b0 = b[0]["t"]
-            fwd.append(f[0].get("d", 0) / 1e9)
-            bwd.append(b[0].get("d", 0) / 1e9)
-            upd.append(sum(e.get("d", 0) for e in u) / 1e9)
-            per_step_buckets.append([(float(e["bytes"]), max(0.0, (e["t"] - b0) / 1e9)) for e in reqs])
-    if not per_step_buckets:
+            f0 = f[0]["t"]
+            steps.setdefault(step, {})[r] = (
+                f[0].get("d", 0) / 1e9, (b[0]["t"] + b[0].get("d", 0) - f0) / 1e9,
+                sum(e.get("d", 0) for e in u) / 1e9, [(float(e["bytes"]), (e["t"] - f0) / 1e9) for e in reqs])
+    if not steps:
         raise ValueError(f"{path}: no complete iteration after skipping {skip} (need forward, backward and "
                          "request events; trace a DistributedOptimizer run)")
-    # buckets: the most common layout, ready times as medians over the steps with it
-    layout = statistics.mode(tuple(b for b, _ in s) for s in per_step_buckets)
-    same = [s for s in per_step_buckets if tuple(b for b, _ in s) == layout]
-    buckets = [(layout[i], statistics.median(s[i][1] for s in same)) for i in range(len(layout))]
+    # buckets: the most common layout (over ranks and steps); a step counts if every rank had it
+    layout = statistics.mode(tuple(b for b, _ in v[3]) for ranks in steps.values() for v in ranks.values())
+    fwd, bwd, upd = [], [], []
+    per_step_buckets: List[List[Bucket]] = []
+    for ranks in steps.values():
+        if any(tuple(b for b, _ in v[3]) != layout for v in ranks.values()):
+            continue
+        forward = statistics.median(v[0] for v in ranks.values())
+        fwd.append(forward)
+        bwd.append(max(v[1] for v in ranks.values()) - forward)
+        upd.append(statistics.median(v[2] for v in ranks.values()))
+        per_step_buckets.append([(layout[i], max(0.0, max(v[3][i][1] for v in ranks.values()) - forward))
+                                 for i in range(len(layout))])
+    if not per_step_buckets:
+        raise ValueError(f"{path}: no step in which every rank sent the same buckets")
+    buckets = [(layout[i], statistics.median(s[i][1] for s in per_step_buckets)) for i in range(len(layout))]
     return Profile(statistics.median(fwd), statistics.median(bwd), statistics.median(upd), buckets,
                    batch_per_rank, source=path)
 

@@ -387,6 +387,34 @@ def test_profile_from_trace(tmp_path):
     assert prof.buckets == [(4000.0, pytest.approx(0.5)), (8000.0, pytest.approx(2.0))]
 
 
+def test_profile_from_trace_is_the_slowest_rank(tmp_path):
+    # a collective starts once every rank asked for it: rank 1 (clock 5 s ahead, backward 1 s
+    # longer, its first bucket 0.8 s later) decides the buckets' ready times and backward's end;
+    # forward and update are the ranks' medians
+    def rank_lines(r, offset, fwd, bwd, first, upd):
+        lines = [{"format": "fasthorovod-trace", "version": 1, "kind": "worker", "rank": r, "size": 2}]
+        for step in range(3):
+            t = offset + step * 10_000_000_000
+            lines += [{"k": "forward", "n": "", "t": t, "d": fwd, "step": step},
+                      {"k": "backward", "n": "", "t": t + fwd, "d": bwd, "step": step},
+                      {"k": "request", "n": "b0", "t": t + fwd + first, "step": step, "bytes": 4000},
+                      {"k": "request", "n": "b1", "t": t + fwd + bwd, "step": step, "bytes": 8000},
+                      {"k": "update", "n": "", "t": t + fwd + bwd + 100, "d": upd, "step": step}]
+        return "\n".join(json.dumps(x) for x in lines) + "\n"
+
+    (tmp_path / "rank0.worker.jsonl").write_text(rank_lines(0, 0, 1_000_000_000, 2_000_000_000, 500_000_000,
+                                                            400_000_000))
+    (tmp_path / "rank1.worker.jsonl").write_text(rank_lines(1, 5_000_000_000, 1_200_000_000, 3_000_000_000,
+                                                            1_300_000_000, 600_000_000))
+    prof = tr.profile_from_trace(str(tmp_path), skip=1)
+    assert prof.forward_s == pytest.approx(1.1) and prof.update_s == pytest.approx(0.5)
+    # from the ranks' forward starts: rank 1's backward ends at 4.2 s, its b0 at 2.5 s; less forward 1.1
+    assert prof.backward_s == pytest.approx(3.1)
+    assert prof.buckets == [(4000.0, pytest.approx(1.4)), (8000.0, pytest.approx(3.1))]
+    alone = tr.profile_from_trace(str(tmp_path), skip=1, rank=0)
+    assert alone.backward_s == pytest.approx(2.0) and alone.buckets[0][1] == pytest.approx(0.5)
+
+
 def test_published_profiles_are_whole_models():
     for name, w in tr.WORKLOADS.items():
         prof = tr.published_profile(name)
