@@ -192,7 +192,7 @@ class Plane:
     836aa67); False: three phases one after the other (the version measured in docs/hierarchical.md)"""
     striping: str = "least-left"
     """how a lane's frames go to its sockets: "least-left" (since commit 636c542) or "first-free"
-    (the data plane before it, as the model of the morning of 2026-12-02 described it), see
+    (the data plane before it, as the model of the afternoon of 2026-12-02 described it), see
     :func:`active_frames`"""
 
 
@@ -319,7 +319,7 @@ def active_frames(nbytes: Optional[float], lanes: int, ring: int, sockets: int,
     frame, min(segment, chunk) — the sockets' bytes or the longest chain, whichever is longer — and
     keeps a = min(S, chunk / f) sockets busy: 1 for a chunk up to 64 KiB, chunk/64 KiB up to
     S·64 KiB, S from there on (the fill and drain of the chains, a frame each, left out).
-    "first-free" (before 636c542, the model of the morning of 2026-12-02): segments of `segment`
+    "first-free" (before 636c542, the model of the afternoon of 2026-12-02): segments of `segment`
     bytes, a step waiting for its busiest socket's ceil(s/S) full segments:
     chunk / (ceil(s/S) · segment), one socket for any chunk up to one segment.
     nbytes None: a large message (S)."""
