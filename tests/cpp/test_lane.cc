@@ -82,33 +82,40 @@ CollectiveDesc Desc(uint64_t seq) {
   return d;
 }
 
+// Every rank of a ring of `size` sends `frames` frames of `frame_bytes` to the next rank over
+// `sockets` sockets (buffers fixed at `buffer_bytes`, 0: autotuned), checking what arrives and the
+// lane's counts; returns each rank's per-socket record of the frames.
+std::vector<SocketCounter> ExchangeOverSockets(uint32_t size, int sockets, int buffer_bytes, size_t frames,
+                                               size_t frame_bytes) {
+  auto links = ConnectRing(size, sockets, buffer_bytes);
+  std::vector<SocketCounter> counters(size);
+  RunRanks(size, [&](uint32_t r) {
+    LaneOptions o = Options(r, size);
+    o.observer = &counters[r];
+    CollectiveDesc desc = Desc(0);
+    Lane lane(links[r], o);
+    Exchange x(frames, frame_bytes);
+    std::vector<char> mine = Pattern(r, frames * frame_bytes);
+    lane.Begin(desc, frames, frames);
+    x.SendAll(lane, mine);
+    LaneStats stats;
+    Status st = lane.Run(&x, &stats);
+    CHECK(st.ok());
+    CHECK(x.received == Pattern((r + size - 1) % size, frames * frame_bytes));
+    for (int n : x.seen) CHECK_EQ(n, 1);
+    CHECK_EQ(stats.frames_sent, frames);
+    CHECK_EQ(stats.frames_received, frames);
+    CHECK_EQ(stats.bytes_sent, frames * (frame_bytes + kFrameHeaderBytes));
+  });
+  return counters;
+}
+
 }  // namespace
 
 TEST(LaneStripesFramesOverEverySocket) {
   for (int sockets = 1; sockets <= 3; ++sockets) {
-    const uint32_t size = 3;
-    const size_t frames = 48, frame_bytes = 256 << 10;  // 12 MiB per rank through 64 KiB buffers
-    auto links = ConnectRing(size, sockets, 64 << 10);
-    std::vector<SocketCounter> counters(size);
-    RunRanks(size, [&](uint32_t r) {
-      LaneOptions o = Options(r, size);
-      o.observer = &counters[r];
-      CollectiveDesc desc = Desc(0);
-      Lane lane(links[r], o);
-      Exchange x(frames, frame_bytes);
-      std::vector<char> mine = Pattern(r, frames * frame_bytes);
-      lane.Begin(desc, frames, frames);
-      x.SendAll(lane, mine);
-      LaneStats stats;
-      Status st = lane.Run(&x, &stats);
-      CHECK(st.ok());
-      CHECK(x.received == Pattern((r + size - 1) % size, frames * frame_bytes));
-      for (int n : x.seen) CHECK_EQ(n, 1);
-      CHECK_EQ(stats.frames_sent, frames);
-      CHECK_EQ(stats.frames_received, frames);
-      CHECK_EQ(stats.bytes_sent, frames * (frame_bytes + kFrameHeaderBytes));
-    });
-    for (auto& c : counters) {
+    // 12 MiB per rank through 64 KiB buffers
+    for (auto& c : ExchangeOverSockets(3, sockets, 64 << 10, 48, 256 << 10)) {
       CHECK_EQ(c.sent_on.size(), static_cast<size_t>(sockets));  // every socket carried frames
       CHECK_EQ(c.received_on.size(), static_cast<size_t>(sockets));
     }
@@ -120,24 +127,8 @@ TEST(LaneStripesFramesOverEverySocket) {
 // with the least left to send, so each of S sockets carries a fair part of the frames.
 TEST(LaneSpreadsFramesWhenEverySocketWouldTakeThemAll) {
   for (int sockets = 2; sockets <= 4; sockets += 2) {
-    const uint32_t size = 2;
-    const size_t frames = 16, frame_bytes = 128 << 10;  // 2 MiB per rank: one autotuned buffer holds it
-    auto links = ConnectRing(size, sockets);
-    std::vector<SocketCounter> counters(size);
-    RunRanks(size, [&](uint32_t r) {
-      LaneOptions o = Options(r, size);
-      o.observer = &counters[r];
-      CollectiveDesc desc = Desc(0);
-      Lane lane(links[r], o);
-      Exchange x(frames, frame_bytes);
-      std::vector<char> mine = Pattern(r, frames * frame_bytes);
-      lane.Begin(desc, frames, frames);
-      x.SendAll(lane, mine);
-      LaneStats stats;
-      CHECK(lane.Run(&x, &stats).ok());
-      CHECK(x.received == Pattern((r + size - 1) % size, frames * frame_bytes));
-    });
-    for (auto& c : counters) {
+    const size_t frames = 16;  // of 128 KiB: 2 MiB per rank, which one autotuned buffer holds
+    for (auto& c : ExchangeOverSockets(2, sockets, 0, frames, 128 << 10)) {
       for (int s = 0; s < sockets; ++s) CHECK(c.sent_count[s] >= frames / sockets / 2);
     }
   }
