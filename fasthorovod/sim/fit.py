@@ -3,11 +3,15 @@
 * ``goodput``: the start-up probe's one-flow rate over the cloud's per-flow cap (median);
 * ``link_goodput``: the raw-TCP ring ceiling (iperf3, enough flows to fill the link) over the link
   rate (median over the jobs that measured it);
-* Horovod: T − fixed = t0_hvd + 2(n−1)·alpha_hvd + (2(n−1)/n · M / (goodput · C)) · (1 / hvd_eff),
-  linear least squares in (t0_hvd, alpha_hvd, 1/hvd_eff), each clamped to its physical range;
+* Horovod: T = fixed + t0_hvd + the ring as two chains of Gloo segments (model.horovod_pipeline)
+  waiting alpha_hvd between frames, at hvd_eff · goodput · C; (hvd_eff, alpha_hvd) on a grid then
+  downhill, t0_hvd by least squares at each, each clamped to its physical range;
 * FastHorovod: for each (kappa_net, kappa_lane, link_jitter) on a grid (then downhill from the best
-  point: Nelder-Mead if scipy is installed, and one coordinate at a time) the rates follow from the model, and T − M/R − fixed = t0_fh + 2(n−1)·alpha_fh by least
-  squares; the pair with the smallest sum of squared *relative* errors wins.
+  point: Nelder-Mead if scipy is installed, and one coordinate at a time) the rates and the rings'
+  chains follow from the model; alpha_fh (the wait of a chain between its frames) by a search on one
+  axis and t0_fh by least squares at each; the smallest sum of squared *relative* errors wins.
+Since the rings are chains whose waits overlap other chains' bytes (2026-12-02 evening), the time is
+not linear in alpha: hence the searches where there were linear least squares.
 Residuals are (predicted − measured) / measured per observation."""
 from __future__ import annotations
 
@@ -17,16 +21,6 @@ import statistics
 from typing import Dict, List, Sequence
 
 from fasthorovod.sim import model as m
-
-
-def _lstsq(rows: Sequence[Sequence[float]], y: Sequence[float]) -> List[float]:
-    import numpy as np
-
-    a = np.asarray(rows, dtype=float)
-    b = np.asarray(y, dtype=float)
-    w = 1.0 / np.maximum(np.abs(b), 1e-6)  # relative errors: weight each row by 1/|measured|
-    sol, *_ = np.linalg.lstsq(a * w[:, None], b * w, rcond=None)
-    return [float(v) for v in sol]
 
 
 def cluster_of(obs: Dict, cores: float) -> m.Cluster:
@@ -69,16 +63,7 @@ def fit(observations: Sequence[Dict], prior: m.Params, cores: float = 2.0, thres
         p.goodput = min(1.0, statistics.median(ones))
     hvd = [o for o in observations if o["backend"].startswith("horovod")]
     if len(hvd) >= 3:
-        rows, y = [], []
-        for o in hvd:
-            c = cluster_of(o, cores)
-            n = c.ranks
-            fixed = c.rtt_s + m.stage_seconds(o["bytes"], c, p) + 2 * (n - 1) * c.rtt_s / 2
-            rows.append([1.0, 2 * (n - 1), m.ring_bytes(o["bytes"], n) / (p.goodput * c.flow_Bps)])
-            y.append(o["seconds"] - fixed)
-        t0, alpha, inv_eff = _lstsq(rows, y)
-        p.t0_hvd, p.alpha_hvd = max(0.0, t0), max(0.0, alpha)
-        p.hvd_eff = min(1.0, max(0.05, 1.0 / inv_eff if inv_eff > 0 else 1.0))
+        p = _fit_horovod(hvd, p, cores)
     ceilings = [o["ceiling_Bps"] / cluster_of(o, cores).nic_Bps for o in observations if o.get("ceiling_Bps")]
     if ceilings:
         p.link_goodput = min(1.0, statistics.median(ceilings))
@@ -88,20 +73,85 @@ def fit(observations: Sequence[Dict], prior: m.Params, cores: float = 2.0, thres
     return p
 
 
+def _best_t0(base: Sequence[float], measured: Sequence[float]) -> float:
+    """t0 ≥ 0 minimising Σ ((t0 + base_i − y_i) / y_i)²."""
+    w = [1.0 / (y * y) for y in measured]
+    return max(0.0, sum((y - b) * wi for b, y, wi in zip(base, measured, w)) / sum(w))
+
+
+def _golden(f, lo: float, hi: float, iters: int = 40) -> float:
+    """The minimum of a unimodal f on [lo, hi] (golden section), or an end if that is lower."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    x = (a + b) / 2.0
+    return min((x, lo, hi), key=f)
+
+
+ALPHA_MAX = 0.05  # s: the search range of a ring step's wait
+
+
+def _latency_fit(plans, measured: Sequence[float]):
+    """(sum of squared relative errors, t0, alpha) for observations whose times are
+    fixed_i + t0 + pipeline_seconds(pipe_i, alpha + extra_i): alpha by a search, t0 at each."""
+    def at(alpha: float):
+        base = [fixed + m.pipeline_seconds(pipe, alpha + extra) for fixed, pipe, extra in plans]
+        t0 = _best_t0(base, measured)
+        err = sum(((t0 + b - y) / y) ** 2 for b, y in zip(base, measured))
+        return err, t0
+
+    alpha = _golden(lambda a: at(a)[0], 0.0, ALPHA_MAX)
+    err, t0 = at(alpha)
+    return err, t0, alpha
+
+
+def _fit_horovod(hvd, p: m.Params, cores: float) -> m.Params:
+    measured = [o["seconds"] for o in hvd]
+
+    def at(eff: float):
+        q = dataclasses.replace(p, hvd_eff=eff)
+        plans = []
+        for o in hvd:
+            c = cluster_of(o, cores)
+            rate = m.horovod_rate(c, q)["rate"]
+            plans.append((c.rtt_s + m.stage_seconds(o["bytes"], c, q), m.horovod_pipeline(o["bytes"], c, q, rate),
+                          m.step_latency(c, 0.0)))
+        err, t0, alpha = _latency_fit(plans, measured)
+        return err, dataclasses.replace(q, t0_hvd=t0, alpha_hvd=alpha)
+
+    best = min((at(0.05 + 0.95 * i / 38) for i in range(39)), key=lambda x: x[0])
+    eff = best[1].hvd_eff
+    for step in (0.0125, 0.003, 0.0008):  # then finer around the best share of one flow
+        for d in (-2, -1, 1, 2):
+            cand = at(min(1.0, max(0.05, eff + d * step)))
+            if cand[0] < best[0]:
+                best = cand
+        eff = best[1].hvd_eff
+    return best[1]
+
+
 def _fh_at(fh, q: m.Params, cores: float, threshold: int):
-    """(t0, alpha) by least squares at the CPU costs of q, and the sum of squared relative errors."""
-    rows, y = [], []
+    """(t0, alpha) at the CPU costs of q (alpha by a search, t0 by least squares), and the sum of
+    squared relative errors."""
+    plans = []
     for o in fh:
         c = cluster_of(o, cores)
-        n = c.ranks
-        rate = m.fasthorovod_rate(c, plane_of(o, threshold), q, o["bytes"])["rate"]
-        fixed = c.rtt_s + m.stage_seconds(o["bytes"], c, q) + 2 * (n - 1) * c.rtt_s / 2
-        rows.append([1.0, 2 * (n - 1)])
-        y.append(o["seconds"] - fixed - m.ring_bytes(o["bytes"], n) / rate)
-    t0, alpha = _lstsq(rows, y)
-    q = dataclasses.replace(q, t0_fh=max(0.0, t0), alpha_fh=max(0.0, alpha))
-    err = sum(((predict_obs(o, q, cores, threshold) - o["seconds"]) / o["seconds"]) ** 2 for o in fh)
-    return err, q
+        plane = plane_of(o, threshold)
+        rate = m.fasthorovod_rate(c, plane, q, o["bytes"])["rate"]
+        fixed = c.rtt_s + m.stage_seconds(o["bytes"], c, q) + m.local_phase_seconds(o["bytes"], c, plane, q)
+        plans.append((fixed, m.fasthorovod_pipeline(c, plane, q, o["bytes"], rate), m.step_latency(c, 0.0)))
+    err, t0, alpha = _latency_fit(plans, [o["seconds"] for o in fh])
+    return err, dataclasses.replace(q, t0_fh=t0, alpha_fh=alpha)
 
 
 def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int) -> m.Params:

@@ -4,9 +4,12 @@ Notation (docs/scale.md has the derivation):
 
 * a job has H hosts with P ranks each, n = H·P ranks; a message of M bytes;
 * a ring allreduce of n ranks takes 2(n−1) steps and every rank sends (and receives) its share of
-  2(n−1)/n · M bytes, so the time is ``2(n−1)·α + 2(n−1)/n · M / R``: α the per-step latency (half
-  a round trip plus software per step), R the rate of the ring's slowest hop. The bus bandwidth
-  2(n−1)/n · M / T is then R for a big message;
+  2(n−1)/n · M bytes, so with one chain of frames the time is ``2(n−1)·α + 2(n−1)/n · M / R``: α
+  the per-step latency (half a round trip plus software per step), R the rate of the ring's slowest
+  hop. The bus bandwidth 2(n−1)/n · M / T is then R for a big message. Since 2026-12-02 (evening)
+  a ring is several chains of frames in flight (FastHorovod: every lane's segments; Horovod: Gloo's
+  two segments), and one chain's wait overlaps the others' bytes: :func:`chains_throughput` (a
+  closed network of the waits and the shared path, product form), :func:`pipeline_seconds`;
 * flows: a host's NIC carries ``B`` bytes/s, one TCP flow at most ``C`` (the cloud's per-flow cap);
   one TCP flow gets a fraction ``goodput`` of its cap, many flows together ``link_goodput`` of the
   link (headers, framing, TCP sharing: the raw-TCP ring ceiling). FastHorovod runs k lanes
@@ -488,6 +491,122 @@ def step_latency(cluster: Cluster, alpha: float) -> float:
     return alpha + (cluster.rtt_s / 2.0 if cluster.hosts > 1 else 0.0)
 
 
+
+# -- rings as chains of frames (a pipeline) ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """A ring's traffic through one host's path as `chains` chains of frames in flight.
+
+    A chain sends a frame of `frame_bytes`, then waits (the step's latency: a frame's last byte
+    reaching the neighbour, a wake-up, the next frame's first) before it sends its next one; the
+    chains share the path, which moves ``rates[j − 1]`` bytes/s while j of them are transferring.
+    `frames`: the frames of all the chains together."""
+
+    frames: float
+    chains: int
+    frame_bytes: float
+    rates: tuple
+
+    @property
+    def rate(self) -> float:
+        """The path's rate with every chain transferring (the bytes-only limit)."""
+        return self.rates[-1]
+
+
+def chains_throughput(chains: int, frame_bytes: float, wait: float, rates) -> float:
+    """Frames per second of `chains` chains, each alternating a frame of `frame_bytes` on a shared path
+    (``rates[j − 1]`` bytes/s in all while j transfer, shared equally) with a wait of `wait` seconds.
+
+    A closed network of two stations: the wait (every chain its own: an infinite server) and the
+    path (processor sharing with a load-dependent rate). Its stationary distribution has product
+    form and depends on the two times only through their means (BCMP):
+    P(j transferring) ∝ wait^(C−j)/(C−j)! · Π_{i≤j} frame_bytes/rates[i−1], and the throughput is
+    Σ_j P(j) · rates[j−1]/frame_bytes. Closed forms: one chain, 1/(wait + frame_bytes/rate) (the
+    latency and the bytes in series); no wait, rates[C−1]/frame_bytes (the bytes only); many chains,
+    the path's rate (the latency hidden)."""
+    if chains <= 0 or frame_bytes <= 0:
+        return math.inf
+    if wait <= 0:
+        return rates[chains - 1] / frame_bytes
+    logs = []
+    acc = 0.0
+    for j in range(chains + 1):
+        if j > 0:
+            acc += math.log(frame_bytes / rates[j - 1])
+        logs.append((chains - j) * math.log(wait) - math.lgamma(chains - j + 1) + acc)
+    top = max(logs)
+    weights = [math.exp(v - top) for v in logs]
+    busy = sum(w * rates[j - 1] for j, w in enumerate(weights) if j > 0)
+    return busy / frame_bytes / sum(weights)
+
+
+def pipeline_seconds(pipe: Pipeline, wait: float) -> float:
+    """Time for a pipeline's frames when each chain waits `wait` between its frames (see
+    :func:`chains_throughput`; the fill and drain left out)."""
+    if pipe.frames <= 0:
+        return 0.0
+    return pipe.frames / chains_throughput(pipe.chains, pipe.frame_bytes, wait, pipe.rates)
+
+
+def lane_chains(chunk: float, sockets: int, segment: int = SEGMENT_BYTES, striping: str = "least-left") -> int:
+    """Independent chains of frames a lane's ring runs for a chunk: "least-left" (since 636c542) one
+    per segment of :func:`ring_segment_bytes` (segment i of step t+1 waits only for segment i of step
+    t); "first-free" (before) one: a step of the lane waited for its busiest socket, so the lane's
+    segments moved together."""
+    if chunk <= 0:
+        return 1
+    if striping == "first-free":
+        return 1
+    seg = min(ring_segment_bytes(chunk, sockets, segment), chunk)
+    return max(1, math.ceil(chunk / seg - 1e-9))
+
+
+def fasthorovod_pipeline(cluster: Cluster, plane: Plane, p: Params, nbytes: float,
+                         rate: Optional[float] = None) -> Pipeline:
+    """A FastHorovod ring through one host's NIC as chains of frames: the N lanes on the NIC each run
+    :func:`lane_chains` chains over the ring's 2(ring − 1) steps, a frame being chunk/chains bytes
+    (chunk = M/(N·ring)). With j frames transferring the host moves min(R, min(j, f)·c): R the
+    lanes' rate (:func:`fasthorovod_rate`: the network, the CPU), f the per-flow caps the lanes use
+    (:func:`network_rate`'s k·E[min(a, min_hops D)]), c one flow's goodput. With no wait it takes
+    2(ring−1)/ring · M / R, as :func:`ring_time` with α = 0."""
+    nic_lanes, _, ring = _plane_shape(cluster, plane)
+    if rate is None:
+        rate = fasthorovod_rate(cluster, plane, p, nbytes)["rate"]
+    chunk = nbytes / nic_lanes / ring
+    per_lane = lane_chains(chunk, plane.S, plane.segment_bytes, plane.striping)
+    chains = nic_lanes * per_lane
+    hops = cluster.hosts if cluster.hosts > 1 else 1
+    a = active_frames(nbytes, nic_lanes, ring, plane.S, plane.segment_bytes, plane.striping)
+    flows = nic_lanes * lane_flows(plane.S, a, hops, cluster.flow_buckets, cluster.port_step)
+    one = p.goodput * min(cluster.flow_Bps, cluster.nic_Bps)
+    per_chain = one * max(1.0, flows / chains)  # "first-free": a lane's one chain on its a sockets
+    rates = tuple(min(rate, j * per_chain, flows * one) for j in range(1, chains + 1))
+    rates = rates[:-1] + (rate,)  # every chain transferring: the lanes' rate, as without waits
+    steps = 2 * (ring - 1)
+    return Pipeline(frames=steps * chains, chains=chains, frame_bytes=chunk / per_lane, rates=rates)
+
+
+# Gloo's ring allreduce (gloo/allreduce.cc, ring()): segments of min(ceil(M / 2n), 1 MiB)
+# (AllreduceOptions' kMaxSegmentSize), two in flight (it waits for segment i − 2 before it posts i).
+GLOO_SEGMENT_BYTES = 1 << 20
+GLOO_IN_FLIGHT = 2
+
+
+def horovod_pipeline(nbytes: float, cluster: Cluster, p: Params, rate: Optional[float] = None) -> Pipeline:
+    """Horovod+Gloo's ring as chains: one thread per rank with two segments in flight on one flow
+    per neighbour (Gloo's double buffering), each segment min(M/(2n), 1 MiB): the flow at R_H
+    (:func:`horovod_rate`) whether one or two are transferring. Without waits 2(n−1)/n · M / R_H;
+    with only waits (M/2n ≤ 1 MiB: 4(n−1) segments) 2(n−1)·wait, the old model's latency count."""
+    n = cluster.ranks
+    if rate is None:
+        rate = horovod_rate(cluster, p)["rate"]
+    seg = min(nbytes / (2 * n), GLOO_SEGMENT_BYTES)
+    return Pipeline(frames=ring_bytes(nbytes, n) / seg, chains=GLOO_IN_FLIGHT, frame_bytes=seg,
+                    rates=(rate,) * GLOO_IN_FLIGHT)
+
+
 def horovod_rate(cluster: Cluster, p: Params) -> Dict[str, float]:
     """Horovod+Gloo: one flow per neighbour, one thread per rank that sends, receives and adds."""
     net = p.goodput * cluster.nic_Bps
@@ -504,8 +623,9 @@ def horovod_allreduce(nbytes: float, cluster: Cluster, p: Params) -> Dict[str, f
     """Horovod 0.28 with Gloo: fusion-buffer copies in and out, one flat ring over n ranks."""
     n = cluster.ranks
     r = horovod_rate(cluster, p)
-    t = p.t0_hvd + cluster.rtt_s + stage_seconds(nbytes, cluster, p) \
-        + ring_time(nbytes, n, r["rate"], step_latency(cluster, p.alpha_hvd))
+    t = p.t0_hvd + cluster.rtt_s + stage_seconds(nbytes, cluster, p)
+    if n > 1:
+        t += pipeline_seconds(horovod_pipeline(nbytes, cluster, p, r["rate"]), step_latency(cluster, p.alpha_hvd))
     return {"seconds": t, "busbw": busbw(nbytes, t, n), "rate": r["rate"], "bound": r["bound"]}
 
 
@@ -531,7 +651,7 @@ def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Para
     flat (every rank in one ring per lane) or hierarchical (shared-memory reduce-scatter, one ring of
     M/P per local rank across the H hosts, shared-memory allgather: :func:`local_phase_seconds`;
     all P·k lanes of a host on its NIC)."""
-    n, P, H = cluster.ranks, cluster.ranks_per_host, cluster.hosts
+    n, P = cluster.ranks, cluster.ranks_per_host
     if nbytes < plane.threshold or n <= 1:
         out = horovod_allreduce(nbytes, cluster, p)
         out["path"] = "horovod"
@@ -539,11 +659,13 @@ def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Para
     r = fasthorovod_rate(cluster, plane, p, nbytes)
     fixed = p.t0_fh + cluster.rtt_s + stage_seconds(nbytes, cluster, p)
     lat = step_latency(cluster, p.alpha_fh)
+    # the ring as chains of frames: one chain's wait overlaps the others' bytes (fasthorovod_pipeline);
+    # hierarchical: each host's NIC carries 2(H−1)/H · M (its P rings of M/P), at r["rate"] in all
+    ring = pipeline_seconds(fasthorovod_pipeline(cluster, plane, p, nbytes, r["rate"]), lat)
     if plane.hierarchical and P > 1:
-        # each host's NIC carries 2(H−1)/H · M (its P rings of M/P), at r["rate"] in all
-        t = fixed + local_phase_seconds(nbytes, cluster, plane, p) + ring_time(nbytes, H, r["rate"], lat)
+        t = fixed + local_phase_seconds(nbytes, cluster, plane, p) + ring
     else:
-        t = fixed + ring_time(nbytes, n, r["rate"], lat)
+        t = fixed + ring
     return {"seconds": t, "busbw": busbw(nbytes, t, n), "rate": r["rate"], "bound": r["bound"],
             "network_rate": r["network"], "cpu_rate": r["cpu"], "path": "proxies",
             "p_unlucky_ports": unlucky_ports_probability(cluster, plane, nbytes)}

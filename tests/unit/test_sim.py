@@ -200,6 +200,127 @@ def test_active_frames_against_a_frame_by_frame_lane(chunk_kib, S):
     assert t <= old + 1e-6
 
 
+
+# -- rings as chains of frames: one chain's wait overlaps the others' bytes ----------------------------
+
+
+def simulate_chains(chains: int, frame: float, wait: float, rates, frames: int = 60000, seed: int = 7) -> float:
+    """Frames per second of `chains` chains, event by event: each sends a frame of `frame` bytes on a
+    path shared equally among the frames in transfer (rates[j − 1] bytes/s in all with j), then waits an
+    exponential time of mean `wait`. Independent of the product form computed in the model."""
+    import random
+
+    rng = random.Random(seed)
+    now, done = 0.0, 0
+    left = {}                                                   # chain -> bytes left of its frame
+    waking = {c: rng.expovariate(1.0 / wait) for c in range(chains)}  # chain -> time its wait ends
+    while done < frames:
+        j = len(left)
+        per = rates[j - 1] / j if j else 0.0
+        t_wake = min(waking.values()) if waking else math.inf
+        t_sent = now + min(left.values()) / per if j else math.inf
+        t = min(t_wake, t_sent)
+        for c in left:
+            left[c] -= per * (t - now)
+        now = t
+        if t_sent <= t_wake:
+            c = min(left, key=left.get)
+            del left[c]
+            waking[c] = now + rng.expovariate(1.0 / wait)
+            done += 1
+        else:
+            c = min(waking, key=waking.get)
+            del waking[c]
+            left[c] = frame
+    return done / now
+
+
+def test_one_chain_is_latency_and_bytes_in_series():
+    # one chain: 1 / (wait + frame / rate), the old model's 2(n−1)·α + bytes / rate
+    assert m.chains_throughput(1, 100.0, 2.0, (10.0,)) == pytest.approx(1.0 / (2.0 + 10.0))
+    pipe = m.Pipeline(frames=10, chains=1, frame_bytes=100.0, rates=(10.0,))
+    assert m.pipeline_seconds(pipe, 2.0) == pytest.approx(10 * 12.0)
+    # no wait: the bytes only, whatever the chains
+    assert m.chains_throughput(4, 100.0, 0.0, (5.0, 10.0, 15.0, 20.0)) == pytest.approx(20.0 / 100.0)
+
+
+def test_two_chains_on_one_flow_closed_form():
+    # machine repairman with two customers: P(j) ∝ W²/2, W·D, D² (D = frame / rate); X = (1 − P0) / D
+    W, D = 3.0, 2.0
+    p0, p1, p2 = W * W / 2, W * D, D * D
+    expect = (p1 + p2) / (p0 + p1 + p2) / D
+    assert m.chains_throughput(2, 20.0, W, (10.0, 10.0)) == pytest.approx(expect)
+    # between the asymptotes: slower than the bytes alone, faster than latency and bytes in series
+    assert 1.0 / (W + D) < expect < 1.0 / D
+
+
+def test_many_chains_hide_the_latency():
+    # the path's rate once enough chains are in flight: 64 chains, each alone 1/8 of the path
+    rates = tuple(min(8.0, j * 1.0) for j in range(1, 65))
+    x = m.chains_throughput(64, 1.0, 0.5, rates)
+    assert x == pytest.approx(8.0, rel=1e-6)
+    # and never more than either bound: the path, or each chain alone (wait + its own frame time)
+    x = m.chains_throughput(4, 1.0, 2.0, tuple(min(8.0, j * 1.0) for j in range(1, 5)))
+    assert x <= min(8.0, 4 / (2.0 + 1.0)) + 1e-12
+
+
+@pytest.mark.parametrize("chains,wait,cap,link", [(2, 1.0, 1.0, 1.0), (8, 0.5, 1.0, 5.0), (8, 2.0, 1.0, 5.0),
+                                                  (3, 1.0, 2.0, 3.0)])
+def test_chains_against_an_event_by_event_simulation(chains, wait, cap, link):
+    rates = tuple(min(link, j * cap) for j in range(1, chains + 1))
+    model = m.chains_throughput(chains, 1.0, wait, rates)
+    assert simulate_chains(chains, 1.0, wait, rates) == pytest.approx(model, rel=0.02)
+
+
+def test_horovod_ring_is_two_gloo_segments_in_flight():
+    # Gloo: segments of min(M / 2n, 1 MiB), two in flight on one flow
+    c = cluster(hosts=6)
+    p = ideal(kappa_gloo=1e-15)
+    rate = m.horovod_rate(c, p)["rate"]
+    small = m.horovod_pipeline(4 * MiB, c, p)
+    assert small.frame_bytes == pytest.approx(4 * MiB / 12) and small.frames == pytest.approx(4 * 5)
+    assert small.chains == 2 and small.rates == (rate, rate)
+    big = m.horovod_pipeline(64 * MiB, c, p)
+    assert big.frame_bytes == MiB and big.frames == pytest.approx(2 * 5 / 6 * 64)
+    # latency only (a fast flow): 2(n−1) waits, as before; bytes only: V / R
+    fast = m.horovod_pipeline(4 * MiB, c, p, rate=1e18)
+    assert m.pipeline_seconds(fast, 1e-3) == pytest.approx(2 * 5 * 1e-3, rel=1e-6)
+    assert m.pipeline_seconds(big, 0.0) == pytest.approx(m.ring_bytes(64 * MiB, 6) / rate)
+    # the whole allreduce: fixed costs plus the two chains
+    q = dataclasses.replace(p, alpha_hvd=5e-3, t0_hvd=1e-3)
+    out = m.horovod_allreduce(4 * MiB, c, q)
+    W, D = 5e-3, 4 * MiB / 12 / rate
+    x = (W * D + D * D) / (W * W / 2 + W * D + D * D) / D
+    assert out["seconds"] == pytest.approx(1e-3 + 20 / x)
+
+
+def test_fasthorovod_ring_is_the_lanes_chains():
+    # 6 hosts, 4 x 2, 4 MiB: chunks of 4/24 MiB cut into 2 segments: 8 chains of 10 steps
+    c = m.Cluster(hosts=6, nic_bps=1e9, flow_bps=2e8, rtt_s=0.0, cores=1000.0)
+    p = ideal(kappa=1e-15)
+    plane = m.Plane(k=4, S=2, threshold=0)
+    rate = m.fasthorovod_rate(c, plane, p, 4 * MiB)["rate"]
+    assert rate == pytest.approx(c.nic_Bps)  # 8 flows of 25 MB/s on a 125 MB/s link
+    pipe = m.fasthorovod_pipeline(c, plane, p, 4 * MiB)
+    assert pipe.chains == 8 and pipe.frames == 8 * 10
+    assert pipe.frame_bytes == pytest.approx(4 * MiB / 24 / 2)
+    assert pipe.rates[0] == pytest.approx(c.flow_Bps) and pipe.rates[4] == pytest.approx(c.nic_Bps)
+    # no wait: the old ring time; a wait: between the overlapped and the serial bound
+    assert m.pipeline_seconds(pipe, 0.0) == pytest.approx(m.ring_time(4 * MiB, 6, rate, 0.0))
+    wait = 4e-3
+    serial = m.ring_time(4 * MiB, 6, rate, wait)
+    overlapped = 10 * max(4 * MiB / 6 / rate, wait + pipe.frame_bytes / c.flow_Bps)
+    t = m.pipeline_seconds(pipe, wait)
+    assert overlapped < t < serial
+    # one lane of one socket and one segment: nothing to overlap, the old form exactly
+    one = m.Plane(k=1, S=1, threshold=0)
+    r1 = m.fasthorovod_rate(c, one, p, 4 * MiB)["rate"]
+    assert m.pipeline_seconds(m.fasthorovod_pipeline(c, one, p, 4 * MiB), wait) == \
+        pytest.approx(m.ring_time(4 * MiB, 6, r1, wait))
+    assert m.lane_chains(3 * MiB, 2) == 3 and m.lane_chains(100 * KiB, 2) == 2
+    assert m.lane_chains(3 * MiB, 2, striping="first-free") == 1
+
+
 def test_striping_follows_the_date_of_a_measurement(tmp_path):
     assert m.striping_at(None) == "least-left"
     assert m.striping_at("2026-12-02T06:25:01+00:00") == "first-free"
@@ -456,6 +577,7 @@ def test_fit_recovers_the_parameters_that_made_the_data():
     assert p.goodput == pytest.approx(0.95)
     assert p.link_goodput == pytest.approx(0.9)
     assert p.hvd_eff == pytest.approx(0.9, rel=0.02)
+    assert p.alpha_hvd == pytest.approx(2e-3, rel=0.1) and p.alpha_fh == pytest.approx(1e-3, rel=0.25)
     assert p.kappa_lane == pytest.approx(1.5e-9, rel=0.15)
     assert p.kappa_net == pytest.approx(2e-9, rel=0.25)
     res = fitting.residuals(synthetic_observations(), p, 2.0, 64 << 10)
