@@ -22,10 +22,11 @@
 // of one segment would leave the other S − 1 idle (behind a per-flow cap, the lane would get one
 // flow's rate): a chunk is cut into at least S segments, down to kMinRingSegmentBytes
 // (RingSegmentElements); every rank computes the same cut from the same request and settings. (An
-// empty chunk still travels as one empty frame, so that its header is checked.) Segment i of step t+1 may leave as soon as segment i of step t has arrived and been
-// reduced, so the schedule is a pipeline: all segments of the first step are queued at once, every
-// arriving segment releases the next step's segment, and sends, receives and reductions overlap
-// (the kernel's socket buffers keep filling while a segment is being reduced).
+// empty chunk still travels as one empty frame, so that its header is checked.) Segment i of step
+// t+1 may leave as soon as segment i of step t has arrived and been reduced, so the schedule is a
+// pipeline: all segments of the first step are queued at once, every arriving segment releases
+// the next step's segment, and sends, receives and reductions overlap (the kernel's socket buffers
+// keep filling while a segment is being reduced).
 //
 // In the hierarchical allreduce the shard is this local rank's part of the host's data
 // (ShardWork::host): the host's other contributions are added into a segment right before its
