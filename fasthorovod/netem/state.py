@@ -85,14 +85,22 @@ class InstanceState:
         return cls(**{key: value for key, value in record.items() if key in known})
 
 
+def proc_stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None when no such process exists:
+    ``[0]`` is the state (field 3 in proc(5)), ``[1]`` the parent, ``[2]`` the process group,
+    ``[11]``/``[12]`` utime/stime in clock ticks, ``[19]`` the start time in ticks since boot. The
+    name (field 2) may hold spaces and parentheses, so the split is after its last ``)``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_start_ticks(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot), or None when no such process exists."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 of /proc/PID/stat; the command name (field 2) may contain spaces, so split after it.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = proc_stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def list_instances(prefix: str | None = None) -> list[InstanceState]:

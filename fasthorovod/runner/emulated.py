@@ -53,6 +53,7 @@ from types import FrameType
 
 from fasthorovod.netem import EmulatedCloud, NetemError, NetemPermissionError
 from fasthorovod.netem.cloud import HOST_DEVICE, is_resource_tracker, kill_rounds
+from fasthorovod.netem.state import proc_stat_fields
 
 PROG = "fasthorovodrun"
 STOP_GRACE_S = 10.0  # after forwarding a signal, the launcher has this long to stop its ranks
@@ -108,17 +109,13 @@ def _exit_status(returncode: int) -> int:
 
 
 def _group_pids(pgid: int) -> list[int]:
-    """The processes of process group ``pgid`` (from /proc/PID/stat: state, ppid, pgrp follow the name)."""
+    """The live (not zombie) processes of process group ``pgid``."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        fields = proc_stat_fields(int(entry))
+        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(entry))
     return pids
 

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
+from fasthorovod.netem.state import proc_stat_fields
+
 MiB = 1 << 20
 
 
@@ -63,10 +65,8 @@ class _CloudCpu(threading.Thread):
     @staticmethod
     def _stat(pid: int) -> Optional[Tuple[int, float, int]]:
         """(parent pid, utime + stime ticks, start ticks) of `pid`; None once it is gone."""
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = proc_stat_fields(pid)
+        if fields is None:
             return None
         return int(fields[1]), float(fields[11]) + float(fields[12]), int(fields[19])
 
