@@ -34,8 +34,8 @@ def test_one_host_exact_over_sizes_dtypes_and_ops(np_):
 
 
 def test_one_host_allgather_broadcast_join():
-    for scenario in ("gather", "join", "join_order"):
-        run_job(3, scenario, "--proxies", "2", env=ON)
+    for scenario, extra in (("gather", ()), ("join", ()), ("join_order", ("--count", "60"))):
+        run_job(3, scenario, "--proxies", "2", *extra, env=ON)
     # The harness's threshold (1 MiB): the worker checks which broadcasts take the proxies.
     result = run_job(3, "exact", worker=BROADCAST, env=dict(ON, FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576"),
                      timeout=300)
