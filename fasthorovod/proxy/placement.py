@@ -22,21 +22,27 @@ its SMT siblings are idle, and *clustered* otherwise. Clustering costs twice:
 * **cost per byte**: a clustered thread's per-byte cost rises (context switches, caches shared
   with another working set; an SMT sibling's execution units):
 
-      kappa_p = kappa * (1 + gamma * (c_p - b_p) + gamma_busy * b_p + beta * o_p - delta * s_p)
+      kappa_p = kappa * (1 + gamma * (c_p - b_p) + gamma_busy * b_p + beta * o_p - delta * s_p * c_p)
 
   where c_p = min(1, m_p - 1) is the fraction of p's time that its logical CPU is shared (m_p >= 1:
   how many busy threads that CPU holds on average, every thread's demand spread over its allowed
   CPUs as evenly as the scheduler can; SCP's clustered state, paid once: a third co-runner
   pollutes a cache no further), b_p the part of c_p due to busy threads that are not proxies (a
   compute thread's small working set costs less, gamma_busy), o_p in [0, 1] how busy p's SMT
-  siblings are, and s_p in [0, 1] how much of the time p's ring peer of the same lane shares its
-  CPU. The last term only exists on a test rig whose ranks share a host (a loopback ring). On a
-  real cluster a host runs one proxy per lane, s_p = 0.
+  siblings are, and s_p in [0, 1] how much of the time p's ring neighbour of the same lane shares
+  its CPU. **Ring neighbours hand the CPU over**: one runs while the other waits for its bytes, so
+  a neighbour on p's CPU is not counted in m_p (a pair alone on a CPU is not clustered) and time
+  is still shared as two threads; when a third thread also wants the CPU, the pair's hand-overs
+  are cheaper per byte, delta (the woken neighbour waits its turn and finds more bytes; measured
+  on the loopback rig, where the proxies' own CPU per byte fell from 0.53 to 0.38 ns with a compute
+  thread on the pair's CPU). s_p only exists on a test rig whose ranks share a host (a loopback
+  ring); on a real cluster a host runs one proxy per lane, s_p = 0.
 * **the scheduler's states** (``_states``): an unpinned proxy runs in bursts and sleeps on its ring
-  neighbour, so the kernel places it when it wakes, with no notion of ring neighbours: it is taken
-  to sit on any allowed CPU with equal probability, independently of the others. A duty-cycled
-  busy thread is runnable a fraction d of the time and then competes like any busy thread. The
-  prediction is the time average over these states, each predicted as a pinning.
+  neighbour, so the kernel places it anew at each wake-up; but the load balancer does not leave a
+  runnable thread queued while a CPU it may use is idle or less loaded. The states are the
+  assignments of the unpinned proxies that the balancer leaves alone, equally likely. A
+  duty-cycled busy thread is runnable a fraction d of the time and then competes like any busy
+  thread. The prediction is the time average over these states, each predicted as a pinning.
 
 The parameters are physical and few: kappa (s/B), eta, gamma, gamma_busy, beta, delta.
 ``PlacementModel.fit`` takes them from measured placements (benchmarks/placement.py). The multipliers
@@ -239,6 +245,7 @@ class Prediction:
     proxy_peer: List[float] = dataclasses.field(default_factory=list)  # s_p
     proxy_clustered: List[float] = dataclasses.field(default_factory=list)  # c_p = min(1, m_p - 1)
     proxy_clustered_busy: List[float] = dataclasses.field(default_factory=list)  # the part of c_p due to busy threads
+    proxy_peer_clustered: List[float] = dataclasses.field(default_factory=list)  # s_p * c_p
     states: int = 1
     """How many scheduler states (where unpinned proxies sit, whether duty-cycled threads run) the
     prediction averages over."""
@@ -285,7 +292,8 @@ class PlacementModel:
     """Extra per-byte cost when the proxy's SMT siblings are busy (a prior unless beta_measured)."""
     beta_measured: bool = False
     delta: float = 0.0
-    """Per-byte saving when the proxy's ring peer of the same lane shares its CPU (loopback rigs only)."""
+    """Per-byte saving of ring neighbours that share a CPU while a third thread also wants it (their
+    hand-overs batch; times s_p * c_p; loopback rigs only)."""
     components: Dict[str, float] = dataclasses.field(default_factory=dict)
     """Measured unit costs, CPU-seconds per byte: reduce (float32 add), copy (memcpy), socket
     (loopback TCP send + receive of one byte, the CPU time charged to the two threads)."""
@@ -422,7 +430,7 @@ def _solve(a: List[List[float]], b: List[float]) -> Optional[List[float]]:
 def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], eta: float, beta: float,
                      fit_beta: bool = False) -> Tuple[float, Optional[float], float, float, Dict]:
     """The multipliers from measured CPU-seconds per byte y_p = c0 * (1 + gamma*(c_p - b_p)
-    + gamma_busy*b_p + beta*o_p - delta*s_p) (b_p: the part of c_p due to busy non-proxy threads):
+    + gamma_busy*b_p + beta*o_p - delta*s_p*c_p) (b_p: the part of c_p due to busy non-proxy threads):
     linear least squares in (c0, c0*gamma, c0*gamma_busy, c0*beta, c0*delta), beta only when
     `fit_beta` (otherwise it stays as given). A regressor that never varies is left out: its
     multiplier is 0 (gamma_busy: None, as gamma; beta: as given). Returns (gamma, gamma_busy, beta,
@@ -434,7 +442,7 @@ def _fit_multipliers(cpu_samples: Sequence[Tuple[Placement, Sequence[float]]], e
             if y and y > 0:
                 o, b = pred.proxy_sibling[i], pred.proxy_clustered_busy[i]
                 rows.append([1.0 if fit_beta else 1.0 + beta * o, pred.proxy_clustered[i] - b, b, o,
-                             -pred.proxy_peer[i]])
+                             -pred.proxy_peer_clustered[i]])
                 ys.append(y)
     if not rows:
         raise ValueError("cpu_samples hold no positive CPU-per-byte measurement")
@@ -522,17 +530,83 @@ STATE_LIMIT = 1024
 STATE_SAMPLES = 96
 
 
-def _states(pl: Placement) -> List[Tuple[float, Placement]]:
+def _base_loads(pl: Placement, universe: CpuSet, free: Sequence[int], demand_p: Sequence[float],
+                duties: Sequence[float]) -> Dict[int, float]:
+    """Each CPU's demand from everything the balancer does not place in a state: other jobs
+    (``reserved``), proxies pinned to one CPU, and busy threads (each at `duties`), a thread
+    allowed on several CPUs spread evenly over them."""
+    load = {c: min(1.0, max(0.0, float(pl.reserved.get(c, 0.0)))) for c in universe}
+    fixed = [(p.cpus if p.cpus is not None else universe, demand_p[i])
+             for i, p in enumerate(pl.proxies) if i not in free]
+    fixed += [(b.cpus if b.cpus is not None else universe, d) for b, d in zip(pl.busy, duties)]
+    for cpus, d in fixed:
+        for c in cpus:
+            load[c] += d / len(cpus)
+    return load
+
+
+def _cores(pl: Placement, universe: CpuSet) -> Dict[int, CpuSet]:
+    """cpu -> the usable CPUs of its physical core (itself and its SMT siblings)."""
+    return {c: tuple(sorted(({c} | set(pl.siblings.get(c, ()))) & set(universe))) for c in universe}
+
+
+def _loads(assign: Sequence[int], free: Sequence[int], demand_p: Sequence[float],
+           base: Mapping[int, float], core_of: Mapping[int, CpuSet]) -> Tuple[Dict[int, float], Dict[CpuSet, float]]:
+    load = dict(base)
+    for i, c in zip(free, assign):
+        load[c] += demand_p[i]
+    core_load: Dict[CpuSet, float] = {}
+    for c, x in load.items():
+        core_load[core_of[c]] = core_load.get(core_of[c], 0.0) + x
+    return load, core_load
+
+
+def _unsettled(assign: Sequence[int], free: Sequence[int], choices: Sequence[CpuSet], demand_p: Sequence[float],
+               base: Mapping[int, float], core_of: Mapping[int, CpuSet]) -> Optional[Tuple[int, int]]:
+    """A move the load balancer would make, (index into `free`, CPU), or None when it leaves this
+    assignment alone: no proxy's CPU holds more demand than another CPU it may use, and no
+    proxy's physical core more than another core it may use, by more than the proxy's own
+    demand (moving it there would narrow the gap, so the balancer would)."""
+    load, core_load = _loads(assign, free, demand_p, base, core_of)
+    for n, (i, c, allowed) in enumerate(zip(free, assign, choices)):
+        b = min(allowed, key=lambda x: (load[x], x))
+        if load[c] - load[b] > demand_p[i] + 1e-9:
+            return n, b
+        others = [x for x in allowed if core_of[x] != core_of[c]]
+        if others:
+            b = min(others, key=lambda x: (core_load[core_of[x]], load[x], x))
+            if core_load[core_of[c]] - core_load[core_of[b]] > demand_p[i] + 1e-9:
+                return n, b
+    return None
+
+
+def _settle(assign: List[int], free: Sequence[int], choices: Sequence[CpuSet], demand_p: Sequence[float],
+            base: Mapping[int, float], core_of: Mapping[int, CpuSet]) -> List[int]:
+    """Makes the balancer's moves until it would make none (bounded, for safety)."""
+    for _ in range(10 * len(free) + 10):
+        move = _unsettled(assign, free, choices, demand_p, base, core_of)
+        if move is None:
+            break
+        assign[move[0]] = move[1]
+    return assign
+
+
+def _states(pl: Placement, kappa: float = 1.0, eta: float = 1.0) -> List[Tuple[float, Placement]]:
     """The states the scheduler moves a placement between, each with its share of the time.
 
-    * **Unpinned proxies.** A proxy runs in bursts and sleeps on its ring neighbour between them,
-      so the kernel places it when it wakes (wake-affine, the waker's or an idle CPU nearby), not
-      by balancing load it never shows for long: nothing keeps the two ends of a lane apart. Each
-      proxy allowed on several CPUs is taken to sit on any one of them with equal probability,
-      independently of the others; the state is that pinning.
+    * **Unpinned proxies: where the load balancer leaves them.** A proxy runs in bursts and sleeps
+      on its ring neighbour, so the kernel places it again at every wake-up; but a runnable thread
+      does not stay queued behind another while a CPU it may use is idle or less loaded (the
+      idle CPU pulls it at once, the periodic balancer evens the queues). So the states are the
+      assignments of the unpinned proxies to CPUs that the balancer leaves alone (``_unsettled``
+      finds none of its moves: no proxy's CPU, nor its physical core, is busier than another it
+      may use by more than the proxy's own demand), each equally likely: nothing else ties a proxy
+      to its ring neighbour. On two idle CPUs the two ends of a lane are always apart; on idle SMT
+      cores, on separate cores. Parameter-free. (Exact up to ``STATE_LIMIT`` assignments; beyond,
+      ``STATE_SAMPLES`` seeded random assignments, each settled by ``_settle``.)
     * **Duty-cycled threads.** A busy thread with duty d < 1 is runnable a fraction d of the time
-      and then competes for its CPU like any busy thread; the other 1 - d its CPU is free. (A
-      compute thread with bursts, not a thread that asks for d of a CPU all the time.)
+      and then competes for its CPU like any busy thread; the other 1 - d its CPU is free. The
+      balancer settles the proxies anew in each of these.
 
     A placement without either is its own single state."""
     universe = tuple(sorted(pl.cpus))
@@ -546,6 +620,14 @@ def _states(pl: Placement) -> List[Tuple[float, Placement]]:
     cycling = [j for j, b in enumerate(pl.busy) if 0.0 < b.duty < 1.0]
     if not free and not cycling:
         return [(1.0, pl)]
+    lanes = pl.lanes()
+    lane_cap = {lane: pl.lane_rate for lane in lanes}
+    if pl.net_rate is not None and lanes:
+        for lane in lanes:
+            share = pl.net_rate / len(lanes)
+            lane_cap[lane] = share if lane_cap[lane] is None else min(lane_cap[lane], share)
+    demand_p = [min(eta, kappa * lane_cap[p.lane]) if lane_cap[p.lane] is not None else eta for p in pl.proxies]
+    core_of = _cores(pl, universe)
 
     def state(cpus: Sequence[int], on: Sequence[bool]) -> Placement:
         proxies = list(pl.proxies)
@@ -556,24 +638,36 @@ def _states(pl: Placement) -> List[Tuple[float, Placement]]:
             busy[j] = Busy(busy[j].cpus, 1.0 if running else 0.0)
         return dataclasses.replace(pl, proxies=tuple(proxies), busy=tuple(busy))
 
-    total = 2 ** len(cycling)
+    def duties_in(on: Sequence[bool]) -> List[float]:
+        d = [min(1.0, max(0.0, b.duty)) for b in pl.busy]
+        for j, running in zip(cycling, on):
+            d[j] = 1.0 if running else 0.0
+        return d
+
+    n_assign = 1
     for allowed in choices:
-        total *= len(allowed)
-        if total > STATE_LIMIT:
+        n_assign *= len(allowed)
+        if n_assign * 2 ** len(cycling) > STATE_LIMIT:
             break
     out: List[Tuple[float, Placement]] = []
-    if total <= STATE_LIMIT:
-        for cpus in itertools.product(*choices):
-            w_cpus = 1.0 / math.prod(len(a) for a in choices)
-            for on in itertools.product((True, False), repeat=len(cycling)):
-                w = w_cpus * math.prod(pl.busy[j].duty if o else 1.0 - pl.busy[j].duty for j, o in zip(cycling, on))
-                if w > 0:
-                    out.append((w, state(cpus, on)))
+    if n_assign * 2 ** len(cycling) <= STATE_LIMIT:
+        for on in itertools.product((True, False), repeat=len(cycling)):
+            w_on = math.prod(pl.busy[j].duty if o else 1.0 - pl.busy[j].duty for j, o in zip(cycling, on))
+            if w_on <= 0:
+                continue
+            base = _base_loads(pl, universe, free, demand_p, duties_in(on))
+            every = list(itertools.product(*choices))
+            settled = [cpus for cpus in every if _unsettled(cpus, free, choices, demand_p, base, core_of) is None]
+            if not settled:  # cannot happen on CPUs alone; guards the core-level rule
+                settled = [tuple(_settle(list(cpus), free, choices, demand_p, base, core_of)) for cpus in every]
+            for cpus in settled:
+                out.append((w_on / len(settled), state(cpus, on)))
         return out
     rng = random.Random(0)
     for _ in range(STATE_SAMPLES):
-        cpus = [rng.choice(a) for a in choices]
         on = [rng.random() < pl.busy[j].duty for j in cycling]
+        base = _base_loads(pl, universe, free, demand_p, duties_in(on))
+        cpus = _settle([rng.choice(a) for a in choices], free, choices, demand_p, base, core_of)
         out.append((1.0 / STATE_SAMPLES, state(cpus, on)))
     return out
 
@@ -583,7 +677,7 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float,
     """The time average over the scheduler's states (``_states``) of each state's prediction: rates
     and CPU shares weighted by time, each proxy's per-byte cost and its regressors (m, c, o, s) by
     the bytes it carries in each state (what a measured CPU-seconds per byte averages)."""
-    states = _states(pl)
+    states = _states(pl, kappa, eta)
     if len(states) == 1:
         return _predict_state(pl, kappa, eta, gamma, beta, delta, gamma_busy)
     preds = [(w, _predict_state(s, kappa, eta, gamma, beta, delta, gamma_busy)) for w, s in states]
@@ -599,14 +693,14 @@ def _predict(pl: Placement, kappa: float, eta: float, gamma: float, beta: float,
         return num / den if den > 0 else sum(w * getattr(p, field)[i] for w, p in preds)
 
     fields = ("proxy_kappa", "proxy_crowding", "proxy_sibling", "proxy_peer", "proxy_clustered",
-              "proxy_clustered_busy")
+              "proxy_clustered_busy", "proxy_peer_clustered")
     avg = {f: [by_bytes(f, i) for i in range(n_p)] for f in fields}
     proxy_rates = [lane_rates[p.lane] for p in pl.proxies]
     total = sum(lane_rates.values())
     equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
     return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, avg["proxy_kappa"], total, equal,
                       avg["proxy_crowding"], avg["proxy_sibling"], avg["proxy_peer"], avg["proxy_clustered"],
-                      avg["proxy_clustered_busy"], states=len(states))
+                      avg["proxy_clustered_busy"], avg["proxy_peer_clustered"], states=len(states))
 
 
 def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: float, delta: float = 0.0,
@@ -653,24 +747,26 @@ def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: 
     g_busy = gamma if gamma_busy is None else gamma_busy
     occs: List[float] = []
     peers: List[float] = []
+    peers_cls: List[float] = []
     proxy_load = {c: sum(spread[q].get(c, 0.0) for q in range(len(aff_p))) for c in universe}
     for i, a in enumerate(aff_p):
         d = demand_p[i]
         where = {c: spread[i].get(c, 0.0) / d for c in a} if d > 0 else {c: 1.0 / len(a) for c in a}
-        if d > 0:
-            m = sum(spread[i].get(c, 0.0) * cpu_load[c] for c in a) / d
-        else:
-            m = sum(cpu_load[c] for c in a) / len(a)
+        mates = [q for q, other in enumerate(pl.proxies) if q != i and other.lane == pl.proxies[i].lane]
+        # the ring neighbours of p's lane on p's CPUs: they run while p waits for their bytes (a
+        # hand-over), so they are not co-runners that crowd p
+        mate_load = {c: sum(spread[q].get(c, 0.0) for q in mates) for c in a}
+        m = sum(w * (cpu_load[c] - mate_load[c]) for c, w in where.items())
         m = max(1.0, m)
         clustered = min(1.0, m - 1.0)
         # who the co-runners are: other proxies, or busy threads (and other jobs)
-        others_p = sum(w * (proxy_load[c] - spread[i].get(c, 0.0)) for c, w in where.items())
+        others_p = sum(w * (proxy_load[c] - spread[i].get(c, 0.0) - mate_load[c]) for c, w in where.items())
         others_b = sum(w * (cpu_load[c] - proxy_load[c]) for c, w in where.items())
         clustered_busy = clustered * others_b / (others_p + others_b) if others_p + others_b > 1e-12 else 0.0
         occ = _sibling_occupancy(a, pl.siblings, cpu_load, spread[i], d)
         peer = 0.0
-        for q, other in enumerate(pl.proxies):
-            if q != i and other.lane == pl.proxies[i].lane and demand_p[q] > 0 and d > 0:
+        for q in mates:
+            if demand_p[q] > 0 and d > 0:
                 peer += sum(spread[i].get(c, 0.0) / d * min(1.0, spread[q].get(c, 0.0) / demand_p[q]) for c in a)
         peer = min(1.0, peer)
         ms.append(m)
@@ -678,8 +774,9 @@ def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: 
         cls_busy.append(clustered_busy)
         occs.append(occ)
         peers.append(peer)
+        peers_cls.append(peer * clustered)
         kap.append(kappa * max(0.05, 1.0 + gamma * (clustered - clustered_busy) + g_busy * clustered_busy
-                               + beta * occ - delta * peer))
+                               + beta * occ - delta * peer * clustered))
 
     # progressive filling over a level lam (CPU-time a thread may take): lane l runs at
     # min(lam, eta) / max kappa_p of its proxies (capped by lane_cap), proxy p uses kappa_p * rate,
@@ -760,7 +857,7 @@ def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: 
     total = sum(lane_rates.values())
     equal = len(lanes) * min(lane_rates.values()) if lanes else 0.0
     return Prediction(lane_rates, proxy_rates, proxy_cpu, busy_cpu, kap, total, equal, ms, occs, peers, cls_,
-                      cls_busy)
+                      cls_busy, peers_cls)
 
 
 # -- planning ---------------------------------------------------------------------------------------

@@ -89,11 +89,28 @@ def test_alone_is_eta_over_kappa():
 
 
 def test_clustered_lane_shares_its_cpu():
-    # both ends of one lane on one CPU: half a CPU each, and each pays the crowding penalty
+    # both ends of one lane on one CPU: half a CPU each; they hand the CPU over (one runs while the
+    # other waits for its bytes), so neither crowds the other: no clustered penalty
     pred = MODEL.predict(placement([[(0,), (0,)]]))
-    m = 1.2  # two threads wanting 0.6 each on one CPU
-    assert pred.aggregate == pytest.approx(0.5 / (KAPPA * (1 + 0.2 * (m - 1))))
+    assert pred.aggregate == pytest.approx(0.5 / KAPPA)
+    assert pred.proxy_clustered == [pytest.approx(0.0)] * 2
     assert sum(pred.proxy_cpu) == pytest.approx(1.0)
+
+
+def test_two_pinned_neighbours_with_a_third_thread():
+    # closed form: the pair and a compute thread on one CPU, a third each; the pair is clustered by
+    # the compute only (gamma_busy), and its hand-overs save delta
+    model = PlacementModel(kappa=KAPPA, eta=1.0, gamma=0.4, gamma_busy=0.1, beta=0.0, delta=0.25)
+    pred = model.predict(placement([[(0,), (0,)]], [Busy((0,))]))
+    assert pred.proxy_clustered == [pytest.approx(1.0)] * 2
+    assert pred.proxy_peer_clustered == [pytest.approx(1.0)] * 2
+    assert pred.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.1 - 0.25))] * 2
+    assert pred.busy_cpu == [pytest.approx(1 / 3)]
+    assert pred.aggregate == pytest.approx((1 / 3) / (KAPPA * 0.85))
+    # two pairs on one CPU: each pair is clustered by the other (gamma) and saves delta
+    two = model.predict(placement([[(0,), (0,)], [(0,), (0,)]]))
+    assert two.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.4 - 0.25))] * 4
+    assert two.aggregate == pytest.approx(2 * 0.25 / (KAPPA * 1.15))
 
 
 def test_two_proxies_on_two_cpus_double_the_rate():
@@ -129,26 +146,47 @@ def test_duty_cycle_is_the_time_average_of_on_and_off():
     assert pred.busy_cpu == [pytest.approx(0.4 * on.busy_cpu[0])]
 
 
-def test_unpinned_proxy_lands_anywhere():
-    # an unpinned proxy next to a compute thread pinned to CPU 0: half the time on CPU 0 (sharing
-    # it, 60% clustered), half on the free CPU 1
+def test_unpinned_proxy_goes_to_the_idle_cpu():
+    # an unpinned proxy next to a compute thread pinned to CPU 0: the balancer does not leave it
+    # queued on CPU 0 while CPU 1 is idle
     pred = MODEL.predict(placement([[None]], [Busy((0,))]))
-    assert pred.states == 2
-    assert pred.aggregate == pytest.approx(0.5 * 0.6 / KAPPA + 0.5 * 0.5 / (KAPPA * (1 + 0.2 * 0.6)))
-    # its per-byte cost is averaged over the bytes it carries in each state
-    fast, slow = 0.6 / KAPPA, 0.5 / (KAPPA * 1.12)
-    assert pred.proxy_kappa[0] == pytest.approx((fast * KAPPA + slow * KAPPA * 1.12) / (fast + slow))
+    assert pred.states == 1
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
+    assert pred.busy_cpu == [pytest.approx(1.0)]
+    # a 50% compute: while it runs the proxy is on CPU 1, while it sleeps on either idle CPU
+    pred = MODEL.predict(placement([[None]], [Busy((0,), 0.5)]))
+    assert pred.states == 3
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
 
 
-def test_unpinned_ring_neighbours_share_a_cpu_half_the_time():
-    # both ends of a lane unpinned on two CPUs: together (clustered) in 2 of the 4 states
+def test_two_unpinned_neighbours_on_two_idle_cpus_run_separated():
+    # the separated rate, not the mean of separated and clustered: the balancer pulls the waiting
+    # one to the idle CPU
     model = PlacementModel(kappa=KAPPA, eta=0.9, gamma=0.3, beta=0.0)
-    apart = model.predict(placement([[(0,), (1,)]])).aggregate
-    together = model.predict(placement([[(0,), (0,)]])).aggregate
+    apart = model.predict(placement([[(0,), (1,)]]))
     pred = model.predict(placement([[None, None]]))
-    assert pred.states == 4
-    assert together < apart
-    assert pred.aggregate == pytest.approx((apart + together) / 2)
+    assert pred.states == 2
+    assert pred.aggregate == pytest.approx(apart.aggregate) == pytest.approx(0.9 / KAPPA)
+    # one end pinned, the other free: also apart
+    assert model.predict(placement([[(0,), None]])).aggregate == pytest.approx(0.9 / KAPPA)
+
+
+def test_unpinned_states_keep_the_queues_even():
+    # two lanes unpinned on two idle CPUs: the 6 two-and-two splits, equally likely (2 with a lane
+    # per CPU, 4 with each lane across both CPUs); never three on one CPU
+    model = PlacementModel(kappa=KAPPA, eta=0.9, gamma=0.3, beta=0.0, delta=0.1)
+    per_cpu = model.predict(placement([[(0,), (0,)], [(1,), (1,)]])).aggregate
+    across = model.predict(placement([[(0,), (1,)], [(0,), (1,)]])).aggregate
+    pred = model.predict(placement([[None, None], [None, None]]))
+    assert pred.states == 6
+    assert pred.aggregate == pytest.approx((2 * per_cpu + 4 * across) / 6)
+    # next to a compute thread on CPU 0, proxies that want a whole CPU: one or two of them share
+    # CPU 0 (4 + 6 states), never 0 or 3; wanting 0.9, only one (2.8 against 1.8 would move one)
+    pl = placement([[None, None], [None, None]], [Busy((0,))])
+    for eta, expected in ((1.0, [1] * 4 + [2] * 6), (0.9, [1] * 4)):
+        states = placement_module._states(pl, KAPPA, eta)
+        assert sorted(sum(p.cpus == (0,) for p in st.proxies) for _, st in states) == expected
+        assert sum(w for w, _ in states) == pytest.approx(1.0)
 
 
 def test_lane_runs_at_its_slowest_proxy():
@@ -178,9 +216,9 @@ def test_cpu_taken_by_other_jobs_is_not_shared():
     pred = MODEL.predict(placement([[(0,)]], reserved={0: 0.7}))
     assert pred.proxy_cpu == [pytest.approx(0.3)]
     assert pred.proxy_kappa == [pytest.approx(KAPPA * (1 + 0.2 * 0.3))]
-    # an unpinned one is on either CPU half the time
+    # an unpinned one goes to the CPU nobody else uses
     pred = MODEL.predict(placement([[None]], reserved={0: 0.7}))
-    assert pred.aggregate == pytest.approx(0.5 * 0.6 / KAPPA + 0.5 * 0.3 / (KAPPA * 1.06))
+    assert pred.aggregate == pytest.approx(0.6 / KAPPA)
 
 
 def test_bad_affinity_is_refused():
@@ -207,6 +245,7 @@ FIT_PLACEMENTS = [
     placement([[(0,), (1,)]] * 2),
     placement([[(0,), (1,)]], [Busy((0,))]),
     placement([[(0,), (1,)]] * 4),
+    placement([[(0,), (0,)]], [Busy((0,))]),  # the pair with a third thread: identifies delta
 ]
 
 
@@ -262,13 +301,17 @@ def test_fit_recovers_beta_and_gamma_busy_from_cpu_per_byte():
     assert fitted.kappa == pytest.approx(0.3e-9, rel=0.02)
 
 
-def test_peer_on_the_same_cpu_saves_delta():
-    model = PlacementModel(kappa=KAPPA, eta=0.6, gamma=0.2, delta=0.1)
-    pred = model.predict(placement([[(0,), (0,)]]))
-    assert pred.proxy_peer == [pytest.approx(1.0)] * 2
-    assert pred.proxy_kappa[0] == pytest.approx(KAPPA * (1 + 0.2 * 0.2 - 0.1))
-    apart = model.predict(placement([[(0,), (1,)]]))
+def test_peer_on_the_same_cpu_saves_delta_when_a_third_thread_is_there():
+    model = PlacementModel(kappa=KAPPA, eta=0.6, gamma=0.2, delta=0.1, beta=0.0)
+    alone = model.predict(placement([[(0,), (0,)]]))
+    assert alone.proxy_peer == [pytest.approx(1.0)] * 2
+    assert alone.proxy_kappa == [pytest.approx(KAPPA)] * 2  # hand-overs only: nothing to save or pay
+    crowded = model.predict(placement([[(0,), (0,)]], [Busy((0,))]))
+    # clustered 60% of the time (the compute, against its own 0.6): c = 0.6
+    assert crowded.proxy_kappa[0] == pytest.approx(KAPPA * (1 + (0.2 - 0.1) * 0.6))
+    apart = model.predict(placement([[(0,), (1,)]], [Busy((0,))]))
     assert apart.proxy_peer == [0.0, 0.0]
+    assert apart.proxy_peer_clustered == [0.0, 0.0]
 
 
 def test_fit_with_noise_predicts_unseen_placements():
@@ -341,22 +384,34 @@ def test_plan_prefers_separate_physical_cores():
     assert not set(c for core in cores for c in core) & set(p.worker_cpus)
 
 
-def test_unpinned_on_smt_averages_over_cpus():
-    # two single-proxy lanes unpinned on 2 cores x 2 threads: 16 equally likely states; the
-    # prediction is their mean, each state predicted as that pinning
+def test_unpinned_on_smt_takes_separate_cores():
+    # two single-proxy lanes unpinned on 2 idle cores x 2 threads: the balancer spreads them over
+    # the cores (8 states), never onto one CPU or two siblings of one core
     siblings = {0: (2,), 2: (0,), 1: (3,), 3: (1,)}
     cpus = (0, 1, 2, 3)
     pred = MODEL.predict(placement([[None], [None]], cpus=cpus, siblings=siblings))
-    assert pred.states == 16
-    states = [MODEL.predict(placement([[(a,)], [(b,)]], cpus=cpus, siblings=siblings)).aggregate
-              for a in cpus for b in cpus]
-    assert pred.aggregate == pytest.approx(sum(states) / 16)
-    # same CPU (4 states) < siblings of one core (4) < separate cores (8)
-    same = MODEL.predict(placement([[(0,)], [(0,)]], cpus=cpus, siblings=siblings)).aggregate
-    sib = MODEL.predict(placement([[(0,)], [(2,)]], cpus=cpus, siblings=siblings)).aggregate
+    assert pred.states == 8
     apart = MODEL.predict(placement([[(0,)], [(1,)]], cpus=cpus, siblings=siblings)).aggregate
-    assert same < sib < apart == pytest.approx(2 * 0.6 / KAPPA)
-    assert pred.aggregate == pytest.approx((4 * same + 4 * sib + 8 * apart) / 16)
+    assert apart == pytest.approx(2 * 0.6 / KAPPA)
+    assert pred.aggregate == pytest.approx(apart)
+    # with a compute thread on core (0, 2), they take the idle core's two CPUs (0.6 + 0.6 > 1:
+    # one on the compute's core would leave its own core less busy than the other by < 0.6)
+    pl = placement([[None], [None]], [Busy((0,))], cpus=cpus, siblings=siblings)
+    for _, st in placement_module._states(pl, KAPPA, 0.6):
+        assert placement_module._unsettled([p.cpus[0] for p in st.proxies], [0, 1], [cpus, cpus], [0.6, 0.6],
+                                           {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0},
+                                           placement_module._cores(pl, cpus)) is None
+
+
+def test_sampled_states_are_settled():
+    # beyond STATE_LIMIT the seeded random assignments are settled by the balancer's moves
+    cpus = tuple(range(8))
+    pl = placement([[None, None]] * 4, [Busy((0,))], cpus=cpus)  # 8**8 assignments: sampled
+    states = placement_module._states(pl, KAPPA, 0.6)
+    assert len(states) == placement_module.STATE_SAMPLES
+    for _, st in states:
+        per_cpu = [sum(p.cpus == (c,) for p in st.proxies) * 0.6 + (c == 0) for c in cpus]
+        assert max(per_cpu) - min(per_cpu) <= 0.6 + 1e-9 or max(per_cpu) == 1.0
 
 
 def test_many_states_are_sampled_deterministically():
