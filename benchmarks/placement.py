@@ -282,13 +282,14 @@ PLACEMENTS = [
     ("k1 separated, compute 50% on 0", "validate", [((0,), (1,))], ((0,), 0.5)),
     ("k2 two per CPU, compute on 1", "validate", [((0,), (1,))] * 2, ((1,), 1.0)),
     ("k1 clustered on 1, compute on 0", "fit", [((1,), (1,))], ((0,), 1.0)),
-    ("k1 clustered with compute on 0", "validate", [((0,), (0,))], ((0,), 1.0)),
+    ("k1 clustered with compute on 0", "fit", [((0,), (0,))], ((0,), 1.0)),
     ("k1 unpinned", "validate", [(None, None)], None),
     ("k2 unpinned", "validate", [(None, None)] * 2, None),
     ("k2 unpinned, compute on 0", "validate", [(None, None)] * 2, ((0,), 1.0)),
     ("k1 one end unpinned", "validate", [((0,), None)], None),
     ("k3 unpinned", "validate", [(None, None)] * 3, None),
     ("k2 a lane per CPU, compute 50% on 1", "validate", [((0,), (0,)), ((1,), (1,))], ((1,), 0.5)),
+    ("k1 clustered, compute 50% on 0", "validate", [((0,), (0,))], ((0,), 0.5)),
 ]
 
 
@@ -548,7 +549,24 @@ def main(argv=None):
             key = f"compute={compute_cpus} net={'none' if net is None else f'{net * 8 / 1e9:g}Gbit/s'}"
             plans[key] = {k: v for k, v in pl.to_json().items() if k != "candidates"}
             print(f"plan {key:30s} {pl.reason}")
-    out = {"date": datetime.date.today().isoformat(), "topology": topo.describe(), "cpus_used": list(cpus2),
+    every = [w for r in rows for w in r["windows"]]
+    other = [sum(w["other_cpu"].values()) for w in every]
+    other_load = {"other_jobs_cpu_mean": statistics.mean(other), "other_jobs_cpu_max": max(other),
+                  "windows_over_0.2_cpu": sum(x > 0.2 for x in other), "windows": len(other),
+                  "other_runnable_mean": statistics.mean(w["other_runnable"] for w in every)}
+    print(f"other jobs' CPU over all {len(other)} windows: mean {other_load['other_jobs_cpu_mean']:.2f}, "
+          f"max {other_load['other_jobs_cpu_max']:.2f} of {len(cpus2)} CPUs, {other_load['windows_over_0.2_cpu']} "
+          f"windows above 0.2; their runnable threads {other_load['other_runnable_mean']:.2f} on average")
+    try:
+        import subprocess
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+    except OSError:
+        commit = None
+    out = {"date": datetime.date.today().isoformat(),
+           "utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": commit, "reanalysed": args.reanalyse, "other_load": other_load,
+           "topology": topo.describe(), "cpus_used": list(cpus2),
            "allreduce_bytes": count * 4, "seconds_per_window": args.seconds, "passes": args.passes,
            "components": components, "model": model.to_json(), "errors": summary, "placements": rows,
            "plans": plans, "wall_seconds": time.monotonic() - started}
