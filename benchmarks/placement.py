@@ -136,6 +136,19 @@ def pin(pid, cpus):
 proc_stat = cpu_times  # {cpu: (busy_seconds, softirq_seconds)}
 
 
+def steal_seconds():
+    """{cpu: seconds the hypervisor ran something else while this vCPU wanted to run} (/proc/stat's
+    8th field): a busy neighbour on the physical host, which nothing else here can see."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu") and line[3].isdigit():
+                parts = line.split()
+                out[int(parts[0][3:])] = int(parts[8]) / hz if len(parts) > 8 else 0.0
+    return out
+
+
 # -- processes --------------------------------------------------------------------------------------
 
 
@@ -341,11 +354,13 @@ def window(ring, cpus, hog_proc, iters, weights, affinity):
     ours_pids = pids + ring.worker_pids + [hog_proc.pid, os.getpid()]
     both0 = {p: cpu_ns(p) for p in ours_pids}
     st0 = proc_stat()
+    steal0 = steal_seconds()
     t0 = time.perf_counter()
     with RunnableSampler() as sampler:
         res = ring.run(iters, weights)
     wall = time.perf_counter() - t0
     st1 = proc_stat()
+    steal1 = steal_seconds()
     both1 = {p: cpu_ns(p) for p in ours_pids}
     cpu = {p: (both1[p][0] - both0[p][0]) / 1e9 for p in ours_pids}
     dt = max(r[1] for r in res)
@@ -371,6 +386,7 @@ def window(ring, cpus, hog_proc, iters, weights, affinity):
         "softirq_cpu": sum(st1[c][1] - st0[c][1] for c in cpus) / wall,
         "other_cpu": other,
         "other_runnable": max(0.0, sampler.mean() - ours_demand),
+        "steal_cpu": sum(steal1.get(c, 0.0) - steal0.get(c, 0.0) for c in cpus) / wall,
     }
 
 
@@ -403,8 +419,9 @@ def measure_all(args, topo, cpus2, placements, count):
                         runs[name].extend(ws)
                         rates = " ".join(f"{w['aggregate'] / 1e6:5.0f}" for w in ws)
                         others = " ".join(f"{sum(w['other_cpu'].values()):.2f}" for w in ws)
-                        print(f"[placement] pass {p + 1} {name:34s} {rates} MB/s; other jobs took {others} CPU",
-                              flush=True)
+                        steal = " ".join(f"{w['steal_cpu']:.2f}" for w in ws)
+                        print(f"[placement] pass {p + 1} {name:34s} {rates} MB/s; other jobs took {others} CPU "
+                              f"(of which steal {steal})", flush=True)
                 finally:
                     ring.close()
     finally:
@@ -554,6 +571,9 @@ def main(argv=None):
     other_load = {"other_jobs_cpu_mean": statistics.mean(other), "other_jobs_cpu_max": max(other),
                   "windows_over_0.2_cpu": sum(x > 0.2 for x in other), "windows": len(other),
                   "other_runnable_mean": statistics.mean(w["other_runnable"] for w in every)}
+    steal = [w["steal_cpu"] for w in every if "steal_cpu" in w]
+    if steal:  # /proc/stat counts steal as busy, so it is inside other_cpu
+        other_load.update({"steal_cpu_mean": statistics.mean(steal), "steal_cpu_max": max(steal)})
     print(f"other jobs' CPU over all {len(other)} windows: mean {other_load['other_jobs_cpu_mean']:.2f}, "
           f"max {other_load['other_jobs_cpu_max']:.2f} of {len(cpus2)} CPUs, {other_load['windows_over_0.2_cpu']} "
           f"windows above 0.2; their runnable threads {other_load['other_runnable_mean']:.2f} on average")
