@@ -6,6 +6,7 @@ import dataclasses
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Dict, List, Optional
@@ -13,6 +14,7 @@ from typing import Dict, List, Optional
 from fasthorovod.sim import fit as fitting
 from fasthorovod.sim import model as m
 from fasthorovod.sim import training as tr
+from fasthorovod.sim import waits as waits_mod
 
 MiB = 1 << 20
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB, "g": 1 << 30, "gib": 1 << 30}
@@ -205,6 +207,9 @@ CALIBRATION_JOBS = ["2:1gbit:200mbit", "3:1gbit:200mbit=horovod", "4:1gbit:200mb
                     "5:500mbit:100mbit=fasthorovod"]
 
 
+TRACE_WAIT_CLOUDS = ["4:1gbit:200mbit", "5:1gbit:200mbit"]
+
+
 def split_job(entry: str, default: str = "horovod,fasthorovod"):
     """'HOSTS:LINK:PER_FLOW' or 'HOSTS:LINK:PER_FLOW=BACKENDS' (benchmarks/allreduce.py's --backends,
     e.g. '4:1gbit:200mbit=fasthorovod:8x1') -> (spec, backends)."""
@@ -262,12 +267,52 @@ def cmd_calibrate(a) -> int:
                   + (f", raw-TCP ring ceiling {ceil * 8e-9:.3f} Gbit/s" if ceil else "")
                   + ("" if rows else f"; tail: {job['measure']['tail'][-3:]}"), flush=True)
             obs.extend(rows)
+    waits = None
+    for path in a.reuse or []:  # the reused run's measured waits, unless measured again below
+        with open(path) as f:
+            waits = json.load(f).get("trace_waits") or waits
+    if a.trace_waits is None:  # by default with the allreduce jobs, not on a refit of reused observations
+        a.trace_waits = TRACE_WAIT_CLOUDS if a.clouds else []
+    if a.trace_waits:
+        import tempfile
+
+        rows, per_cloud = [], []
+        for spec in a.trace_waits:
+            print(f"[{time.monotonic() - start:5.0f} s] frame trace on {spec} (fasthorovod 4x2, "
+                  f"{','.join(_fmt_size(x) for x in a.trace_sizes)}) ...", flush=True)
+            root = tempfile.mkdtemp(prefix="fhvd-sim-waits-")
+            job = runs.allreduce_job(spec, a.trace_sizes, "fasthorovod:4x2+trace", iters=a.iters + 3, warmup=1,
+                                     timeout=a.job_timeout, threshold=a.threshold, trace_root=root)
+            tdir = os.path.join(root, "fasthorovod_4x2_trace")
+            got = waits_mod.frame_waits(tdir) if os.path.isdir(tdir) else []
+            flow = prior.goodput * m.Cluster.emulated(spec).flow_Bps
+            for r in got:
+                r["flow_Bps"] = flow
+            rows.extend(got)
+            per_cloud.append({"spec": spec, "frames": len(got), "measure": job["measure"], "argv": job["argv"],
+                              "fit": waits_mod.fit_waits(got, flow)})
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"  {len(got)} frames, {job['measure']['seconds']:.0f} s, other jobs' CPU "
+                  f"{job['measure']['background_cores']:.2f} cores", flush=True)
+        both = waits_mod.fit_waits(rows, 1.0)
+        if both:
+            waits = dict(both, clouds=per_cloud, sizes=a.trace_sizes)
+            waits.pop("flow_Bps", None)
+    if waits:
+        prior = dataclasses.replace(prior, queue_frames=waits["q"], queue_bytes=waits["queue_bytes"],
+                                    wait_cv=waits["cv"])
+        doc["trace_waits"] = waits
+        cap = "no cap" if waits["queue_bytes"] is None else f"at most {waits['queue_bytes'] / 1024:.0f} KiB"
+        print(f"chain waits from frame traces ({waits['frames']} frames): {waits['a_s'] * 1e3:.2f} ms + "
+              f"{waits['q']:.2f} frames ({cap}) at one flow's rate behind the lane's other chains, "
+              f"cv {waits['cv']:.2f}", flush=True)
     if a.background_scale != 1.0:
         for o in obs:
             o["background_cores_measured"] = o.get("background_cores_measured", o.get("background_cores", 0.0))
             o["background_cores"] = a.background_scale * o["background_cores_measured"]
     doc["observations"] = obs
-    params = fitting.fit(obs, prior, cores=a.machine_cores, threshold=a.threshold) if obs else prior
+    alpha = getattr(a, "alpha_fh_fixed", None)
+    params = fitting.fit(obs, prior, cores=a.machine_cores, threshold=a.threshold, alpha_fh=alpha) if obs else prior
     res = fitting.residuals(obs, params, a.machine_cores, a.threshold)
     params.meta = {"fitted_on": sorted({o["spec"] for o in obs}), "machine_cores": a.machine_cores,
                    "threshold": a.threshold}
@@ -567,12 +612,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "(benchmarks/allreduce.py --backends, e.g. fasthorovod:8x1) (default: %(default)s; none: "
                          "unit costs only)")
     ca.add_argument("--no-ceiling", action="store_true", help="do not measure the raw-TCP ring ceiling")
+    ca.add_argument("--trace-waits", nargs="*", default=None, metavar="SPEC",
+                    help="clouds on which a traced FastHorovod 4x2 job measures a ring chain's wait between frames "
+                         "(fasthorovod/sim/waits.py; none: keep a reused run's, or no queueing term) "
+                         f"(default: {' '.join(TRACE_WAIT_CLOUDS)} when --clouds runs jobs)")
+    ca.add_argument("--trace-sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
+                    default=[1 * MiB, 2 * MiB, 4 * MiB, 16 * MiB],
+                    help="sizes of the traced jobs (default: 1MiB,2MiB,4MiB,16MiB)")
     ca.add_argument("--sweep", nargs="*", metavar="JSON",
                     help="also fit on the k x S cells of saved benchmarks/sweep.py results (other jobs' CPU: 0)")
     ca.add_argument("--sweep-clouds", nargs="*", metavar="SPEC",
                     help="only these clouds of the --sweep files (default: all even ones)")
     ca.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
-                    default=[2 * MiB, 8 * MiB, 32 * MiB], help="comma-separated (default: 2MiB,8MiB,32MiB)")
+                    default=[1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 32 * MiB],
+                    help="comma-separated (default: 1MiB,2MiB,4MiB,8MiB,32MiB: the small ones pin a ring step's wait)")
     ca.add_argument("--iters", type=int, default=3, help="timed allreduces per size and job (default: 3)")
     ca.add_argument("--rounds", type=int, default=3,
                     help="FastHorovod jobs per cloud (new connections each time; the median is fitted) (default: 3)")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from fasthorovod.sim import model as m
 
@@ -55,7 +55,10 @@ def residuals(observations: Sequence[Dict], p: m.Params, cores: float, threshold
     return out
 
 
-def fit(observations: Sequence[Dict], prior: m.Params, cores: float = 2.0, threshold: int = 64 << 10) -> m.Params:
+def fit(observations: Sequence[Dict], prior: m.Params, cores: float = 2.0, threshold: int = 64 << 10,
+        alpha_fh: Optional[float] = None) -> m.Params:
+    """The parameters that fit `observations`; `alpha_fh`: FastHorovod's mean wait of a chain between
+    two frames as measured (:func:`trace_wait`) rather than fitted."""
     p = dataclasses.replace(prior, meta=dict(prior.meta))
     ones = [o["probe_one_flow_Bps"] / cluster_of(o, cores).flow_Bps for o in observations
             if o.get("probe_one_flow_Bps") and not o["backend"].startswith("horovod")]
@@ -69,7 +72,7 @@ def fit(observations: Sequence[Dict], prior: m.Params, cores: float = 2.0, thres
         p.link_goodput = min(1.0, statistics.median(ceilings))
     fh = [o for o in observations if not o["backend"].startswith("horovod") and o["bytes"] >= threshold]
     if len(fh) >= 2:
-        p = _fit_fasthorovod(fh, p, cores, threshold)
+        p = _fit_fasthorovod(fh, p, cores, threshold, alpha_fh)
     return p
 
 
@@ -101,16 +104,18 @@ def _golden(f, lo: float, hi: float, iters: int = 40) -> float:
 ALPHA_MAX = 0.05  # s: the search range of a ring step's wait
 
 
-def _latency_fit(plans, measured: Sequence[float]):
+def _latency_fit(plans, measured: Sequence[float], ring=m.pipeline_seconds, iters: int = 40):
     """(sum of squared relative errors, t0, alpha) for observations whose times are
-    fixed_i + t0 + pipeline_seconds(pipe_i, alpha + extra_i): alpha by a search, t0 at each."""
+    fixed_i + t0 + ring(pipe_i, alpha + extra_i): alpha by a search, t0 at each. `ring`: the closed
+    network's steady state (fast: the search over the CPU costs) or the ring from its common start
+    (:func:`model.ring_seconds`: the final fit of the latency)."""
     def at(alpha: float):
-        base = [fixed + m.pipeline_seconds(pipe, alpha + extra) for fixed, pipe, extra in plans]
+        base = [fixed + ring(pipe, alpha + extra) for fixed, pipe, extra in plans]
         t0 = _best_t0(base, measured)
         err = sum(((t0 + b - y) / y) ** 2 for b, y in zip(base, measured))
         return err, t0
 
-    alpha = _golden(lambda a: at(a)[0], 0.0, ALPHA_MAX)
+    alpha = _golden(lambda a: at(a)[0], 0.0, ALPHA_MAX, iters)
     err, t0 = at(alpha)
     return err, t0, alpha
 
@@ -140,28 +145,86 @@ def _fit_horovod(hvd, p: m.Params, cores: float) -> m.Params:
     return best[1]
 
 
-def _fh_at(fh, q: m.Params, cores: float, threshold: int):
-    """(t0, alpha) at the CPU costs of q (alpha by a search, t0 by least squares), and the sum of
-    squared relative errors."""
+# Mean waits (s) at which the cost of the waits of each observation's ring is computed once (from its
+# common start, model.ring_seconds) and then interpolated: the search over the CPU costs moves the
+# rates, and with them the bytes' time, but barely the cost the waits add to it.
+ALPHA_GRID = (0.0, 1e-4, 2e-4, 3.5e-4, 5e-4, 7.5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 4e-3, 5e-3, 6e-3, 8e-3,
+              1e-2, 1.3e-2, 1.6e-2, 2e-2, 2.5e-2, 3e-2, 4e-2, 5e-2)
+
+
+def _plans(fh, q: m.Params, cores: float, threshold: int):
     plans = []
     for o in fh:
         c = cluster_of(o, cores)
         plane = plane_of(o, threshold)
         rate = m.fasthorovod_rate(c, plane, q, o["bytes"])["rate"]
         fixed = c.rtt_s + m.stage_seconds(o["bytes"], c, q) + m.local_phase_seconds(o["bytes"], c, plane, q)
-        plans.append((fixed, m.fasthorovod_pipeline(c, plane, q, o["bytes"], rate), m.step_latency(c, 0.0)))
-    err, t0, alpha = _latency_fit(plans, [o["seconds"] for o in fh])
+        extra = m.chain_wait(c, plane, dataclasses.replace(q, alpha_fh=0.0), o["bytes"])  # RTT/2 and the queue
+        plans.append((fixed, m.fasthorovod_pipeline(c, plane, q, o["bytes"], rate), extra))
+    return plans
+
+
+def _bytes_seconds(pipe: m.Pipeline) -> float:
+    return m.ring_seconds(pipe, 0.0)
+
+
+def _wait_costs(plans, cv: float):
+    """Per observation, the time its ring's waits add to its bytes at each mean wait of ALPHA_GRID."""
+    return [[m.ring_seconds(pipe, a + extra, cv) - _bytes_seconds(pipe) for a in ALPHA_GRID]
+            for _, pipe, extra in plans]
+
+
+def _interp(costs, alpha: float) -> float:
+    import bisect
+
+    i = min(max(bisect.bisect_right(ALPHA_GRID, alpha) - 1, 0), len(ALPHA_GRID) - 2)
+    a0, a1 = ALPHA_GRID[i], ALPHA_GRID[i + 1]
+    return costs[i] + (costs[i + 1] - costs[i]) * (alpha - a0) / (a1 - a0)
+
+
+def _fh_at(fh, q: m.Params, cores: float, threshold: int, costs=None, alpha=None):
+    """(sum of squared relative errors, q with t0 and alpha) at the CPU costs of q: alpha by a search
+    (or `alpha` as given), t0 by least squares at each. The rings from their common start
+    (model.ring_seconds): exactly, or (`costs`, from :func:`_wait_costs`) as the bytes at q's rates plus
+    the waits' cost interpolated."""
+    plans = _plans(fh, q, cores, threshold)
+    measured = [o["seconds"] for o in fh]
+    if costs is None:
+        ring = [lambda a, pipe=pipe, extra=extra: m.ring_seconds(pipe, a + extra, q.wait_cv) for _, pipe, extra in plans]
+    else:
+        ring = [lambda a, b=_bytes_seconds(pipe), c=c: b + _interp(c, a) for (_, pipe, _), c in zip(plans, costs)]
+
+    def at(a: float):
+        base = [fixed + f(a) for (fixed, _, _), f in zip(plans, ring)]
+        t0 = _best_t0(base, measured)
+        return sum(((t0 + b - y) / y) ** 2 for b, y in zip(base, measured)), t0
+
+    if alpha is None:
+        alpha = _golden(lambda a: at(a)[0], 0.0, ALPHA_MAX, 40 if costs is not None else 28)
+    err, t0 = at(alpha)
     return err, dataclasses.replace(q, t0_fh=t0, alpha_fh=alpha)
 
 
-def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int) -> m.Params:
+def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int, alpha: Optional[float] = None) -> m.Params:
+    """The CPU costs and the link jitter on a grid, then downhill; at each, alpha (unless given: measured
+    from frame traces) and t0. The waits' cost per observation is computed at the prior's rates, and
+    once more at the best point's, before the last, exact fit of t0 and alpha."""
+    best = None
+    for _ in range(2):
+        costs = _wait_costs(_plans(fh, best[1] if best else p, cores, threshold), p.wait_cv)
+        best = _search_cpu(fh, best[1] if best else p, cores, threshold, costs, alpha)
+    return _fh_at(fh, best[1], cores, threshold, alpha=alpha)[1]
+
+
+def _search_cpu(fh, p: m.Params, cores: float, threshold: int, costs, alpha):
     coarse = [0.0] + [1e-10 * (10 ** (i / 6)) for i in range(0, 16)]  # 0.1 .. 46 ns/B, 6 per decade
     jitters = [0.0, 0.1, 0.25]
     best = None
     for kn in coarse:
         for kl in coarse:
             for v in jitters:
-                cand = _fh_at(fh, dataclasses.replace(p, kappa_net=kn, kappa_lane=kl, link_jitter=v), cores, threshold)
+                cand = _fh_at(fh, dataclasses.replace(p, kappa_net=kn, kappa_lane=kl, link_jitter=v), cores, threshold,
+                              costs, alpha)
                 if best is None or cand[0] < best[0]:
                     best = cand
     try:  # then downhill from the best grid point (log CPU costs, jitter), if scipy is there
@@ -176,9 +239,9 @@ def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int) -> m.Params:
                                        link_jitter=max(0.0, x[2]))
 
         x0 = [math.log(max(q0.kappa_net, 1e-11)), math.log(max(q0.kappa_lane, 1e-11)), q0.link_jitter]
-        res = minimize(lambda x: _fh_at(fh, at(x), cores, threshold)[0], x0, method="Nelder-Mead",
+        res = minimize(lambda x: _fh_at(fh, at(x), cores, threshold, costs, alpha)[0], x0, method="Nelder-Mead",
                        options={"xatol": 1e-3, "fatol": 1e-9, "maxiter": 400})
-        cand = _fh_at(fh, at(res.x), cores, threshold)
+        cand = _fh_at(fh, at(res.x), cores, threshold, costs, alpha)
         if cand[0] < best[0]:
             best = cand
     for _ in range(2):  # finer: around the best, one coordinate at a time
@@ -188,10 +251,10 @@ def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int) -> m.Params:
                              ("link_jitter", sorted({max(0.0, q.link_jitter + d) for d in
                                                      (-0.06, -0.04, -0.02, 0.0, 0.02, 0.04, 0.06)}))):
             for v in values:
-                cand = _fh_at(fh, dataclasses.replace(best[1], **{name: v}), cores, threshold)
+                cand = _fh_at(fh, dataclasses.replace(best[1], **{name: v}), cores, threshold, costs, alpha)
                 if cand[0] < best[0]:
                     best = cand
-    return best[1]
+    return best
 
 
 def summary(res: Sequence[Dict]) -> Dict:

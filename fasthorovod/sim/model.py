@@ -104,6 +104,15 @@ class Params:
     """FastHorovod: software latency per ring step, s"""
     t0_fh: float = 2.0e-3
     """FastHorovod: fixed cost per collective (submit, negotiation, doorbells, completion), s"""
+    wait_cv: float = 1.0
+    """FastHorovod: coefficient of variation of a chain's wait (:func:`ring_seconds`; 1: exponential)"""
+    queue_bytes: Optional[float] = None
+    """FastHorovod: the most bytes the network holds for one flow ahead of a frame (caps
+    ``queue_frames``' bytes; None: no cap)"""
+    queue_frames: float = 0.0
+    """FastHorovod: a chain's frame waits this many frames' time at one flow's rate behind the other chains
+    of its lane on its socket (only when a lane runs more than one chain; :func:`chain_wait`, measured
+    from frame traces by ``calibrate``: fasthorovod/sim/waits.py)"""
     alpha_hvd: float = 2.0e-4
     t0_hvd: float = 2.0e-3
     hvd_eff: float = 0.95
@@ -550,6 +559,104 @@ def pipeline_seconds(pipe: Pipeline, wait: float) -> float:
     return pipe.frames / chains_throughput(pipe.chains, pipe.frame_bytes, wait, pipe.rates)
 
 
+# A ring's chains from their common start (2026-12-03): the expected time of a finite ring whose chains
+# all send their first frame at once, each then alternating a random wait with a frame, the collective
+# ending with its slowest chain. Estimated by a seeded event-by-event run of many draws at once
+# (common random numbers: the same unit draws for every wait, so the time is a smooth, increasing
+# function of the mean wait, as a fit needs).
+WAIT_CV = 1.0
+"""default coefficient of variation of a chain's wait (1: exponential, the closed network's own
+assumption; 0: every wait the mean, the chains in lockstep)"""
+START_DRAWS = 128
+START_MAX_FRAMES = 4096
+"""above this many frames (chains × steps) the ring is long enough for its chains to mix: the closed
+network's steady state (:func:`pipeline_seconds`) plus the start's and the end's cost is used instead"""
+
+
+@functools.lru_cache(maxsize=32)
+def _unit_waits(draws: int, chains: int, steps: int, cv: float):
+    import numpy as np
+
+    if cv <= 0:
+        return np.ones((draws, chains, steps))
+    rng = np.random.default_rng(20261203)
+    shape = 1.0 / (cv * cv)
+    return rng.gamma(shape, 1.0 / shape, size=(draws, chains, steps))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _ring_from_start(chains: int, steps: int, frame_bytes: float, rates: tuple, wait: float, cv: float,
+                     draws: int) -> float:
+    import numpy as np
+
+    C, s = chains, steps
+    per_of = np.concatenate([[0.0], np.asarray(rates, float) / np.arange(1, C + 1)])  # each of j transferring
+    waits = wait * _unit_waits(draws, C, s, cv)
+    left = np.full((draws, C), float(frame_bytes))  # bytes left of the frame in transfer
+    phase = np.zeros((draws, C), np.int8)            # 0 transferring, 1 waiting, 2 done
+    wake = np.full((draws, C), np.inf)
+    sent = np.zeros((draws, C), np.int64)
+    now = np.zeros(draws)
+    end = np.zeros((draws, C))
+    tiny = frame_bytes * 1e-9
+    for _ in range(4 * C * s + 8):
+        moving = phase == 0
+        per = per_of[moving.sum(1)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_tx = np.where(per > 0, np.where(moving, left, np.inf).min(1) / per, np.inf)
+        t_wake = np.where(phase == 1, wake, np.inf).min(1) - now
+        dt = np.minimum(t_tx, t_wake)
+        live = np.isfinite(dt)
+        if not live.any():
+            break
+        dt = np.where(live, dt, 0.0)
+        now = now + dt
+        left = left - np.where(moving, (per * dt)[:, None], 0.0)
+        arrived = moving & (left <= tiny)
+        if arrived.any():
+            w = np.take_along_axis(waits, np.minimum(sent, s - 1)[:, :, None], 2)[:, :, 0]
+            sent = sent + arrived
+            phase = np.where(arrived, 1, phase)
+            wake = np.where(arrived, now[:, None] + w, wake)
+        woke = (phase == 1) & (wake <= now[:, None] * (1 + 1e-12) + 1e-15)
+        if woke.any():
+            last = woke & (sent >= s)
+            end = np.where(last, wake, end)
+            phase = np.where(last, 2, np.where(woke, 0, phase)).astype(np.int8)
+            left = np.where(woke & ~last, float(frame_bytes), left)
+            wake = np.where(woke, np.inf, wake)
+    return float(end.max(1).mean())
+
+
+def ring_seconds(pipe: "Pipeline", wait: float, cv: float = WAIT_CV, draws: int = START_DRAWS) -> float:
+    """Expected time of a ring's chains from their common start to the end of the slowest chain.
+
+    The ring queues the first step's frames of every chain at once (csrc/collectives/ring.cc,
+    Execute), a step's frames are equal (RingSegmentElements) and the path shares its rate among
+    the frames in transfer, so the chains start in lockstep; each chain then sends its
+    `pipe.frames / pipe.chains` frames, each followed by a wait (mean `wait`, coefficient of
+    variation `cv`: gamma distributed), and the collective ends with its last chain. Closed forms
+    (tests): every wait its mean (cv 0) keeps the chains in lockstep, steps × (chains × frame /
+    rates[-1] + wait), the old series form; one chain, steps × (wait + frame / rates[0]) whatever cv;
+    no wait, the bytes over the path's rate; and as the steps grow the time per step tends to the
+    closed network's (:func:`pipeline_seconds`), which leaves out the start (all chains in transfer,
+    then all waiting) and the end (the slowest of the chains, each a sum of random waits).
+    Rings of more than ``START_MAX_FRAMES`` frames: the steady state plus one step's worth of the
+    difference between lockstep and steady state (their start and end)."""
+    if pipe.frames <= 0:
+        return 0.0
+    C = max(1, int(pipe.chains))
+    steps = max(1, int(round(pipe.frames / C)))
+    if wait <= 0:
+        return pipe.frames * pipe.frame_bytes / pipe.rates[-1]
+    if C * steps > START_MAX_FRAMES:
+        steady = pipeline_seconds(pipe, wait)
+        lockstep = steps * (C * pipe.frame_bytes / pipe.rates[-1] + wait)
+        return steady + max(0.0, lockstep - steady) / steps
+    rates = tuple(float(r) for r in pipe.rates)
+    return _ring_from_start(C, steps, float(pipe.frame_bytes), rates, float(wait), float(cv), int(draws))
+
+
 def lane_chains(chunk: float, sockets: int, segment: int = SEGMENT_BYTES, striping: str = "least-left") -> int:
     """Independent chains of frames a lane's ring runs for a chunk: "least-left" (since 636c542) one
     per segment of :func:`ring_segment_bytes` (segment i of step t+1 waits only for segment i of step
@@ -607,6 +714,28 @@ def horovod_pipeline(nbytes: float, cluster: Cluster, p: Params, rate: Optional[
                     rates=(rate,) * GLOO_IN_FLIGHT)
 
 
+def chain_wait(cluster: Cluster, plane: Plane, p: Params, nbytes: float) -> float:
+    """A FastHorovod chain's mean wait between two of its frames: α plus half a round trip
+    (:func:`step_latency`) plus, when a lane runs more than one chain, min(q · frame, Q) at one flow's
+    rate (q = ``p.queue_frames``, Q = ``p.queue_bytes``): the frame waits behind another chain's frame
+    on its socket (the lane
+    gives it to the socket with the least unsent bytes and cannot see what the network still holds;
+    docs/scale.md, fasthorovod/sim/waits.py)."""
+    lat = step_latency(cluster, p.alpha_fh)
+    if p.queue_frames <= 0:
+        return lat
+    nic_lanes, _, ring = _plane_shape(cluster, plane)
+    chunk = nbytes / nic_lanes / ring
+    per_lane = lane_chains(chunk, plane.S, plane.segment_bytes, plane.striping)
+    if per_lane <= 1:
+        return lat
+    one = p.goodput * min(cluster.flow_Bps, cluster.nic_Bps)
+    ahead = p.queue_frames * chunk / per_lane
+    if p.queue_bytes is not None:
+        ahead = min(ahead, p.queue_bytes)
+    return lat + ahead / one
+
+
 def horovod_rate(cluster: Cluster, p: Params) -> Dict[str, float]:
     """Horovod+Gloo: one flow per neighbour, one thread per rank that sends, receives and adds."""
     net = p.goodput * cluster.nic_Bps
@@ -658,10 +787,11 @@ def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Para
         return out
     r = fasthorovod_rate(cluster, plane, p, nbytes)
     fixed = p.t0_fh + cluster.rtt_s + stage_seconds(nbytes, cluster, p)
-    lat = step_latency(cluster, p.alpha_fh)
-    # the ring as chains of frames: one chain's wait overlaps the others' bytes (fasthorovod_pipeline);
+    lat = chain_wait(cluster, plane, p, nbytes)
+    # the ring as chains of frames from their common start (fasthorovod_pipeline, ring_seconds): one chain's
+    # wait overlaps the others' bytes once they are out of step, and the collective ends with the slowest;
     # hierarchical: each host's NIC carries 2(H−1)/H · M (its P rings of M/P), at r["rate"] in all
-    ring = pipeline_seconds(fasthorovod_pipeline(cluster, plane, p, nbytes, r["rate"]), lat)
+    ring = ring_seconds(fasthorovod_pipeline(cluster, plane, p, nbytes, r["rate"]), lat, p.wait_cv)
     if plane.hierarchical and P > 1:
         t = fixed + local_phase_seconds(nbytes, cluster, plane, p) + ring
     else:

@@ -148,7 +148,7 @@ def launcher(spec: str) -> str:
 
 def allreduce_job(spec: str, sizes: List[int], backends: str = "horovod,fasthorovod", iters: int = 3,
                   warmup: int = 1, timeout: float = 400, threshold: int = 64 << 10, ceiling: bool = False,
-                  rounds: int = 1) -> Dict:
+                  rounds: int = 1, trace_root: Optional[str] = None) -> Dict:
     """benchmarks/allreduce.py on one emulated cloud (one rank per host), with the raw-TCP ring
     ceiling first if `ceiling`, `rounds` times (separate jobs: new connections, new ports; each
     size's time is the median of the rounds' medians). Returns the driver's JSON with this job's
@@ -161,7 +161,8 @@ def allreduce_job(spec: str, sizes: List[int], backends: str = "horovod,fasthoro
         argv = [sys.executable, benchmark_script("allreduce.py"), "--launcher-prefix", launcher(spec),
                 "--np", str(hosts), "--backends", backends, "--sizes", ",".join(str(s) for s in sizes),
                 "--iters", str(iters), "--warmup", str(warmup), "--proxy-threshold", str(threshold),
-                "--timeout", str(timeout), "--rounds", str(rounds), "--out", out] + (["--ceiling"] if ceiling else [])
+                "--timeout", str(timeout), "--rounds", str(rounds), "--out", out] + (["--ceiling"] if ceiling else []) \
+            + (["--trace-root", trace_root] if trace_root else [])
         meas = run_measured(argv, (timeout * 2 + 60) * rounds, env={"PYTHONPATH": _pythonpath()})
         doc = json.load(open(out)) if os.path.exists(out) else None
     return {"spec": spec, "hosts": hosts, "argv": shlex.join(argv), "measure": meas, "report": doc}

@@ -272,6 +272,116 @@ def test_chains_against_an_event_by_event_simulation(chains, wait, cap, link):
     assert simulate_chains(chains, 1.0, wait, rates) == pytest.approx(model, rel=0.02)
 
 
+# -- a ring's chains from their common start (2026-12-03) -------------------------------------------------
+
+
+def simulate_ring_from_start(chains: int, steps: int, frame: float, wait: float, rates, runs: int = 3000,
+                             seed: int = 11) -> float:
+    """Mean time of `chains` chains of `steps` frames that all start transferring at once, each frame
+    followed by an exponential wait of mean `wait`, on a path shared equally among the frames in
+    transfer (rates[j − 1] in all with j); the ring ends with its slowest chain. One run at a time,
+    event by event, with Python's own generator: independent of the model's vectorised estimate."""
+    import random
+
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(runs):
+        now = 0.0
+        left = {c: frame for c in range(chains)}
+        waking, sent, end = {}, {c: 0 for c in range(chains)}, 0.0
+        while left or waking:
+            j = len(left)
+            per = rates[j - 1] / j if j else 0.0
+            t_sent = now + min(left.values()) / per if j else math.inf
+            t_wake = min(waking.values()) if waking else math.inf
+            t = min(t_sent, t_wake)
+            for c in left:
+                left[c] -= per * (t - now)
+            now = t
+            if t_sent <= t_wake:
+                c = min(left, key=left.get)
+                del left[c]
+                sent[c] += 1
+                waking[c] = now + rng.expovariate(1.0 / wait)
+            else:
+                c = min(waking, key=waking.get)
+                del waking[c]
+                if sent[c] == steps:
+                    end = max(end, now)
+                else:
+                    left[c] = frame
+        total += end
+    return total / runs
+
+
+def test_ring_from_start_closed_forms():
+    rates = tuple(min(5.0, j * 1.0) for j in range(1, 9))  # 8 chains of 1 byte/s each, a path of 5
+    pipe = m.Pipeline(frames=8 * 10, chains=8, frame_bytes=2.0, rates=rates)
+    # every wait its mean: the chains stay in lockstep, steps × (the step's bytes over the path + a wait)
+    assert m.ring_seconds(pipe, 3.0, cv=0.0) == pytest.approx(10 * (8 * 2.0 / 5.0 + 3.0))
+    # no wait: the bytes over the path, whatever the draws
+    assert m.ring_seconds(pipe, 0.0) == pytest.approx(80 * 2.0 / 5.0)
+    # one chain: steps × (wait + frame / its rate), the series form, in expectation
+    one = m.Pipeline(frames=10, chains=1, frame_bytes=2.0, rates=(1.0,))
+    assert m.ring_seconds(one, 3.0, cv=0.0) == pytest.approx(10 * 5.0)
+    assert m.ring_seconds(one, 3.0, cv=1.0, draws=4000) == pytest.approx(10 * 5.0, rel=0.03)
+    # random waits let one chain's wait overlap another's bytes, but the start in lockstep and the slowest
+    # chain at the end make a ring of 10 steps slower than the closed network's steady state
+    start = m.ring_seconds(pipe, 3.0, cv=1.0)
+    assert m.pipeline_seconds(pipe, 3.0) < start
+    # longer waits, longer rings
+    assert m.ring_seconds(pipe, 1.0) < m.ring_seconds(pipe, 2.0) < start
+
+
+def test_ring_from_start_tends_to_the_steady_state_per_step():
+    # two chains on one flow: per step, the ring from its start approaches the closed network's step
+    rates = (1.0, 1.0)
+    short = m.Pipeline(frames=2 * 4, chains=2, frame_bytes=1.0, rates=rates)
+    long = m.Pipeline(frames=2 * 1000, chains=2, frame_bytes=1.0, rates=rates)
+    steady_step = m.pipeline_seconds(long, 1.0) / 1000
+    assert m.ring_seconds(long, 1.0, draws=64) / 1000 == pytest.approx(steady_step, rel=0.03)
+    assert m.ring_seconds(short, 1.0) / 4 > 1.1 * steady_step  # a short ring pays its start and end
+
+
+@pytest.mark.parametrize("chains,steps,wait,cap,link", [(8, 10, 3.0, 1.0, 5.0), (4, 2, 1.0, 1.0, 2.0),
+                                                        (2, 6, 2.0, 1.0, 1.0)])
+def test_ring_from_start_against_an_event_by_event_simulation(chains, steps, wait, cap, link):
+    rates = tuple(min(link, j * cap) for j in range(1, chains + 1))
+    pipe = m.Pipeline(frames=chains * steps, chains=chains, frame_bytes=2.0, rates=rates)
+    model = m.ring_seconds(pipe, wait, cv=1.0, draws=2000)
+    assert model == pytest.approx(simulate_ring_from_start(chains, steps, 2.0, wait, rates), rel=0.03)
+
+
+def test_chain_wait_queues_behind_the_lanes_other_chains():
+    c = m.Cluster(hosts=6, nic_bps=1e9, flow_bps=2e8, rtt_s=1e-4, cores=1000.0)
+    p = m.Params(alpha_fh=1e-3, goodput=1.0, queue_frames=0.5, queue_bytes=None)
+    two = m.Plane(k=4, S=2, threshold=0)                           # 4 MiB on 6 hosts: two chains per lane
+    frame = 4 * MiB / 24 / 2
+    assert m.chain_wait(c, two, p, 4 * MiB) == pytest.approx(1e-3 + 5e-5 + 0.5 * frame / c.flow_Bps)
+    capped = dataclasses.replace(p, queue_bytes=16 * KiB)
+    assert m.chain_wait(c, two, capped, 4 * MiB) == pytest.approx(1e-3 + 5e-5 + 16 * KiB / c.flow_Bps)
+    # one chain per lane (a chunk of one segment): nothing to wait behind, α + RTT/2 as before
+    assert m.chain_wait(c, m.Plane(k=4, S=1, threshold=0), p, 4 * MiB) == pytest.approx(m.step_latency(c, 1e-3))
+    assert m.chain_wait(c, two, dataclasses.replace(p, queue_frames=0.0), 4 * MiB) == \
+        pytest.approx(m.step_latency(c, 1e-3))
+
+
+def test_fit_waits_recovers_the_queue_from_frames():
+    from fasthorovod.sim import waits
+
+    flow = 25e6
+    rows = []
+    for i in range(400):  # delay = 0.3 ms + min(0.8 · frame, 128 KiB) / flow, exactly, with and without chains
+        f = (32 + (i % 16) * 32) * KiB
+        several = i % 4 != 0
+        d = 3e-4 + (min(0.8 * f, 128 * KiB) / flow if several else 0.0)
+        rows.append({"bytes": f, "chains_per_lane": 2 if several else 1, "delay_s": d})
+    got = waits.fit_waits(rows, flow)
+    assert got["q"] == pytest.approx(0.8) and got["queue_bytes"] == pytest.approx(128 * KiB)
+    assert got["a_s"] == pytest.approx(3e-4, abs=1e-6) and got["cv"] < 1e-6
+    assert got["mean_delay_s"]["one chain"] == pytest.approx(3e-4)
+
+
 def test_horovod_ring_is_two_gloo_segments_in_flight():
     # Gloo: segments of min(M / 2n, 1 MiB), two in flight on one flow
     c = cluster(hosts=6)
