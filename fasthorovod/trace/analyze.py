@@ -430,6 +430,7 @@ def _proxy_statistics(rec, fwd_latency, trace: fmt.TraceDir) -> dict:
     if not len(rec):
         out.update({"message_sizes": [], "rank_lanes": [], "lane_stats": [], "lane_imbalance": None,
                     "connections": [], "connection_imbalance": None, "collective_lane_skew": None,
+                    "lane_finish_spread_s": {"count": 0}, "lane_finish_spread_share": {"count": 0},
                     "ring_forward_latency_s": {"count": 0}})
         return out
     data = rec[rec["op"] != fmt.OP_ABORT]
@@ -488,15 +489,25 @@ def _proxy_statistics(rec, fwd_latency, trace: fmt.TraceDir) -> dict:
         begins = np.minimum.reduceat(np.minimum(d["ready_ns"], d["start_ns"]), first)
         ends = np.maximum.reduceat(d["end_ns"], first)
         for (ow, kk, ln), b, e in zip(ident[first].tolist(), begins.tolist(), ends.tolist()):
-            groups[(ow, kk)][ln] = e - b
-    for lanes_dur in groups.values():
-        if len(lanes_dur) >= 2:
-            durations = [v for v in lanes_dur.values()]
-            if min(durations) > 0:
-                skews.append(max(durations) / min(durations))
-            slowest[max(lanes_dur, key=lanes_dur.get)] += 1
+            groups[(ow, kk)][ln] = (b, e)
+    # ... and its lanes finish apart: from the first lane's last frame to the last lane's, the link
+    # carries fewer lanes (their flows behind their per-flow caps) than the collective started with.
+    spreads, spread_shares = [], []
+    for lanes_span in groups.values():
+        if len(lanes_span) >= 2:
+            durations = {ln: e - b for ln, (b, e) in lanes_span.items()}
+            if min(durations.values()) > 0:
+                skews.append(max(durations.values()) / min(durations.values()))
+            slowest[max(durations, key=durations.get)] += 1
+            ends_ = [e for _, e in lanes_span.values()]
+            whole = max(ends_) - min(b for b, _ in lanes_span.values())
+            spreads.append((max(ends_) - min(ends_)) / 1e9)
+            if whole > 0:
+                spread_shares.append((max(ends_) - min(ends_)) / whole)
     out["collective_lane_skew"] = _stats(skews)
     out["slowest_lane_counts"] = {str(j): c for j, c in sorted(slowest.items())}
+    out["lane_finish_spread_s"] = _stats(spreads)
+    out["lane_finish_spread_share"] = _stats(spread_shares)
 
     # Per connection (src -> dst, lane, socket): a frame is in flight from its send's first byte to
     # its receive's last byte (only one side when only one side was traced).
@@ -613,6 +624,11 @@ def format_table(result: dict, per_rank: bool = False) -> str:
             slowest = ", ".join(f"lane {j} x{c}" for j, c in result["slowest_lane_counts"].items())
             lines.append(f"  per collective, slowest/fastest lane time: median {skew['p50']:.2f}, "
                          f"max {skew['max']:.2f}; slowest lane: {slowest}")
+            spread, share = result["lane_finish_spread_s"], result["lane_finish_spread_share"]
+            if spread.get("count") and share.get("count"):
+                lines.append(f"  per collective, first to last lane finished: median {spread['p50'] * 1e3:.1f} ms "
+                             f"({share['p50']:.1%} of the collective), max {spread['max'] * 1e3:.1f} ms "
+                             f"({share['max']:.1%})")
         lines += ["", f"{'src->dst':>9} {'lane':>5} {'sock':>5} {'MiB':>10} {'active_s':>9} {'MB/s':>9}"]
         for c in result["connections"]:
             lines.append(f"{str(c['src']) + '->' + str(c['dst']):>9} {c['lane']:>5} {c['socket']:>5} "

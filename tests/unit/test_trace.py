@@ -37,7 +37,8 @@ LAT = MS // 4
 FRAME = 1000
 
 
-def write_synthetic(d, steps=2):
+def write_synthetic(d, steps=2, lane_early=(0, 0)):
+    """`lane_early[j]`: lane j's frames all end that many ns before the collective's end T."""
     for rank in (0, 1):
         off = OFFSET[rank]
         tr = capture.Tracer(str(d), rank, 2, clock_offset_ns=off, clock_method="given")
@@ -62,7 +63,7 @@ def write_synthetic(d, steps=2):
             peer = 1 - rank
             for s in range(steps):
                 for q, name in enumerate(("A", "B")):
-                    T = (100 * s + DONE[name]) * MS - off
+                    T = (100 * s + DONE[name]) * MS - off - lane_early[lane]
                     common = dict(seq=2 * s + q, request=2 * s + q, name_hash=7, shard_bytes=2 * FRAME, lane=lane)
                     rec.record(src=rank, dst=peer, direction=fmt.SEND, bytes=FRAME, start_ns=T - 2 * D,
                                end_ns=T - D, step=0, dep_type=fmt.DEP_ON_REQUEST, **common)
@@ -244,6 +245,8 @@ def test_synthetic_trace_gives_exact_statistics(synthetic):
     assert r["lane_imbalance"] == approx(2.0)
     assert r["collective_lane_skew"]["count"] == 8 and r["collective_lane_skew"]["mean"] == approx(2.0)
     assert r["slowest_lane_counts"] == {"1": 8}
+    spread, share = r["lane_finish_spread_s"], r["lane_finish_spread_share"]
+    assert spread["count"] == 8 and spread["max"] == 0.0 and share["max"] == 0.0  # the lanes end together
     assert len(r["connections"]) == 4  # 0->1 and 1->0 on each lane, one socket
     for c in r["connections"]:
         d = LANE_D[c["lane"]]
@@ -256,6 +259,17 @@ def test_synthetic_trace_gives_exact_statistics(synthetic):
     json.dumps(r)  # serialisable
     table = an.format_table(r, per_rank=True)
     assert "overlap" in table and "lane imbalance (max/min throughput): 2.00" in table
+
+
+def test_lanes_that_finish_apart_are_reported(tmp_path):
+    """Lane 1's frames end 3 ms before lane 0's (each collective: lane 0 spans [T-2 ms, T], lane 1
+    [T-7 ms, T-3 ms]): the finish spread is 3 ms, 3/7 of the collective's span on each rank."""
+    write_synthetic(tmp_path, lane_early=(0, 3 * MS))
+    r = an.analyze(str(tmp_path))
+    spread, share = r["lane_finish_spread_s"], r["lane_finish_spread_share"]
+    assert spread["count"] == 8 and spread["min"] == approx(0.003) and spread["max"] == approx(0.003)
+    assert share["p50"] == approx(3 / 7) and share["max"] == approx(3 / 7)
+    assert "first to last lane finished: median 3.0 ms (42.9% of the collective)" in an.format_table(r)
 
 
 def test_compute_defaults_to_the_window_without_compute_spans(tmp_path):
