@@ -298,20 +298,28 @@ def cmd_calibrate(a) -> int:
         if both:
             waits = dict(both, clouds=per_cloud, sizes=a.trace_sizes)
             waits.pop("flow_Bps", None)
+    alpha = None
     if waits:
-        prior = dataclasses.replace(prior, queue_frames=waits["q"], queue_bytes=waits["queue_bytes"],
-                                    wait_cv=waits["cv"])
+        # The rings go socket by socket (model.socket_ring_seconds): a frame's wait behind another chain's
+        # frame comes out of the lanes' sockets, given what the network holds for a flow (Q, from the traces);
+        # what is left is the wait of a chain alone on its lane (one segment per chunk: the 1 MiB frames),
+        # its mean and spread measured, less half the cloud's round trip that the model adds.
+        one = (waits.get("mean_delay_s") or {}).get("one chain")
+        prior = dataclasses.replace(prior, queue_frames=0.0, queue_bytes=waits["queue_bytes"],
+                                    wait_cv=waits.get("cv_one_chain") or 1.0)
+        if one is not None and not a.fit_alpha:
+            alpha = max(0.0, one - m.Cluster.emulated(CALIBRATION_JOBS[0].split("=")[0]).rtt_s / 2)
         doc["trace_waits"] = waits
-        cap = "no cap" if waits["queue_bytes"] is None else f"at most {waits['queue_bytes'] / 1024:.0f} KiB"
-        print(f"chain waits from frame traces ({waits['frames']} frames): {waits['a_s'] * 1e3:.2f} ms + "
-              f"{waits['q']:.2f} frames ({cap}) at one flow's rate behind the lane's other chains, "
-              f"cv {waits['cv']:.2f}", flush=True)
+        cap = "no cap" if waits["queue_bytes"] is None else f"{waits['queue_bytes'] / 1024:.0f} KiB"
+        print(f"chain waits from frame traces ({waits['frames']} frames): alone on a lane "
+              f"{(one or 0) * 1e3:.2f} ms (cv {prior.wait_cv:.2f}); the network holds up to {cap} per flow",
+              flush=True)
     if a.background_scale != 1.0:
         for o in obs:
             o["background_cores_measured"] = o.get("background_cores_measured", o.get("background_cores", 0.0))
             o["background_cores"] = a.background_scale * o["background_cores_measured"]
     doc["observations"] = obs
-    alpha = getattr(a, "alpha_fh_fixed", None)
+    alpha = getattr(a, "alpha_fh_fixed", None) or alpha
     params = fitting.fit(obs, prior, cores=a.machine_cores, threshold=a.threshold, alpha_fh=alpha) if obs else prior
     res = fitting.residuals(obs, params, a.machine_cores, a.threshold)
     params.meta = {"fitted_on": sorted({o["spec"] for o in obs}), "machine_cores": a.machine_cores,
@@ -483,10 +491,12 @@ def cmd_project(a) -> int:
         "link_goodput": a.goodput}, "rows": []}
     q = dataclasses.replace(p, kappa_net=p.kappa_net if a.keep_kappa_net else 0.0, goodput=a.goodput,
                             link_goodput=a.goodput, kappa_lane=kappa_lane)
-    if not a.keep_latency:  # the emulator's t0/alpha are mostly its scheduler's wake-up latency under load
+    if not a.keep_latency:  # the emulator's latency: its scheduler's and its shapers' queues (docs/scale.md)
         d = m.Params()
-        q = dataclasses.replace(q, t0_fh=d.t0_fh, alpha_fh=d.alpha_fh, t0_hvd=d.t0_hvd, alpha_hvd=d.alpha_hvd)
-    doc["assumptions"].update(t0_fh=q.t0_fh, alpha_fh=q.alpha_fh, t0_hvd=q.t0_hvd, alpha_hvd=q.alpha_hvd)
+        q = dataclasses.replace(q, t0_fh=d.t0_fh, alpha_fh=d.alpha_fh, t0_hvd=d.t0_hvd, alpha_hvd=d.alpha_hvd,
+                                queue_frames=d.queue_frames, queue_bytes=d.queue_bytes)
+    doc["assumptions"].update(t0_fh=q.t0_fh, alpha_fh=q.alpha_fh, t0_hvd=q.t0_hvd, alpha_hvd=q.alpha_hvd,
+                              queue_frames=q.queue_frames, queue_bytes=q.queue_bytes, wait_cv=q.wait_cv)
     for wl in a.workloads:
         prof = tr.published_profile(wl, compute_factor=a.compute_factor)
         for nic in a.nics:
@@ -616,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="clouds on which a traced FastHorovod 4x2 job measures a ring chain's wait between frames "
                          "(fasthorovod/sim/waits.py; none: keep a reused run's, or no queueing term) "
                          f"(default: {' '.join(TRACE_WAIT_CLOUDS)} when --clouds runs jobs)")
+    ca.add_argument("--fit-alpha", action="store_true",
+                    help="fit FastHorovod's alpha on the timing data instead of taking it from the traces (the mean "
+                         "wait of a chain alone on its lane); slower: the rings go socket by socket")
     ca.add_argument("--trace-sizes", type=lambda s: [parse_size(x) for x in s.split(",")],
                     default=[1 * MiB, 2 * MiB, 4 * MiB, 16 * MiB],
                     help="sizes of the traced jobs (default: 1MiB,2MiB,4MiB,16MiB)")
@@ -687,8 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keep the emulator's CPU per byte on a lane's critical path (default: the proxy's own "
                          "per-byte cost kappa, measured on loopback: the emulator's also holds its network stack)")
     pj.add_argument("--keep-latency", action="store_true",
-                    help="keep the calibrated t0 and alpha (default: the priors, 2 ms and 0.2 ms: the emulator's are "
-                         "its loaded scheduler's wake-up latency)")
+                    help="keep the calibrated t0, alpha and queue ahead of a frame (default: the priors, 2 ms, 0.2 ms "
+                         "and none: the emulator's are its own scheduler's and shapers')")
     pj.add_argument("--compute-factor", type=float, default=1.0,
                     help="scale the published compute times (0.33: a GPU 3x faster)")
     pj.add_argument("--decode-rate", type=float, default=5e11,

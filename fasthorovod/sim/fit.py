@@ -153,49 +153,50 @@ ALPHA_GRID = (0.0, 1e-4, 2e-4, 3.5e-4, 5e-4, 7.5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3,
 
 
 def _plans(fh, q: m.Params, cores: float, threshold: int):
+    """Per observation: its fixed time, its ring as a function of the mean wait, the ring's bytes alone
+    (at q's rates) and what the model adds to alpha (RTT/2, and the queue term of the exogenous form)."""
     plans = []
     for o in fh:
         c = cluster_of(o, cores)
         plane = plane_of(o, threshold)
         rate = m.fasthorovod_rate(c, plane, q, o["bytes"])["rate"]
         fixed = c.rtt_s + m.stage_seconds(o["bytes"], c, q) + m.local_phase_seconds(o["bytes"], c, plane, q)
-        extra = m.chain_wait(c, plane, dataclasses.replace(q, alpha_fh=0.0), o["bytes"])  # RTT/2 and the queue
-        plans.append((fixed, m.fasthorovod_pipeline(c, plane, q, o["bytes"], rate), extra))
+        extra = m.chain_wait(c, plane, dataclasses.replace(q, alpha_fh=0.0), o["bytes"])
+        ring = (lambda w, c=c, plane=plane, o=o, rate=rate:
+                m.fasthorovod_ring_seconds(c, plane, q, o["bytes"], rate, w))
+        plans.append((fixed, ring, m.ring_seconds(m.fasthorovod_pipeline(c, plane, q, o["bytes"], rate), 0.0), extra))
     return plans
 
 
-def _bytes_seconds(pipe: m.Pipeline) -> float:
-    return m.ring_seconds(pipe, 0.0)
+def _wait_costs(plans, alphas):
+    """Per observation, what its ring adds to its bytes alone at each mean wait of `alphas`."""
+    return [[ring(a + extra) - bytes_s for a in alphas] for _, ring, bytes_s, extra in plans]
 
 
-def _wait_costs(plans, cv: float):
-    """Per observation, the time its ring's waits add to its bytes at each mean wait of ALPHA_GRID."""
-    return [[m.ring_seconds(pipe, a + extra, cv) - _bytes_seconds(pipe) for a in ALPHA_GRID]
-            for _, pipe, extra in plans]
-
-
-def _interp(costs, alpha: float) -> float:
+def _interp(costs, alpha: float, grid=ALPHA_GRID) -> float:
     import bisect
 
-    i = min(max(bisect.bisect_right(ALPHA_GRID, alpha) - 1, 0), len(ALPHA_GRID) - 2)
-    a0, a1 = ALPHA_GRID[i], ALPHA_GRID[i + 1]
+    if len(costs) == 1:
+        return costs[0]
+    i = min(max(bisect.bisect_right(grid, alpha) - 1, 0), len(grid) - 2)
+    a0, a1 = grid[i], grid[i + 1]
     return costs[i] + (costs[i + 1] - costs[i]) * (alpha - a0) / (a1 - a0)
 
 
 def _fh_at(fh, q: m.Params, cores: float, threshold: int, costs=None, alpha=None):
     """(sum of squared relative errors, q with t0 and alpha) at the CPU costs of q: alpha by a search
-    (or `alpha` as given), t0 by least squares at each. The rings from their common start
-    (model.ring_seconds): exactly, or (`costs`, from :func:`_wait_costs`) as the bytes at q's rates plus
-    the waits' cost interpolated."""
+    (or `alpha` as given), t0 by least squares at each. The rings as the model predicts them
+    (model.fasthorovod_ring_seconds): exactly, or (`costs`, from :func:`_wait_costs`) as the bytes at
+    q's rates plus the waits' cost interpolated."""
     plans = _plans(fh, q, cores, threshold)
     measured = [o["seconds"] for o in fh]
     if costs is None:
-        ring = [lambda a, pipe=pipe, extra=extra: m.ring_seconds(pipe, a + extra, q.wait_cv) for _, pipe, extra in plans]
+        ring = [lambda a, f=f, extra=extra: f(a + extra) for _, f, _, extra in plans]
     else:
-        ring = [lambda a, b=_bytes_seconds(pipe), c=c: b + _interp(c, a) for (_, pipe, _), c in zip(plans, costs)]
+        ring = [lambda a, b=b, c=c: b + _interp(c, a) for (_, _, b, _), c in zip(plans, costs)]
 
     def at(a: float):
-        base = [fixed + f(a) for (fixed, _, _), f in zip(plans, ring)]
+        base = [fixed + f(a) for (fixed, _, _, _), f in zip(plans, ring)]
         t0 = _best_t0(base, measured)
         return sum(((t0 + b - y) / y) ** 2 for b, y in zip(base, measured)), t0
 
@@ -208,10 +209,11 @@ def _fh_at(fh, q: m.Params, cores: float, threshold: int, costs=None, alpha=None
 def _fit_fasthorovod(fh, p: m.Params, cores: float, threshold: int, alpha: Optional[float] = None) -> m.Params:
     """The CPU costs and the link jitter on a grid, then downhill; at each, alpha (unless given: measured
     from frame traces) and t0. The waits' cost per observation is computed at the prior's rates, and
-    once more at the best point's, before the last, exact fit of t0 and alpha."""
+    once more at the best point's, before the last, exact fit of t0 (and alpha)."""
     best = None
+    alphas = ALPHA_GRID if alpha is None else (alpha,)
     for _ in range(2):
-        costs = _wait_costs(_plans(fh, best[1] if best else p, cores, threshold), p.wait_cv)
+        costs = _wait_costs(_plans(fh, best[1] if best else p, cores, threshold), alphas)
         best = _search_cpu(fh, best[1] if best else p, cores, threshold, costs, alpha)
     return _fh_at(fh, best[1], cores, threshold, alpha=alpha)[1]
 

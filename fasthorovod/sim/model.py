@@ -107,12 +107,13 @@ class Params:
     wait_cv: float = 1.0
     """FastHorovod: coefficient of variation of a chain's wait (:func:`ring_seconds`; 1: exponential)"""
     queue_bytes: Optional[float] = None
-    """FastHorovod: the most bytes the network holds for one flow ahead of a frame (caps
-    ``queue_frames``' bytes; None: no cap)"""
+    """FastHorovod: bytes the network holds for one flow, which the lane's choice of socket does not
+    see (the emulated cloud's shaper: measured from frame traces); set, the rings go socket by socket
+    (:func:`socket_ring_seconds`); None (the projection): chains without sockets"""
     queue_frames: float = 0.0
-    """FastHorovod: a chain's frame waits this many frames' time at one flow's rate behind the other chains
-    of its lane on its socket (only when a lane runs more than one chain; :func:`chain_wait`, measured
-    from frame traces by ``calibrate``: fasthorovod/sim/waits.py)"""
+    """FastHorovod, the form without sockets: a chain's frame waits this many frames' time at one flow's
+    rate behind the other chains of its lane (only with more than one chain per lane; :func:`chain_wait`;
+    0 unless set by hand: calibrate measures ``queue_bytes`` instead)"""
     alpha_hvd: float = 2.0e-4
     t0_hvd: float = 2.0e-3
     hvd_eff: float = 0.95
@@ -716,24 +717,22 @@ def horovod_pipeline(nbytes: float, cluster: Cluster, p: Params, rate: Optional[
 
 def chain_wait(cluster: Cluster, plane: Plane, p: Params, nbytes: float) -> float:
     """A FastHorovod chain's mean wait between two of its frames: α plus half a round trip
-    (:func:`step_latency`) plus, when a lane runs more than one chain, min(q · frame, Q) at one flow's
-    rate (q = ``p.queue_frames``, Q = ``p.queue_bytes``): the frame waits behind another chain's frame
-    on its socket (the lane
+    (:func:`step_latency`) plus, in the form without sockets and when a lane runs more than one chain,
+    q = ``p.queue_frames`` frames at one flow's rate: the frame waits behind another chain's frame on
+    its socket (with ``p.queue_bytes`` known the socket-by-socket ring has that wait in it, and q is
+    not added) (the lane
     gives it to the socket with the least unsent bytes and cannot see what the network still holds;
     docs/scale.md, fasthorovod/sim/waits.py)."""
     lat = step_latency(cluster, p.alpha_fh)
-    if p.queue_frames <= 0:
-        return lat
+    if p.queue_frames <= 0 or (p.queue_bytes is not None and plane.striping == "least-left"):
+        return lat  # the socket-by-socket ring (socket_ring_seconds) has the queueing in it
     nic_lanes, _, ring = _plane_shape(cluster, plane)
     chunk = nbytes / nic_lanes / ring
     per_lane = lane_chains(chunk, plane.S, plane.segment_bytes, plane.striping)
     if per_lane <= 1:
         return lat
     one = p.goodput * min(cluster.flow_Bps, cluster.nic_Bps)
-    ahead = p.queue_frames * chunk / per_lane
-    if p.queue_bytes is not None:
-        ahead = min(ahead, p.queue_bytes)
-    return lat + ahead / one
+    return lat + p.queue_frames * chunk / per_lane / one
 
 
 def horovod_rate(cluster: Cluster, p: Params) -> Dict[str, float]:
@@ -775,6 +774,108 @@ def local_phase_seconds(nbytes: float, cluster: Cluster, plane: Plane, p: Params
     return total / cluster.hosts if plane.local_overlap and cluster.hosts > 1 else total
 
 
+SOCKET_DRAWS = 48
+SOCKET_MAX_FRAMES = 2048
+
+
+@functools.lru_cache(maxsize=100_000)
+def _ring_on_sockets(lanes: int, per_lane: int, sockets: int, steps: int, frame: float, rates: tuple, wait: float,
+                     cv: float, held: float, draws: int) -> float:
+    import heapq
+    import random
+
+    S, C, NS = sockets, lanes * per_lane, lanes * sockets
+    shape = 1.0 / (cv * cv) if cv > 0 else 0.0
+    total = 0.0
+    for d in range(draws):
+        rng = random.Random(20261203 + d)
+
+        def draw() -> float:
+            if wait <= 0:
+                return 0.0
+            return wait if cv <= 0 else rng.gammavariate(shape, wait / shape)
+
+        queue = [[] for _ in range(NS)]   # per socket, first in first out: [chain, bytes left]
+        queued = [0.0] * NS
+        sent = [0] * C
+        end = 0.0
+        for c in range(C):  # the first step, queued at once: the lane counts what it just gave each socket
+            lane = c // per_lane
+            k = min(range(lane * S, lane * S + S), key=lambda j: (queued[j], j))
+            queue[k].append([c, frame])
+            queued[k] += frame
+        wakes = []
+        now = 0.0
+        while True:
+            busy = [k for k in range(NS) if queue[k]]
+            per = rates[len(busy) - 1] / len(busy) if busy else 0.0
+            t_done = now + min(queue[k][0][1] for k in busy) / per if busy else math.inf
+            t_wake = wakes[0][0] if wakes else math.inf
+            if t_done == math.inf and t_wake == math.inf:
+                break
+            t = min(t_done, t_wake)
+            moved = per * (t - now)
+            for k in busy:
+                queue[k][0][1] -= moved
+                queued[k] -= moved
+            now = t
+            if t_done <= t_wake:
+                for k in busy:
+                    if queue[k][0][1] <= frame * 1e-9:
+                        c = queue[k].pop(0)[0]
+                        queued[k] = sum(x[1] for x in queue[k])
+                        sent[c] += 1
+                        if sent[c] < steps:
+                            heapq.heappush(wakes, (now + draw(), c))
+                        else:
+                            end = max(end, now + draw())
+            else:
+                _, c = heapq.heappop(wakes)
+                lane = c // per_lane
+                # the socket with the least unsent bytes: what the network holds (up to `held`) is not seen
+                k = min(range(lane * S, lane * S + S), key=lambda j: (max(0.0, queued[j] - held), j))
+                queue[k].append([c, frame])
+                queued[k] += frame
+        total += end
+    return total / draws
+
+
+def socket_ring_seconds(cluster: Cluster, plane: Plane, p: Params, nbytes: float, rate: float, wait: float) -> float:
+    """A FastHorovod ring through one host's path, socket by socket (2026-12-03): each lane's chains
+    (:func:`lane_chains`) hand their frames to the lane's S sockets, one frame after the other on a
+    socket (first in first out), the busy sockets sharing the path (j busy: min(R, j·c) in all, R
+    the lanes' rate, c one flow's goodput), and a chain's next frame leaves a wait (mean `wait`,
+    coefficient of variation ``p.wait_cv``) after its previous frame arrived. The lane gives a frame
+    to the socket with the least unsent bytes, and what the network already holds for a flow (up to
+    ``p.queue_bytes``) does not count as unsent: with frames below that, a frame goes to the first
+    socket even when it still carries another chain's frame, and waits for it — the wait the frame
+    traces show (fasthorovod/sim/waits.py); the first step's frames, queued together, are spread
+    over the sockets. From the common start to the slowest chain, as :func:`ring_seconds`; the mean
+    of ``SOCKET_DRAWS`` seeded draws. Rings of more than ``SOCKET_MAX_FRAMES`` frames: ring_seconds."""
+    pipe = fasthorovod_pipeline(cluster, plane, p, nbytes, rate)
+    nic_lanes, _, ring = _plane_shape(cluster, plane)
+    per_lane = max(1, int(round(pipe.chains / nic_lanes)))
+    steps = max(1, int(round(pipe.frames / pipe.chains)))
+    if pipe.frames > SOCKET_MAX_FRAMES or p.queue_bytes is None:
+        return ring_seconds(pipe, wait, p.wait_cv)
+    one = p.goodput * min(cluster.flow_Bps, cluster.nic_Bps)
+    NS = nic_lanes * plane.S
+    rates = tuple(min(rate, j * one) for j in range(1, NS)) + (rate,)
+    return _ring_on_sockets(nic_lanes, per_lane, plane.S, steps, float(pipe.frame_bytes), rates, float(wait),
+                            float(p.wait_cv), float(p.queue_bytes), SOCKET_DRAWS)
+
+
+def fasthorovod_ring_seconds(cluster: Cluster, plane: Plane, p: Params, nbytes: float, rate: float,
+                             wait: float) -> float:
+    """The ring's time at the lanes' rate and a chain's mean wait: socket by socket
+    (:func:`socket_ring_seconds`) when the network's hold on a flow is known (``p.queue_bytes``, the
+    emulated cloud's, from frame traces) and the lane stripes "least-left"; otherwise the chains
+    from their common start (:func:`ring_seconds`)."""
+    if p.queue_bytes is not None and plane.striping == "least-left":
+        return socket_ring_seconds(cluster, plane, p, nbytes, rate, wait)
+    return ring_seconds(fasthorovod_pipeline(cluster, plane, p, nbytes, rate), wait, p.wait_cv)
+
+
 def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Params) -> Dict[str, float]:
     """FastHorovod: below the threshold Horovod's path; above it k lanes × S sockets per rank,
     flat (every rank in one ring per lane) or hierarchical (shared-memory reduce-scatter, one ring of
@@ -788,10 +889,11 @@ def fasthorovod_allreduce(nbytes: float, cluster: Cluster, plane: Plane, p: Para
     r = fasthorovod_rate(cluster, plane, p, nbytes)
     fixed = p.t0_fh + cluster.rtt_s + stage_seconds(nbytes, cluster, p)
     lat = chain_wait(cluster, plane, p, nbytes)
-    # the ring as chains of frames from their common start (fasthorovod_pipeline, ring_seconds): one chain's
-    # wait overlaps the others' bytes once they are out of step, and the collective ends with the slowest;
-    # hierarchical: each host's NIC carries 2(H−1)/H · M (its P rings of M/P), at r["rate"] in all
-    ring = ring_seconds(fasthorovod_pipeline(cluster, plane, p, nbytes, r["rate"]), lat, p.wait_cv)
+    # the ring as chains of frames from their common start (ring_seconds; socket by socket where the network's
+    # hold on a flow is known, socket_ring_seconds): one chain's wait overlaps the others' bytes once they are
+    # out of step, and the collective ends with the slowest; hierarchical: each host's NIC carries 2(H−1)/H · M
+    # (its P rings of M/P), at r["rate"] in all
+    ring = fasthorovod_ring_seconds(cluster, plane, p, nbytes, r["rate"], lat)
     if plane.hierarchical and P > 1:
         t = fixed + local_phase_seconds(nbytes, cluster, plane, p) + ring
     else:

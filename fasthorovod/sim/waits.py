@@ -85,9 +85,12 @@ def fit_waits(rows: List[Dict], flow_Bps: float) -> Optional[Dict]:
     ok = fitted > 0
     cv = float(np.sqrt(np.mean((y[ok] / fitted[ok] - 1.0) ** 2))) if ok.any() else 1.0
     means = {}
+    cv_one = None
     if (~several).any():
         means["one chain"] = float(y[~several].mean())
+        cv_one = float(y[~several].std() / y[~several].mean()) if y[~several].mean() > 0 else None
     if several.any():
         means["several chains"] = float(y[several].mean())
-    return {"a_s": a, "q": q, "queue_bytes": Q, "cv": cv, "frames": int(len(rows)), "mean_delay_s": means,
+    return {"a_s": a, "q": q, "queue_bytes": Q, "cv": cv, "cv_one_chain": cv_one, "frames": int(len(rows)),
+            "mean_delay_s": means,
             "flow_Bps": flow_Bps}

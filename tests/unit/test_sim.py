@@ -352,14 +352,52 @@ def test_ring_from_start_against_an_event_by_event_simulation(chains, steps, wai
     assert model == pytest.approx(simulate_ring_from_start(chains, steps, 2.0, wait, rates), rel=0.03)
 
 
+def test_ring_on_sockets_closed_forms():
+    c = 1.0
+    # one chain on its lane: it always finds an empty socket, steps × (wait + frame / c) as ring_seconds
+    assert m._ring_on_sockets(1, 1, 2, 10, 2.0, (c, 2 * c), 3.0, 0.0, 100.0, 4) == pytest.approx(10 * 5.0)
+    # two chains, two sockets, no wait, lockstep: frames bigger than what the network holds are seen,
+    # so the second chain takes the other socket (both at c): steps × frame / c ...
+    assert m._ring_on_sockets(1, 2, 2, 6, 2.0, (c, 2 * c), 0.0, 0.0, 1.0, 2) == pytest.approx(6 * 2.0)
+    # ... frames the network holds whole are not: after the first step (spread by the lane's own count)
+    # both go to the first socket, one behind the other: frame / c + (steps − 1) × 2 frames / c
+    assert m._ring_on_sockets(1, 2, 2, 6, 2.0, (c, 2 * c), 0.0, 0.0, 4.0, 2) == pytest.approx(2.0 + 5 * 4.0)
+    # nothing held: a busy socket always shows unsent bytes, so chains ≤ sockets never share one and the
+    # ring is ring_seconds' chains from their common start (independent draws: within their noise)
+    rates = tuple(min(3.0, j * c) for j in range(1, 9))
+    pipe = m.Pipeline(frames=8 * 6, chains=8, frame_bytes=2.0, rates=tuple(min(3.0, j * c) for j in range(1, 9)))
+    sockets = m._ring_on_sockets(4, 2, 2, 6, 2.0, rates, 1.5, 1.0, 0.0, 400)
+    assert sockets == pytest.approx(m.ring_seconds(pipe, 1.5, cv=1.0, draws=2000), rel=0.04)
+
+
+def test_socket_ring_is_used_where_the_networks_hold_is_known():
+    c = m.Cluster.emulated("6:1gbit:200mbit")
+    p = m.Params(queue_bytes=128 * KiB, alpha_fh=1e-3, wait_cv=1.0)
+    plane = m.Plane(k=4, S=2, threshold=0)
+    held = m.fasthorovod_allreduce(4 * MiB, c, plane, p)["seconds"]
+    seen = m.fasthorovod_allreduce(4 * MiB, c, plane, dataclasses.replace(p, queue_bytes=0.0))["seconds"]
+    assert held > seen  # 85 KiB frames behind each other on the lanes' first sockets
+    # no hold known (the projection): the chains alone, with no queue term
+    free = m.fasthorovod_allreduce(4 * MiB, c, plane, dataclasses.replace(p, queue_bytes=None))["seconds"]
+    rate = m.fasthorovod_rate(c, plane, p, 4 * MiB)["rate"]
+    pipe = m.fasthorovod_pipeline(c, plane, p, 4 * MiB, rate)
+    assert free == pytest.approx(p.t0_fh + c.rtt_s + m.stage_seconds(4 * MiB, c, p)
+                                 + m.ring_seconds(pipe, m.step_latency(c, 1e-3), 1.0))
+    # the lane before 636c542 ("first-free") keeps the chains' form
+    old = dataclasses.replace(plane, striping="first-free")
+    assert m.fasthorovod_ring_seconds(c, old, p, 4 * MiB, rate, 1e-3) == pytest.approx(
+        m.ring_seconds(m.fasthorovod_pipeline(c, old, p, 4 * MiB, rate), 1e-3, 1.0))
+
+
 def test_chain_wait_queues_behind_the_lanes_other_chains():
     c = m.Cluster(hosts=6, nic_bps=1e9, flow_bps=2e8, rtt_s=1e-4, cores=1000.0)
     p = m.Params(alpha_fh=1e-3, goodput=1.0, queue_frames=0.5, queue_bytes=None)
     two = m.Plane(k=4, S=2, threshold=0)                           # 4 MiB on 6 hosts: two chains per lane
     frame = 4 * MiB / 24 / 2
     assert m.chain_wait(c, two, p, 4 * MiB) == pytest.approx(1e-3 + 5e-5 + 0.5 * frame / c.flow_Bps)
-    capped = dataclasses.replace(p, queue_bytes=16 * KiB)
-    assert m.chain_wait(c, two, capped, 4 * MiB) == pytest.approx(1e-3 + 5e-5 + 16 * KiB / c.flow_Bps)
+    # the network's hold known: the socket-by-socket ring has the queueing in it, the wait is α + RTT/2
+    held = dataclasses.replace(p, queue_bytes=128 * KiB)
+    assert m.chain_wait(c, two, held, 4 * MiB) == pytest.approx(m.step_latency(c, 1e-3))
     # one chain per lane (a chunk of one segment): nothing to wait behind, α + RTT/2 as before
     assert m.chain_wait(c, m.Plane(k=4, S=1, threshold=0), p, 4 * MiB) == pytest.approx(m.step_latency(c, 1e-3))
     assert m.chain_wait(c, two, dataclasses.replace(p, queue_frames=0.0), 4 * MiB) == \
