@@ -58,7 +58,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
 
 from fasthorovod.proxy.placement import (  # noqa: E402
-    Busy, Placement, PlacementModel, ProxySpec, cpu_times, measure_unit_costs, plan, read_topology)
+    Busy, Placement, PlacementModel, ProxySpec, cpu_times, measure_unit_costs, per_cpu_seconds, plan,
+    read_topology)
 
 MIB = 1 << 20
 EXPECTED = 1.5  # mean of rank 0's 1.0 and rank 1's 2.0
@@ -139,14 +140,7 @@ proc_stat = cpu_times  # {cpu: (busy_seconds, softirq_seconds)}
 def steal_seconds():
     """{cpu: seconds the hypervisor ran something else while this vCPU wanted to run} (/proc/stat's
     8th field): a busy neighbour on the physical host, which nothing else here can see."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3].isdigit():
-                parts = line.split()
-                out[int(parts[0][3:])] = int(parts[8]) / hz if len(parts) > 8 else 0.0
-    return out
+    return {cpu: v[7] for cpu, v in per_cpu_seconds().items()}
 
 
 # -- processes --------------------------------------------------------------------------------------

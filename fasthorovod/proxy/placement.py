@@ -545,6 +545,18 @@ def _base_loads(pl: Placement, universe: CpuSet, free: Sequence[int], demand_p: 
     return load
 
 
+def _proxy_demands(pl: Placement, eta: float, kappa: float) -> List[float]:
+    """Each proxy's CPU demand: eta, or less when its lane is capped (by ``lane_rate``, or by an equal
+    share of ``net_rate``) below what eta of a CPU would carry."""
+    lanes = pl.lanes()
+    lane_cap = {lane: pl.lane_rate for lane in lanes}
+    if pl.net_rate is not None and lanes:
+        for lane in lanes:
+            share = pl.net_rate / len(lanes)
+            lane_cap[lane] = share if lane_cap[lane] is None else min(lane_cap[lane], share)
+    return [min(eta, kappa * lane_cap[p.lane]) if lane_cap[p.lane] is not None else eta for p in pl.proxies]
+
+
 def _cores(pl: Placement, universe: CpuSet) -> Dict[int, CpuSet]:
     """cpu -> the usable CPUs of its physical core (itself and its SMT siblings)."""
     return {c: tuple(sorted(({c} | set(pl.siblings.get(c, ()))) & set(universe))) for c in universe}
@@ -620,13 +632,7 @@ def _states(pl: Placement, kappa: float = 1.0, eta: float = 1.0) -> List[Tuple[f
     cycling = [j for j, b in enumerate(pl.busy) if 0.0 < b.duty < 1.0]
     if not free and not cycling:
         return [(1.0, pl)]
-    lanes = pl.lanes()
-    lane_cap = {lane: pl.lane_rate for lane in lanes}
-    if pl.net_rate is not None and lanes:
-        for lane in lanes:
-            share = pl.net_rate / len(lanes)
-            lane_cap[lane] = share if lane_cap[lane] is None else min(lane_cap[lane], share)
-    demand_p = [min(eta, kappa * lane_cap[p.lane]) if lane_cap[p.lane] is not None else eta for p in pl.proxies]
+    demand_p = _proxy_demands(pl, eta, kappa)
     core_of = _cores(pl, universe)
 
     def state(cpus: Sequence[int], on: Sequence[bool]) -> Placement:
@@ -719,12 +725,7 @@ def _predict_state(pl: Placement, kappa: float, eta: float, gamma: float, beta: 
     lanes = pl.lanes()
 
     # demand of each thread, for how crowded its CPUs are (a network-capped lane wants less)
-    lane_cap = {lane: pl.lane_rate for lane in lanes}
-    if pl.net_rate is not None and lanes:
-        for lane in lanes:
-            share = pl.net_rate / len(lanes)
-            lane_cap[lane] = share if lane_cap[lane] is None else min(lane_cap[lane], share)
-    demand_p = [min(eta, kappa * lane_cap[p.lane]) if lane_cap[p.lane] is not None else eta for p in pl.proxies]
+    demand_p = _proxy_demands(pl, eta, kappa)
     entities = list(zip(aff_p, demand_p)) + list(zip(aff_b, duties))
 
     # constraint sets: every union of distinct affinities (all subsets when few), capacity = size
@@ -972,18 +973,23 @@ def plan(topology: Topology, compute_cpus: int, net_rate: Optional[float], model
 
 # -- the unit costs the model starts from -----------------------------------------------------------
 
-def cpu_times() -> Dict[int, Tuple[float, float]]:
-    """{cpu: (busy_seconds, softirq_seconds)} from /proc/stat (busy = all but idle and iowait)."""
+def per_cpu_seconds() -> Dict[int, List[float]]:
+    """{cpu: its first eight /proc/stat counters in seconds}: user, nice, system, idle, iowait,
+    irq, softirq, steal (0 where the kernel gives fewer)."""
     hz = os.sysconf("SC_CLK_TCK")
     out = {}
     with open("/proc/stat") as f:
         for line in f:
             if line.startswith("cpu") and line[3].isdigit():
                 parts = line.split()
-                v = [int(x) for x in parts[1:9]]
-                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-                out[int(parts[0][3:])] = (busy / hz, v[6] / hz)
+                v = [int(x) / hz for x in parts[1:9]]
+                out[int(parts[0][3:])] = v + [0.0] * (8 - len(v))
     return out
+
+
+def cpu_times() -> Dict[int, Tuple[float, float]]:
+    """{cpu: (busy_seconds, softirq_seconds)} from /proc/stat (busy = all but idle and iowait)."""
+    return {cpu: (v[0] + v[1] + v[2] + v[5] + v[6] + v[7], v[6]) for cpu, v in per_cpu_seconds().items()}
 
 
 def measure_unit_costs(cpu: Optional[int] = None, shard_bytes: int = 64 << 20,
