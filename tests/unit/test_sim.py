@@ -204,6 +204,20 @@ def test_active_frames_against_a_frame_by_frame_lane(chunk_kib, S):
 # -- rings as chains of frames: one chain's wait overlaps the others' bytes ----------------------------
 
 
+def _next_event(left: dict, waking: dict, rates, now: float):
+    """One event of chains on a path shared equally among the frames in transfer (rates[j − 1] bytes/s
+    in all with j): the time of the next frame's end or wait's end, whichever comes first, with
+    `left` (chain -> bytes left of its frame) advanced to it; True when a frame ends."""
+    j = len(left)
+    per = rates[j - 1] / j if j else 0.0
+    t_sent = now + min(left.values()) / per if j else math.inf
+    t_wake = min(waking.values()) if waking else math.inf
+    t = min(t_sent, t_wake)
+    for c in left:
+        left[c] -= per * (t - now)
+    return t, t_sent <= t_wake
+
+
 def simulate_chains(chains: int, frame: float, wait: float, rates, frames: int = 60000, seed: int = 7) -> float:
     """Frames per second of `chains` chains, event by event: each sends a frame of `frame` bytes on a
     path shared equally among the frames in transfer (rates[j − 1] bytes/s in all with j), then waits an
@@ -215,15 +229,8 @@ def simulate_chains(chains: int, frame: float, wait: float, rates, frames: int =
     left = {}                                                   # chain -> bytes left of its frame
     waking = {c: rng.expovariate(1.0 / wait) for c in range(chains)}  # chain -> time its wait ends
     while done < frames:
-        j = len(left)
-        per = rates[j - 1] / j if j else 0.0
-        t_wake = min(waking.values()) if waking else math.inf
-        t_sent = now + min(left.values()) / per if j else math.inf
-        t = min(t_wake, t_sent)
-        for c in left:
-            left[c] -= per * (t - now)
-        now = t
-        if t_sent <= t_wake:
+        now, sent_first = _next_event(left, waking, rates, now)
+        if sent_first:
             c = min(left, key=left.get)
             del left[c]
             waking[c] = now + rng.expovariate(1.0 / wait)
@@ -290,15 +297,8 @@ def simulate_ring_from_start(chains: int, steps: int, frame: float, wait: float,
         left = {c: frame for c in range(chains)}
         waking, sent, end = {}, {c: 0 for c in range(chains)}, 0.0
         while left or waking:
-            j = len(left)
-            per = rates[j - 1] / j if j else 0.0
-            t_sent = now + min(left.values()) / per if j else math.inf
-            t_wake = min(waking.values()) if waking else math.inf
-            t = min(t_sent, t_wake)
-            for c in left:
-                left[c] -= per * (t - now)
-            now = t
-            if t_sent <= t_wake:
+            now, sent_first = _next_event(left, waking, rates, now)
+            if sent_first:
                 c = min(left, key=left.get)
                 del left[c]
                 sent[c] += 1
