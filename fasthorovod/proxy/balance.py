@@ -9,7 +9,10 @@ compares the lanes' busy times. If the slowest lane was busy more than ``DEADBAN
 the quickest in this window and in the one before, with the same lane the slowest both times,
 the lanes are not finishing together and the weights move ``STEP`` of the way towards the lanes'
 rates over both windows (bytes sent per busy second); otherwise they stay, so a steady network
-does not make them wander. (On a steady loopback network shaped to 200 Mbit/s per lane, one
+does not make them wander. Once the weights have moved, the tolerated spread drops to ``SETTLE``
+until a window comes in under it: without that hysteresis the weights would stop just inside the
+dead band, up to 10% short of the best split (seen in CI: a halved lane recovered to 87% of what
+the remaining capacity allows). (On a steady loopback network shaped to 200 Mbit/s per lane, one
 window's spread is 0-7%, once in about fifty windows above 10%: a single window is noise.) No lane's share drops below ``MIN_SHARE`` of an equal share,
 so a lane that recovers is measured again and wins its share back.
 
@@ -26,6 +29,7 @@ from typing import List, Optional, Sequence, Tuple
 
 MIN_BYTES = 4 << 20   # each lane moves at least this much between two decisions
 DEADBAND = 0.10       # busy-time spread (slowest / quickest - 1) tolerated before acting
+SETTLE = 0.03         # the spread tolerated after a change, until a window comes in under it
 STEP = 0.5            # fraction of the way towards the measured rates per decision
 MIN_SHARE = 0.2       # floor of a lane's share, relative to an equal share
 
@@ -55,6 +59,7 @@ class LaneBalancer:
         self.decisions = 0  # measurements taken (each lane had moved MIN_BYTES)
         self.changes = 0    # decisions that moved the weights
         self.last_spread = 0.0  # busy-time spread of the last window (slowest / quickest - 1)
+        self.settling = False   # the weights moved and the lanes do not finish within SETTLE yet
         self._since: List[Tuple[int, int]] = [(0, 0)] * len(group.lane_weights)
         # the last window, when it was out of balance: (its slowest lane, its per-lane deltas)
         self._previous: Optional[Tuple[int, List[Tuple[int, int]]]] = None
@@ -73,12 +78,14 @@ class LaneBalancer:
         busy = [d_busy for _, d_busy in deltas]
         self.last_spread = max(busy) / min(busy) - 1.0
         previous, self._previous = self._previous, None
-        if self.last_spread <= DEADBAND:
+        if self.last_spread <= (SETTLE if self.settling else DEADBAND):
+            self.settling = False
             return
         slowest = busy.index(max(busy))
         self._previous = (slowest, deltas)
         if previous is None or previous[0] != slowest:
             return  # one window's noise (a descheduled proxy, a retransmit) is not a slow lane
         self.changes += 1
+        self.settling = True
         both = [(b0 + b1, t0 + t1) for (b0, t0), (b1, t1) in zip(previous[1], deltas)]
         self.group.set_lane_weights(rebalanced(self.group.lane_weights, [b / t for b, t in both]))
