@@ -87,7 +87,11 @@ def _seconds(env: Mapping[str, str], name: str, horovod_name: str, default: floa
 @dataclasses.dataclass(frozen=True)
 class Config:
     num_proxies: int = 4
-    """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them."""
+    """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them.
+    Unset: 4, or more where the path probe measures a network faster than 4 proxies' CPU can carry
+    and every worker has the CPUs for them (fasthorovod/proxy/probe.py, choose_lanes)."""
+    num_proxies_from_env: bool = False
+    """Whether FASTHOROVOD_NUM_PROXIES was set (then the probe does not choose the lanes)."""
     sockets_per_proxy: Optional[int] = None
     """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour (None, unset:
     chosen by the path probe, fasthorovod/proxy/probe.py, or 1 where the probe does not run)."""
@@ -136,6 +140,7 @@ class Config:
         env = os.environ if env is None else env
         return cls(
             num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
+            num_proxies_from_env=bool(_text(env, "NUM_PROXIES")),
             sockets_per_proxy=(_int(env, "SOCKETS_PER_PROXY", 1, 1, MAX_SOCKETS_PER_PROXY)
                                if _text(env, "SOCKETS_PER_PROXY") else None),
             probe=_choice(env, "PROBE", cls.probe, ("auto", "0", "1")),
@@ -179,7 +184,7 @@ class Config:
 
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
-        shared = (self.num_proxies, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
+        shared = (self.num_proxies, self.num_proxies_from_env, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
                   self.segment_bytes, self.rebalance_every, self.hierarchical)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

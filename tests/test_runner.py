@@ -508,6 +508,48 @@ def test_a_second_probe_runs_when_the_hops_disagree_and_the_ranks_still_agree(tm
     assert "twice: the hops disagreed" in result.stdout + result.stderr
 
 
+LANES_SCRIPT = """
+import json, os, sys, torch
+from fasthorovod.proxy import probe
+if sys.argv[1:] == ["slow-proxies"]:  # as if one proxy carried only 1 MB/s and any k >= 1 were allowed
+    probe.LANE_BYTES_PER_SECOND, probe.MIN_LANES = 1e6, 1
+if os.environ["HOROVOD_RANK"] == "1":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # rank 1's worker has one CPU
+import fasthorovod.torch as hvd
+hvd.init()
+info = hvd.proxy_group().describe()
+x = torch.full((1 << 20,), float(hvd.rank() + 1))                 # 4 MiB: through the proxies
+hvd.allreduce_(x, op=hvd.Sum, name="x")
+assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
+print("LANES", hvd.rank(), info["lanes"], len(info["lane_weights"]), json.dumps(info["lanes_because"]), flush=True)
+hvd.shutdown()
+"""
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.multiproc
+def test_the_probe_chooses_the_lanes_the_ranks_agree_and_the_fewest_cpus_decide(tmp_path: Path) -> None:
+    script = tmp_path / "lanes.py"
+    script.write_text(LANES_SCRIPT)
+    lanes = {}
+    for mode in ("defaults", "slow-proxies"):
+        result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:200mbit", "-np", "2",
+                       sys.executable, str(script), mode])
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        lines = re.findall(r"LANES (\d) (\d+) (\d+) (.*)", result.stdout)
+        assert sorted(rank for rank, *_ in lines) == ["0", "1"], result.stdout[-3000:]
+        assert len({tuple(line[1:]) for line in lines}) == 1, f"ranks disagree: {lines}"
+        _, k, weights, because = lines[0]
+        assert k == weights, lines  # the lane weights follow the chosen k
+        lanes[mode] = (int(k), json.loads(because))
+        assert f"[fasthorovod] data plane: {k} lanes x" in result.stdout + result.stderr
+    # ~400 Mbit/s: far below what 4 proxies carry, so the default 4 ...
+    assert lanes["defaults"][0] == 4 and "at least 4" in lanes["defaults"][1], lanes
+    # ... and with proxies that carry 1 MB/s the ring would need ~50, but rank 1 has one CPU: 1 lane
+    assert lanes["slow-proxies"][0] == 1 and "at most 1 CPUs per worker" in lanes["slow-proxies"][1], lanes
+
+
 # --- the emulated hosts as real hosts: Horovod's own launcher over ssh ------------------------------
 
 

@@ -3,17 +3,19 @@
 Start-up (inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES > 0):
 
 1. rank 0 draws a random 16-byte job token; ``broadcast_object`` gives it to every rank (Horovod's
-   control plane, no home-made rendezvous);
-2. the worker creates its shared-memory channel (an anonymous memfd: no name anywhere) and one
-   Unix socket pair per proxy, and spawns ``python -m fasthorovod.proxy FD j`` for j < k, each in
-   a process group of its own with its end of the pair inherited as FD; the proxy receives the
-   channel's descriptor on it (and later every data buffer's), binds on the job's interface and
-   reports its port in the channel;
-3. rank 0 starts the negotiation's coordinator (csrc/negotiation/coordinator.h);
-   ``allgather_object`` exchanges (address, ports, coordinator port) between workers; lane j of
-   rank r is told the address of lane j of rank r+1, connects, and accepts lane j of rank r−1
-   (a mutual challenge-response handshake: both ends prove they hold the token, which never
-   travels, and agree on ranks, lane and configuration hash; csrc/transport/socket.h);
+   control plane, no home-made rendezvous); rank 0 starts the negotiation's coordinator
+   (csrc/negotiation/coordinator.h); ``allgather_object`` exchanges each worker's address, CPU
+   count, coordinator and path-probe ports;
+2. when the ranks span hosts, the path probe measures every ring hop and the ranks choose the
+   lanes k and the sockets per lane from the exchanged curves (probe.py; the settings win where set);
+3. the worker creates its shared-memory channel for k lanes (an anonymous memfd: no name anywhere)
+   and one Unix socket pair per proxy, and spawns ``python -m fasthorovod.proxy FD j`` for j < k,
+   each in a process group of its own with its end of the pair inherited as FD; the proxy receives
+   the channel's descriptor on it (and later every data buffer's), binds on the job's interface and
+   reports its port in the channel; ``allgather_object`` exchanges the ports; lane j of rank r is
+   told the address of lane j of rank r+1, connects, and accepts lane j of rank r−1 (a mutual
+   challenge-response handshake: both ends prove they hold the token, which never travels, and
+   agree on ranks, lane and configuration hash; csrc/transport/socket.h);
 4. each worker's member connects to the coordinator (the same handshake); from then on every request is submitted to
    the member, which posts it to the proxies in the order the ranks negotiated;
 5. from then on the channel reaps any proxy the moment it exits (csrc/proxy/watch.h: a pidfd per
@@ -37,7 +39,9 @@ a request or on the join; nothing here talks to Horovod after start-up.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
+import math
 import os
 import socket
 import subprocess
@@ -224,6 +228,7 @@ class ProxyGroup:
         self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
         self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again; 0: reused
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
+        self.lanes_because = "lanes from FASTHOROVOD_NUM_PROXIES" if config.num_proxies_from_env else "default lanes"
         self.startup_seconds: Dict[str, float] = {}  # how long each step of _start took (describe())
         self.layout: Optional[host_layout.HostLayout] = None  # set when the hierarchical allreduce runs
         self.flat_because: Optional[str] = None  # why not, when the ranks share hosts
@@ -249,50 +254,59 @@ class ProxyGroup:
         mark = self._startup_clock()
         token = broadcast_object(os.urandom(16) if self.rank == 0 else None, 0, name="fasthorovod.token")
         host = bind_address(cfg)
-        self.channel = _C.ProxyChannel(channel_config(cfg, self.rank, self.size, token, host))
-        self.pool = BufferPool(self.channel.create_buffer)
-        atexit.register(self.close)
-        mark("token")
-        for lane in range(cfg.num_proxies):
-            proc = spawn_proxy(self.channel, lane)
-            self.processes.append(proc)
-            self.channel.watch_proxy(lane, proc.pid)
-        ports = self.channel.wait_listening(cfg.timeout_seconds)
-        mark("spawn")
         path_probe = (_C.PathProbe(host, token, self.rank, self.size, cfg.wire_hash()) if cfg.probes() else None)
         if self.rank == 0:  # the negotiation's coordinator (csrc/negotiation/coordinator.h)
             self.coordinator = _C.Coordinator(native(
                 _C.CoordinatorOptions, size=self.size, token=token, bind_host=host,
                 timeout_seconds=cfg.timeout_seconds, stall_check_seconds=cfg.stall_check_seconds,
                 stall_shutdown_seconds=cfg.stall_shutdown_seconds))
-        me = {"host": host, "ports": ports, "config": cfg.wire_hash(), "pid": os.getpid(),
+        mark("token")
+        me = {"host": host, "config": cfg.wire_hash(), "pid": os.getpid(), "cpus": len(os.sched_getaffinity(0)),
               "coordinator": self.coordinator.port if self.coordinator is not None else None,
               "probe": path_probe.port if path_probe is not None else None,
               "probed": _last_probe if self.rank == 0 and path_probe is not None else None}
         peers = allgather_object(me, name="fasthorovod.peers")
         mark("peers")
-        nxt = peers[(self.rank + 1) % self.size]
-        if nxt["config"] != cfg.wire_hash():
-            raise ConfigError(f"rank {(self.rank + 1) % self.size} runs with different FASTHOROVOD_* settings "
-                              f"than rank {self.rank} (proxies, sockets, threshold, segment size must match)")
-        self._attach_host(peers, allgather_object)
-        if self.layout is not None:  # the ring joins this local rank of every host
-            nxt = peers[self.layout.ring_next()]
-            if path_probe is not None:
-                path_probe.set_place(self.layout.host_index, self.layout.num_hosts)
-        mark("host")
+        after = (self.rank + 1) % self.size
+        if peers[after]["config"] != cfg.wire_hash():
+            raise ConfigError(f"rank {after} runs with different FASTHOROVOD_* settings than rank {self.rank} "
+                              f"(proxies, sockets, threshold, segment size must match)")
+        # The lanes are chosen before the channel exists (its size is the number of lanes), so the
+        # probe runs first, on the ring the hierarchical allreduce will run if the hosts allow it.
+        planned = self._plan_hosts(peers)
         if path_probe is not None:
+            self.layout = planned  # the probe measures this ring's hops (_choose_sockets)
+            if planned is not None:
+                path_probe.set_place(planned.host_index, planned.num_hosts)
+                after = planned.ring_next()
             hosts = frozenset(peer["host"] for peer in peers)
             known = peers[0]["probed"]
             if known is not None and hosts <= known[0]:
-                self._reuse_probe(known[1], len(known[0]), len(hosts))
+                self._reuse_probe(known[1], len(known[0]), len(hosts), peers)
             else:
-                self._choose_sockets(path_probe, nxt, allgather_object, lambda: self._new_probe(host, token))
+                self._choose_sockets(path_probe, peers[after], peers, allgather_object,
+                                     lambda: self._new_probe(host, token))
                 known = (hosts, self.flow_choice.hops)
             _last_probe = known
+            self.layout = None
             mark("probe")
-        self.channel.connect([nxt["host"]] * cfg.num_proxies, list(nxt["ports"]), self.sockets_per_lane,
-                             cfg.timeout_seconds)
+        cfg = self.config  # with the lanes the probe chose
+        self.channel = _C.ProxyChannel(channel_config(cfg, self.rank, self.size, token, host))
+        self.pool = BufferPool(self.channel.create_buffer)
+        atexit.register(self.close)
+        for lane in range(cfg.num_proxies):
+            proc = spawn_proxy(self.channel, lane)
+            self.processes.append(proc)
+            self.channel.watch_proxy(lane, proc.pid)
+        ports = self.channel.wait_listening(cfg.timeout_seconds)
+        mark("spawn")
+        if planned is not None:
+            self._attach_host(planned, peers, allgather_object)
+        mark("host")
+        all_ports = allgather_object(list(ports), name="fasthorovod.ports")
+        after = self.layout.ring_next() if self.layout is not None else (self.rank + 1) % self.size
+        self.channel.connect([peers[after]["host"]] * cfg.num_proxies, list(all_ports[after]),
+                             self.sockets_per_lane, cfg.timeout_seconds)
         mark("rings")
         self.member = _C.Member(self.channel, native(
             _C.MemberOptions, rank=self.rank, size=self.size, token=token, coordinator_host=peers[0]["host"],
@@ -305,11 +319,10 @@ class ProxyGroup:
             path_probe.set_place(self.layout.host_index, self.layout.num_hosts)
         return path_probe
 
-    def _attach_host(self, peers: List[dict], allgather_object: Callable) -> None:
-        """Sets up the hierarchical allreduce when the ranks share hosts and FASTHOROVOD_HIERARCHICAL
-        allows it: local rank 0 creates the host segment, the others open it through /proc, and the
-        ranks agree that every one of them could; else the flat ring runs (and with
-        FASTHOROVOD_HIERARCHICAL=1 every rank raises, naming why)."""
+    def _plan_hosts(self, peers: List[dict]) -> Optional[host_layout.HostLayout]:
+        """The hierarchical allreduce's layout when the ranks share hosts and FASTHOROVOD_HIERARCHICAL
+        allows it (None: the flat ring; and with FASTHOROVOD_HIERARCHICAL=1 every rank raises,
+        naming why). Decided from the exchanged addresses alone, so alike on every rank."""
         mode = self.config.hierarchical
         layout = host_layout.layout([peer["host"] for peer in peers], self.rank)
         why = layout.why_flat()
@@ -319,7 +332,14 @@ class ProxyGroup:
         if why is not None or mode == "0":
             if layout.num_hosts < self.size:  # ranks share hosts: say why they still run one flat ring
                 self.flat_because = "FASTHOROVOD_HIERARCHICAL=0" if mode == "0" else why
-            return
+            return None
+        return layout
+
+    def _attach_host(self, layout: host_layout.HostLayout, peers: List[dict], allgather_object: Callable) -> None:
+        """Sets up the planned hierarchical allreduce: local rank 0 creates the host segment, the
+        others open it through /proc, and the ranks agree that every one of them could; else the
+        flat ring runs (and with FASTHOROVOD_HIERARCHICAL=1 every rank raises, naming why)."""
+        mode = self.config.hierarchical
         fd = self.channel.create_host(layout.local_size) if layout.local_rank == 0 else None
         owners = allgather_object(fd, name="fasthorovod.host")
         error = None
@@ -356,10 +376,11 @@ class ProxyGroup:
             last[0] = now
         return mark
 
-    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, allgather_object: Callable,
+    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, peers: List[dict], allgather_object: Callable,
                         new_probe: Callable[[], "_C.PathProbe"]) -> None:
-        """Measures the incoming hop, exchanges the curves, and takes the sockets per lane every rank
-        computes alike from them (probe.py); measures a second time when the hops' knees disagree."""
+        """Measures the incoming hop, exchanges the curves, and takes the lanes and sockets per lane
+        every rank computes alike from them (probe.py); measures a second time when the hops' knees
+        disagree."""
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
         started = time.monotonic()
         # With the hierarchical allreduce, local rank 0 of each host measures the hop between hosts
@@ -383,27 +404,52 @@ class ProxyGroup:
             after = self.layout.ring_next() if self.layout is not None else (self.rank + 1) % self.size
             hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2"))
             self.probe_runs = 2
-        self.flow_choice = probe.choose(hops, self.config.num_proxies)
-        self.sockets_per_lane = self.flow_choice.sockets_per_lane
+        self._choose(hops, peers)
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
-                  f"({self.flow_choice.describe()}; measured in {self.probe_seconds:.1f} s"
+                  f"({self.flow_choice.describe()}; {self.lanes_because}; measured in {self.probe_seconds:.1f} s"
                   f"{', twice: the hops disagreed' if self.probe_runs == 2 else ''}; "
-                  f"FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
+                  f"FASTHOROVOD_NUM_PROXIES and FASTHOROVOD_SOCKETS_PER_PROXY override)",
                   file=sys.stderr, flush=True)
 
-    def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int) -> None:
-        """Takes the sockets per lane from the curves an earlier start-up of this process measured
-        among these hosts (and maybe more): the same choice on every rank, no measurement."""
-        self.flow_choice = probe.choose(hops, self.config.num_proxies)
-        self.sockets_per_lane = self.flow_choice.sockets_per_lane
+    def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int, peers: List[dict]) -> None:
+        """Takes the lanes and sockets per lane from the curves an earlier start-up of this process
+        measured among these hosts (and maybe more): the same choice on every rank, no measurement."""
+        self._choose(hops, peers)
         self.probe_runs = 0
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
-                  f"({self.flow_choice.describe()}; as measured at an earlier start-up of this job among "
-                  f"{probed} hosts, these {hosts} among them; FASTHOROVOD_SOCKETS_PER_PROXY overrides)",
+                  f"({self.flow_choice.describe()}; {self.lanes_because}; as measured at an earlier start-up of "
+                  f"this job among {probed} hosts, these {hosts} among them; FASTHOROVOD_NUM_PROXIES and "
+                  f"FASTHOROVOD_SOCKETS_PER_PROXY override)",
                   file=sys.stderr, flush=True)
+
+    def _choose(self, hops: List[Dict[int, float]], peers: List[dict]) -> None:
+        """The lanes (unless FASTHOROVOD_NUM_PROXIES is set: probe.choose_lanes, from the ring's best
+        measured rate and the fewest CPUs any worker has) and the sockets per lane, from the
+        exchanged curves and CPU counts: alike on every rank."""
+        lanes = self.config.num_proxies
+        if self.config.num_proxies_from_env:
+            self.lanes_because = "lanes from FASTHOROVOD_NUM_PROXIES"
+        else:
+            rate = max(probe.ring_curve(hops).values())
+            ranks_on = {}
+            for peer in peers:
+                ranks_on[peer["host"]] = ranks_on.get(peer["host"], 0) + 1
+            cpus = min(peer["cpus"] / ranks_on[peer["host"]] for peer in peers)
+            rings = self.layout.local_size if self.layout is not None else 1
+            lanes = probe.choose_lanes(rate, cpus, rings)
+            per_ring = f" over {rings} rings" if rings > 1 else ""
+            needed = math.ceil(rate / rings / probe.LANE_BYTES_PER_SECOND)
+            self.lanes_because = (f"lanes: {probe.mbit(rate)} Mbit/s{per_ring} needs {needed} "
+                                  f"prox{'y' if needed == 1 else 'ies'} of {probe.mbit(probe.LANE_BYTES_PER_SECOND)} "
+                                  f"Mbit/s; at least {probe.MIN_LANES}, above that at most {cpus:g} CPUs per worker")
+            if lanes != self.config.num_proxies:
+                self.config = dataclasses.replace(self.config, num_proxies=lanes)
+                self.lane_weights = [1.0] * lanes
+        self.flow_choice = probe.choose(hops, lanes)
+        self.sockets_per_lane = self.flow_choice.sockets_per_lane
 
     def describe(self) -> dict:
         """What the data plane runs with and why: lanes, sockets per lane and where that number
@@ -411,7 +457,8 @@ class ProxyGroup:
         source = ("FASTHOROVOD_SOCKETS_PER_PROXY" if self.config.sockets_per_proxy is not None
                   else "probe" if self.flow_choice is not None else "default (one host: no probe)"
                   if self.config.single_host else "default (FASTHOROVOD_PROBE=0)")
-        info = {"lanes": self.config.num_proxies, "sockets_per_lane": self.sockets_per_lane,
+        info = {"lanes": self.config.num_proxies, "lanes_because": self.lanes_because,
+                "sockets_per_lane": self.sockets_per_lane,
                 "flows": self.config.num_proxies * self.sockets_per_lane, "sockets_source": source,
                 "lane_weights": list(self.lane_weights), "rebalance_every": self.config.rebalance_every,
                 "hierarchical": None if self.layout is None else {

@@ -13,8 +13,15 @@ runs :func:`choose` on the same curves, so they agree without another round:
   only ever lowers a phase, and a lower later phase lowers only that hop's knee. The job's curve
   (the lowest aggregate of any hop at each flow count, a hop that stopped doubling taken as flat
   beyond it) is what rank 0 prints;
-* the lanes are fixed (FASTHOROVOD_NUM_PROXIES), so the sockets per lane are the knee's flows
-  spread over them (times ``HEADROOM``, 1.0: no flows beyond the knee). The knee, a power of two,
+* the lanes: :func:`choose_lanes` (unless FASTHOROVOD_NUM_PROXIES is set). A lane is one proxy,
+  one thread: it carries at most about one core's worth of TCP and reduction work
+  (``LANE_BYTES_PER_SECOND``, the lowest rate a proxy alone on a core reached in
+  docs/placement.md's runs). Below four lanes nothing is saved where the network is the limit: on
+  4:1gbit:200mbit, where one proxy's CPU could carry the whole link, 1 x 8 reached 0.785 Gbit/s,
+  2 x 4 0.794 and 4 x 2 0.82-0.85 (docs/dataplane.md, "Against the ceiling"), so ``MIN_LANES``
+  is 4. More lanes only where the probe's best rate needs more than four lanes' CPU, and never
+  more than the CPUs each worker has (the fewest over the ranks: every rank must run the same k);
+* the sockets per lane are the knee's flows spread over the lanes (times ``HEADROOM``, 1.0: no flows beyond the knee). The knee, a power of two,
   already carries some spare: on 4:1gbit:200mbit five flows would fill the link and the knee is
   eight, so a flow that gets less than its cap (two flows hashed onto one bucket of a shaper or one
   ECMP path; docs/benchmarks.md, issue 19) leaves the link full; within a lane frames go to
@@ -36,6 +43,9 @@ from typing import Dict, List, Sequence
 KNEE = 0.95
 HEADROOM = 1.0
 MAX_FLOWS = 32  # the probe's upper end; the doubling stops earlier at the knee
+MIN_LANES = 4
+MAX_LANES = 64  # csrc/shm/channel.h kMaxLanes
+LANE_BYTES_PER_SECOND = 1.0e9  # wire bytes/s one proxy carries on a core of its own (placement.md: 1.0-2.1 GB/s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +58,12 @@ class FlowChoice:
     hops: List[Dict[int, float]]  # per receiving rank: flows -> bytes/s of its incoming hop
 
     def describe(self) -> str:
-        points = ", ".join(f"{n}: {_mbit(rate)}" for n, rate in sorted(self.curve.items()))
+        points = ", ".join(f"{n}: {mbit(rate)}" for n, rate in sorted(self.curve.items()))
         return (f"slowest hop carries {points} Mbit/s with 1, 2, 4, ... flows; knee at {self.knee_flows} "
                 f"flow{'s' if self.knee_flows > 1 else ''}")
 
 
-def _mbit(bytes_per_second: float) -> str:
+def mbit(bytes_per_second: float) -> str:
     return f"{bytes_per_second * 8e-6:.0f}"
 
 
@@ -80,6 +90,18 @@ def hop_knee(hop: Dict[int, float]) -> int:
     """The fewest flows whose aggregate on this hop reaches ``KNEE`` of the hop's best."""
     best = max(hop.values())
     return min(n for n, rate in hop.items() if rate >= KNEE * best)
+
+
+def choose_lanes(rate: float, cpus_per_worker: float, rings_per_link: int = 1) -> int:
+    """The number of lanes k for a ring whose hops carry `rate` bytes/s at best (the probe's), shared
+    by `rings_per_link` rings (the hierarchical allreduce runs one per local rank over one link),
+    on workers with `cpus_per_worker` CPUs each (the fewest of any rank): enough lanes that none
+    needs more than LANE_BYTES_PER_SECOND, at least MIN_LANES, and above that no more than the CPUs."""
+    if not rate >= 0 or not cpus_per_worker > 0 or rings_per_link < 1:
+        raise ValueError(f"choose_lanes: rate {rate!r} must be >= 0, cpus_per_worker {cpus_per_worker!r} > 0, "
+                         f"rings_per_link {rings_per_link!r} >= 1")
+    needed = math.ceil(rate / rings_per_link / LANE_BYTES_PER_SECOND)
+    return max(MIN_LANES, min(needed, int(cpus_per_worker), MAX_LANES))
 
 
 def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) -> FlowChoice:

@@ -90,7 +90,9 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
         "--proxies", type=_count(0, MAX_PROXIES), metavar="K",
         help="Proxy processes per worker (FASTHOROVOD_NUM_PROXIES): each carries one shard of every "
              "large allreduce over its own TCP connections, so a worker uses K parallel flows and "
-             f"K cores. 0 sends everything through Horovod. 0-{MAX_PROXIES}; default 4.")
+             f"K cores. 0 sends everything through Horovod. 0-{MAX_PROXIES}; default 4, or more "
+             "where the path probe measures a network faster than 4 proxies can carry and the "
+             "workers have the cores.")
     group.add_argument(
         "--sockets-per-proxy", type=_count(1, 64), metavar="S",
         help="TCP connections from each proxy to its ring neighbour, frames striped over them "

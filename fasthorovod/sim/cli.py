@@ -132,7 +132,7 @@ def cluster_from_args(a) -> m.Cluster:
 
 
 def plane_from_args(a, c: m.Cluster, p: m.Params) -> m.Plane:
-    auto = m.zero_config_plane(c, p, k=a.proxies or 4, threshold=a.threshold)
+    auto = m.zero_config_plane(c, p, k=a.proxies, threshold=a.threshold)
     return m.Plane(k=a.proxies or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold,
                    local_overlap=not a.sequential_local, striping=a.striping)
 

@@ -936,15 +936,20 @@ def probe_curve(cluster: Cluster, p: Params, max_flows: int = 32) -> Dict[int, f
     return curve
 
 
-def zero_config_plane(cluster: Cluster, p: Params, k: int = 4, threshold: int = 1 << 20) -> Plane:
-    """The k and S FastHorovod chooses by itself: k = FASTHOROVOD_NUM_PROXIES's default (4), S =
-    ceil(knee / k), the knee being the fewest flows reaching 95% of the probe's best
-    (fasthorovod/proxy/probe.py, applied to the modelled curve)."""
+def zero_config_plane(cluster: Cluster, p: Params, k: Optional[int] = None, threshold: int = 1 << 20) -> Plane:
+    """The k and S FastHorovod chooses by itself (fasthorovod/proxy/probe.py, applied to the modelled
+    probe curve): k from ``probe.choose_lanes`` (the curve's best rate over the host's rings, at
+    least 4, above that at most the cores per rank) unless `k` is given, as FASTHOROVOD_NUM_PROXIES
+    would be; S = ceil(knee / k), the knee being the fewest flows reaching 95% of the best."""
     from fasthorovod.proxy import probe
 
     if cluster.hosts <= 1:
-        return Plane(k=k, S=1, threshold=8 << 20)
-    choice = probe.choose([probe_curve(cluster, p)], lanes=k)
+        return Plane(k=k or probe.MIN_LANES, S=1, threshold=8 << 20)
+    curve = probe_curve(cluster, p)
+    if k is None:
+        cores = cluster.shared_cores if cluster.shared_cores is not None else cluster.cores
+        k = probe.choose_lanes(max(curve.values()), cores / cluster.ranks_per_host, cluster.ranks_per_host)
+    choice = probe.choose([curve], lanes=k)
     return Plane(k=k, S=choice.sockets_per_lane, threshold=threshold)
 
 

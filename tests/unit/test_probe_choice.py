@@ -1,4 +1,6 @@
-"""The choice of sockets per lane from the path probe's curves (fasthorovod/proxy/probe.py)."""
+"""The choice of lanes and of sockets per lane from the path probe's curves (fasthorovod/proxy/probe.py)."""
+import math
+
 import pytest
 
 from fasthorovod.proxy import probe
@@ -87,3 +89,21 @@ def test_hops_that_disagree_are_measured_again_and_keep_their_better_phases():
     assert probe.merge([{1: 1.0, 2: 2.0}], [{1: 1.5}]) == [{1: 1.5, 2: 2.0}]
     with pytest.raises(ValueError, match="measured 1 and 2 hops"):
         probe.merge([good], [good, good])
+
+
+def test_lanes_grow_only_where_four_proxies_cpu_cannot_carry_the_ring_and_the_cpus_allow():
+    lane = probe.LANE_BYTES_PER_SECOND
+    assert probe.choose_lanes(1e9 / 8, cpus_per_worker=0.5) == probe.MIN_LANES == 4  # 1 Gbit/s, 2 cores, 4 ranks
+    assert probe.choose_lanes(4 * lane, cpus_per_worker=12) == 4
+    assert probe.choose_lanes(4 * lane + 1, cpus_per_worker=12) == 5
+    assert probe.choose_lanes(12.5e9, cpus_per_worker=12) == 12      # 100 Gbit/s, one rank on 96 cores / 8
+    assert probe.choose_lanes(12.5e9, cpus_per_worker=16) == math.ceil(12.5e9 / lane)
+    assert probe.choose_lanes(12.5e9, cpus_per_worker=6) == 6        # the CPUs bound it ...
+    assert probe.choose_lanes(12.5e9, cpus_per_worker=2) == 4        # ... but not below MIN_LANES
+    assert probe.choose_lanes(12.5e9, cpus_per_worker=12, rings_per_link=8) == 4  # 8 rings share the link
+    assert probe.choose_lanes(1e15, cpus_per_worker=1000) == probe.MAX_LANES
+    for bad in ((-1.0, 4), (1e9, 0), (float("nan"), 4)):
+        with pytest.raises(ValueError, match="choose_lanes"):
+            probe.choose_lanes(*bad)
+    with pytest.raises(ValueError, match="rings_per_link"):
+        probe.choose_lanes(1e9, 4, rings_per_link=0)

@@ -595,10 +595,14 @@ def test_zero_configuration_rule_follows_the_probe_knee():
     p = m.Params(goodput=1.0)
     aws25 = m.Cluster(hosts=4, nic_bps=25e9, flow_bps=5e9, cores=48)
     aws100 = m.Cluster(hosts=4, nic_bps=100e9, flow_bps=5e9, cores=96)
-    assert m.zero_config_plane(aws25, p).S == 2      # knee 8 flows over 4 lanes
-    assert m.zero_config_plane(aws100, p).S == 8     # knee 32 flows
+    assert (m.zero_config_plane(aws25, p).k, m.zero_config_plane(aws25, p).S) == (4, 2)  # knee 8 flows over 4 lanes
+    # knee 32 flows; 12.5 GB/s needs 13 lanes of probe.LANE_BYTES_PER_SECOND, and 96 cores allow them
+    assert (m.zero_config_plane(aws100, p).k, m.zero_config_plane(aws100, p).S) == (13, 3)
+    assert m.zero_config_plane(aws100, p, k=4).S == 8  # FASTHOROVOD_NUM_PROXIES=4: the knee over 4 lanes
+    eight = dataclasses.replace(aws100, ranks_per_host=8)  # 8 rings share the link: 4 lanes each suffice
+    assert (m.zero_config_plane(eight, p).k, m.zero_config_plane(eight, p).S) == (4, 8)
     emu = m.Cluster.emulated("4:1gbit:200mbit")
-    assert m.zero_config_plane(emu, p).S == 2        # as the probe chose there (docs/dataplane.md)
+    assert (m.zero_config_plane(emu, p).k, m.zero_config_plane(emu, p).S) == (4, 2)  # as the probe chose there
 
 
 def test_cpu_bound_k():
