@@ -23,6 +23,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pytest
 
@@ -460,12 +461,15 @@ hvd.shutdown()
 """
 
 
-def _run_probe_script(tmp_path: Path, name: str, text: str, spec: str) -> subprocess.CompletedProcess:
-    """`text` as a script of 2 ranks with 2 proxies each on the emulated cloud `spec`; it must succeed."""
+def _run_probe_script(tmp_path: Path, name: str, text: str, spec: str, proxies: Optional[int] = 2,
+                      args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """`text` as a script of 2 ranks with `proxies` proxies each (None: FastHorovod's choice) on the
+    emulated cloud `spec`, given `args`; it must succeed."""
     script = tmp_path / name
     script.write_text(text)
-    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", "--proxies", "2",
-                   sys.executable, str(script)])
+    chosen = ["--proxies", str(proxies)] if proxies is not None else []
+    result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", *chosen,
+                   sys.executable, str(script), *args])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result
 
@@ -530,13 +534,9 @@ hvd.shutdown()
 @pytest.mark.netem
 @pytest.mark.multiproc
 def test_the_probe_chooses_the_lanes_the_ranks_agree_and_the_fewest_cpus_decide(tmp_path: Path) -> None:
-    script = tmp_path / "lanes.py"
-    script.write_text(LANES_SCRIPT)
     lanes = {}
     for mode in ("defaults", "slow-proxies"):
-        result = _run([str(FASTHOROVODRUN), "--emulate-cloud", "2:400mbit:200mbit", "-np", "2",
-                       sys.executable, str(script), mode])
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        result = _run_probe_script(tmp_path, "lanes.py", LANES_SCRIPT, "2:400mbit:200mbit", proxies=None, args=[mode])
         lines = re.findall(r"LANES (\d) (\d+) (\d+) (.*)", result.stdout)
         assert sorted(rank for rank, *_ in lines) == ["0", "1"], result.stdout[-3000:]
         assert len({tuple(line[1:]) for line in lines}) == 1, f"ranks disagree: {lines}"

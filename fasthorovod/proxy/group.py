@@ -39,9 +39,9 @@ a request or on the join; nothing here talks to Horovod after start-up.
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import hashlib
-import math
 import os
 import socket
 import subprocess
@@ -275,20 +275,18 @@ class ProxyGroup:
         # probe runs first, on the ring the hierarchical allreduce will run if the hosts allow it.
         planned = self._plan_hosts(peers)
         if path_probe is not None:
-            self.layout = planned  # the probe measures this ring's hops (_choose_sockets)
             if planned is not None:
                 path_probe.set_place(planned.host_index, planned.num_hosts)
                 after = planned.ring_next()
             hosts = frozenset(peer["host"] for peer in peers)
             known = peers[0]["probed"]
             if known is not None and hosts <= known[0]:
-                self._reuse_probe(known[1], len(known[0]), len(hosts), peers)
+                self._reuse_probe(known[1], len(known[0]), len(hosts), peers, planned)
             else:
-                self._choose_sockets(path_probe, peers[after], peers, allgather_object,
-                                     lambda: self._new_probe(host, token))
+                self._choose_sockets(path_probe, peers[after], peers, planned, allgather_object,
+                                     lambda: self._new_probe(host, token, planned))
                 known = (hosts, self.flow_choice.hops)
             _last_probe = known
-            self.layout = None
             mark("probe")
         cfg = self.config  # with the lanes the probe chose
         self.channel = _C.ProxyChannel(channel_config(cfg, self.rank, self.size, token, host))
@@ -313,10 +311,10 @@ class ProxyGroup:
             coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
         mark("negotiation")
 
-    def _new_probe(self, host: str, token: bytes) -> "_C.PathProbe":
+    def _new_probe(self, host: str, token: bytes, planned: Optional[host_layout.HostLayout]) -> "_C.PathProbe":
         path_probe = _C.PathProbe(host, token, self.rank, self.size, self.config.wire_hash())
-        if self.layout is not None:
-            path_probe.set_place(self.layout.host_index, self.layout.num_hosts)
+        if planned is not None:
+            path_probe.set_place(planned.host_index, planned.num_hosts)
         return path_probe
 
     def _plan_hosts(self, peers: List[dict]) -> Optional[host_layout.HostLayout]:
@@ -376,11 +374,12 @@ class ProxyGroup:
             last[0] = now
         return mark
 
-    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, peers: List[dict], allgather_object: Callable,
+    def _choose_sockets(self, path_probe: "_C.PathProbe", nxt: dict, peers: List[dict],
+                        planned: Optional[host_layout.HostLayout], allgather_object: Callable,
                         new_probe: Callable[[], "_C.PathProbe"]) -> None:
-        """Measures the incoming hop, exchanges the curves, and takes the lanes and sockets per lane
-        every rank computes alike from them (probe.py); measures a second time when the hops' knees
-        disagree."""
+        """Measures the incoming hop of the planned ring (`planned`: the hierarchical layout, None:
+        the flat ring), exchanges the curves, and takes the lanes and sockets per lane every rank
+        computes alike from them (probe.py); measures a second time when the hops' knees disagree."""
         options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
         started = time.monotonic()
         # With the hierarchical allreduce, local rank 0 of each host measures the hop between hosts
@@ -390,7 +389,7 @@ class ProxyGroup:
         # per lane on 4:1gbit:200mbit) a lane whose flow gets an unlucky share of the link holds its
         # part back; 3 hosts x 2 ranks measured 1.00, 0.75, 0.99 Gbit/s with 4 x 1 against 0.95,
         # 0.98, 0.97 with 4 x 2, in one invocation (docs/hierarchical.md).
-        measures = self.layout is None or self.layout.local_rank == 0
+        measures = planned is None or planned.local_rank == 0
 
         def measure(path: "_C.PathProbe", port: int, name: str) -> List[Dict[int, float]]:
             phases = path.run(nxt["host"], port, options, self.config.timeout_seconds) if measures else None
@@ -401,10 +400,10 @@ class ProxyGroup:
         if probe.disagree(hops):  # the same decision on every rank: the same curves
             again = new_probe()
             ports = allgather_object(again.port, name="fasthorovod.probe.ports.2")
-            after = self.layout.ring_next() if self.layout is not None else (self.rank + 1) % self.size
+            after = planned.ring_next() if planned is not None else (self.rank + 1) % self.size
             hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2"))
             self.probe_runs = 2
-        self._choose(hops, peers)
+        self._choose(hops, peers, planned)
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
@@ -413,10 +412,11 @@ class ProxyGroup:
                   f"FASTHOROVOD_NUM_PROXIES and FASTHOROVOD_SOCKETS_PER_PROXY override)",
                   file=sys.stderr, flush=True)
 
-    def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int, peers: List[dict]) -> None:
+    def _reuse_probe(self, hops: List[Dict[int, float]], probed: int, hosts: int, peers: List[dict],
+                     planned: Optional[host_layout.HostLayout]) -> None:
         """Takes the lanes and sockets per lane from the curves an earlier start-up of this process
         measured among these hosts (and maybe more): the same choice on every rank, no measurement."""
-        self._choose(hops, peers)
+        self._choose(hops, peers, planned)
         self.probe_runs = 0
         if self.rank == 0:
             print(f"[fasthorovod] data plane: {self.config.num_proxies} lanes x {self.sockets_per_lane} sockets "
@@ -425,7 +425,7 @@ class ProxyGroup:
                   f"FASTHOROVOD_SOCKETS_PER_PROXY override)",
                   file=sys.stderr, flush=True)
 
-    def _choose(self, hops: List[Dict[int, float]], peers: List[dict]) -> None:
+    def _choose(self, hops: List[Dict[int, float]], peers: List[dict], planned: Optional[host_layout.HostLayout]) -> None:
         """The lanes (unless FASTHOROVOD_NUM_PROXIES is set: probe.choose_lanes, from the ring's best
         measured rate and the fewest CPUs any worker has) and the sockets per lane, from the
         exchanged curves and CPU counts: alike on every rank."""
@@ -434,14 +434,12 @@ class ProxyGroup:
             self.lanes_because = "lanes from FASTHOROVOD_NUM_PROXIES"
         else:
             rate = max(probe.ring_curve(hops).values())
-            ranks_on = {}
-            for peer in peers:
-                ranks_on[peer["host"]] = ranks_on.get(peer["host"], 0) + 1
+            ranks_on = collections.Counter(peer["host"] for peer in peers)
             cpus = min(peer["cpus"] / ranks_on[peer["host"]] for peer in peers)
-            rings = self.layout.local_size if self.layout is not None else 1
+            rings = planned.local_size if planned is not None else 1
             lanes = probe.choose_lanes(rate, cpus, rings)
             per_ring = f" over {rings} rings" if rings > 1 else ""
-            needed = math.ceil(rate / rings / probe.LANE_BYTES_PER_SECOND)
+            needed = probe.lanes_needed(rate, rings)
             self.lanes_because = (f"lanes: {probe.mbit(rate)} Mbit/s{per_ring} needs {needed} "
                                   f"prox{'y' if needed == 1 else 'ies'} of {probe.mbit(probe.LANE_BYTES_PER_SECOND)} "
                                   f"Mbit/s; at least {probe.MIN_LANES}, above that at most {cpus:g} CPUs per worker")

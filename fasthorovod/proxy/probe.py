@@ -40,11 +40,12 @@ import dataclasses
 import math
 from typing import Dict, List, Sequence
 
+from fasthorovod.config import MAX_PROXIES
+
 KNEE = 0.95
 HEADROOM = 1.0
 MAX_FLOWS = 32  # the probe's upper end; the doubling stops earlier at the knee
 MIN_LANES = 4
-MAX_LANES = 64  # csrc/shm/channel.h kMaxLanes
 LANE_BYTES_PER_SECOND = 1.0e9  # wire bytes/s one proxy carries on a core of its own (placement.md: 1.0-2.1 GB/s)
 
 
@@ -100,8 +101,13 @@ def choose_lanes(rate: float, cpus_per_worker: float, rings_per_link: int = 1) -
     if not rate >= 0 or not cpus_per_worker > 0 or rings_per_link < 1:
         raise ValueError(f"choose_lanes: rate {rate!r} must be >= 0, cpus_per_worker {cpus_per_worker!r} > 0, "
                          f"rings_per_link {rings_per_link!r} >= 1")
-    needed = math.ceil(rate / rings_per_link / LANE_BYTES_PER_SECOND)
-    return max(MIN_LANES, min(needed, int(cpus_per_worker), MAX_LANES))
+    return max(MIN_LANES, min(lanes_needed(rate, rings_per_link), int(cpus_per_worker), MAX_PROXIES))
+
+
+def lanes_needed(rate: float, rings_per_link: int = 1) -> int:
+    """The lanes a ring needs so that none carries more than LANE_BYTES_PER_SECOND of its share
+    (1 / `rings_per_link`) of `rate`, before choose_lanes's floor and CPU bound."""
+    return math.ceil(rate / rings_per_link / LANE_BYTES_PER_SECOND)
 
 
 def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) -> FlowChoice:
