@@ -12,7 +12,7 @@ setup:
 	@scripts/setup_env.sh
 
 test: setup cpp-test
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=60 tests
 
 # The C++ core's own tests (no Python): one executable over loopback TCP, built with CMake.
 cpp-test:

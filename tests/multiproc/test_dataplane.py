@@ -57,17 +57,20 @@ def test_proxies_own_their_tcp_connections():
             env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"})
 
 
-@pytest.mark.parametrize("passes,fp16", [(1, False), (2, False), (1, True)])
-def test_distributed_optimizer_matches_horovod(tmp_path, passes, fp16):
-    extra = ["--passes", str(passes)] + (["--fp16"] if fp16 else [])
-    ours, theirs = tmp_path / "fasthorovod.pt", tmp_path / "horovod.pt"
-    run_job(3, "train", "--out", str(ours), *extra,
-            env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
-                 "FASTHOROVOD_BUCKET_BYTES": "100000"})
-    run_job(3, "train", "--out", str(theirs), *extra, env={"FASTHOROVOD_NUM_PROXIES": "0"})
-    a, b = torch.load(ours), torch.load(theirs)
-    tol = 1e-3 if fp16 else 1e-5
-    assert torch.allclose(a, b, rtol=tol, atol=tol), (a - b).abs().max()
+# Three trainings in each job (worker.py's --runs): one job with the proxies, one without.
+TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1"
+OURS = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
+
+
+def test_distributed_optimizer_matches_horovod(tmp_path):
+    ours, theirs = tmp_path / "fasthorovod", tmp_path / "horovod"
+    ours.mkdir(), theirs.mkdir()
+    run_job(3, "train", "--out", str(ours), "--runs", TRAININGS, env=OURS)
+    run_job(3, "train", "--out", str(theirs), "--runs", TRAININGS, env={"FASTHOROVOD_NUM_PROXIES": "0"})
+    for name in ("p1", "p2", "p1fp16"):
+        a, b = torch.load(ours / f"{name}.pt"), torch.load(theirs / f"{name}.pt")
+        tol = 1e-3 if name.endswith("fp16") else 1e-5
+        assert torch.allclose(a, b, rtol=tol, atol=tol), (name, (a - b).abs().max())
 
 
 def test_gradient_predivide_factor_matches_horovods_own_optimizer(tmp_path):
@@ -77,14 +80,13 @@ def test_gradient_predivide_factor_matches_horovods_own_optimizer(tmp_path):
     F, small gradients underflow fp16's range, so the factor changes the result — and the test
     checks that it does (against Horovod without the factor), or it could not tell a dropped
     factor from a kept one. Ours matched Horovod's bit for bit when this was written."""
-    ours, theirs, plain = tmp_path / "fasthorovod.pt", tmp_path / "horovod.pt", tmp_path / "plain.pt"
-    args = ["--fp16", "--predivide", str(2.0 ** 18)]
-    run_job(3, "train", "--out", str(ours), *args,
-            env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
-                 "FASTHOROVOD_BUCKET_BYTES": "100000"})
-    run_job(3, "train", "--out", str(theirs), "--horovod-optimizer", *args, env={"FASTHOROVOD_NUM_PROXIES": "0"})
-    run_job(3, "train", "--out", str(plain), "--horovod-optimizer", "--fp16", env={"FASTHOROVOD_NUM_PROXIES": "0"})
-    a, b, c = torch.load(ours), torch.load(theirs), torch.load(plain)
+    ours, theirs = tmp_path / "fasthorovod", tmp_path / "horovod"
+    ours.mkdir(), theirs.mkdir()
+    factor = f"predivide={2.0 ** 18}"
+    run_job(3, "train", "--out", str(ours), "--runs", f"factor:fp16=1,{factor}", env=OURS)
+    run_job(3, "train", "--out", str(theirs), "--runs", f"factor:fp16=1,{factor},horovod=1;plain:fp16=1,horovod=1",
+            env={"FASTHOROVOD_NUM_PROXIES": "0"})
+    a, b, c = (torch.load(path) for path in (ours / "factor.pt", theirs / "factor.pt", theirs / "plain.pt"))
     same, factor = (a - b).abs().max().item(), (b - c).abs().max().item()
     print(f"max |ours - horovod| = {same:.3g}; max |horovod - horovod without the factor| = {factor:.3g}")
     assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), same

@@ -5,6 +5,7 @@ passes only if every rank computed exactly what it should.
 """
 import argparse
 import math
+import os
 import time
 import subprocess
 import sys
@@ -207,24 +208,51 @@ def scenario_lane_slowdown(args):
     print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
 
 
+TRAIN_KEYS = {"passes": int, "fp16": lambda v: v == "1", "predivide": float, "horovod": lambda v: v == "1"}
+
+
+def parse_train_runs(spec: str) -> list:
+    """--runs "NAME:KEY=VALUE,...;NAME:..." (keys: passes, fp16, predivide, horovod) into a list of
+    (name, options): several trainings in one job, each from the same seed, instead of one job each."""
+    runs = []
+    for item in filter(None, spec.split(";")):
+        name, _, options = item.partition(":")
+        parsed = {"passes": 1, "fp16": False, "predivide": 1.0, "horovod": False}
+        for pair in filter(None, options.split(",")):
+            key, _, value = pair.partition("=")
+            if key not in TRAIN_KEYS:
+                raise ValueError(f"--runs: unknown key {key!r} in {item!r}; known: {', '.join(TRAIN_KEYS)}")
+            parsed[key] = TRAIN_KEYS[key](value)
+        runs.append((name, parsed))
+    return runs
+
+
 def scenario_train(args):
-    """20 steps of a small MLP with DistributedOptimizer; writes the final parameters (rank 0)."""
+    """For each of --runs: 20 steps of a small MLP with DistributedOptimizer (horovod=1: Horovod's
+    own, the reference); rank 0 writes the final parameters to OUT/NAME.pt."""
+    for name, options in parse_train_runs(args.runs):
+        flat = train_once(**options)
+        if hvd.rank() == 0:
+            torch.save(flat, os.path.join(args.out, f"{name}.pt"))
+    print(f"rank {hvd.rank()}: train ok, proxies={hvd.proxy_group() is not None}", flush=True)
+
+
+def train_once(passes: int, fp16: bool, predivide: float, horovod: bool) -> torch.Tensor:
     rank = hvd.rank()
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                 torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    # --horovod-optimizer: Horovod's own DistributedOptimizer (the reference), else ours.
-    api = __import__("horovod.torch", fromlist=["torch"]) if args.horovod_optimizer else hvd
-    compression = api.Compression.fp16 if args.fp16 else api.Compression.none
+    api = __import__("horovod.torch", fromlist=["torch"]) if horovod else hvd
+    compression = api.Compression.fp16 if fp16 else api.Compression.none
     opt = api.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
-                                   backward_passes_per_step=args.passes, op=api.Average,
-                                   gradient_predivide_factor=args.predivide)
+                                   backward_passes_per_step=passes, op=api.Average,
+                                   gradient_predivide_factor=predivide)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     data_gen = torch.Generator().manual_seed(100 + rank)
     for step in range(20):
         opt.zero_grad()
-        for _ in range(args.passes):
+        for _ in range(passes):
             x = torch.randn(32, 64, generator=data_gen)
             y = torch.randint(0, 10, (32,), generator=data_gen)
             torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -232,9 +260,7 @@ def scenario_train(args):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = hvd.allgather(flat.unsqueeze(0))
     assert all(torch.equal(gathered[0], g) for g in gathered), "ranks hold different parameters"
-    if rank == 0:
-        torch.save(flat, args.out)
-    print(f"rank {rank}: train ok, proxies={hvd.proxy_group() is not None}", flush=True)
+    return flat
 
 
 def scenario_mismatch(args):
@@ -508,10 +534,7 @@ def main():
     parser.add_argument("--proxies", type=int, default=4)
     parser.add_argument("--inflight", type=int, default=40)
     parser.add_argument("--mbytes", type=int, default=100)
-    parser.add_argument("--passes", type=int, default=1)
-    parser.add_argument("--fp16", action="store_true")
-    parser.add_argument("--predivide", type=float, default=1.0)
-    parser.add_argument("--horovod-optimizer", action="store_true")
+    parser.add_argument("--runs", default="model:", help="train: NAME:KEY=VALUE,...;... (parse_train_runs)")
     parser.add_argument("--sockets", type=int, default=1)
     parser.add_argument("--out", default="")
     parser.add_argument("--cycles", type=int, default=4)
