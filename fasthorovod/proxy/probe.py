@@ -33,6 +33,14 @@ runs :func:`choose` on the same curves, so they agree without another round:
   2026-12-02: 2 of 3 jobs). So when the hops' knees :func:`disagree`, the ranks probe once more and
   each hop keeps, per flow count, the better of its two measurements (:func:`merge`; noise only
   lowers a phase). A hop that really needs more flows measures so twice and still decides.
+* a phase can also read *high*: a shaper that idled during a disturbed phase has saved up tokens,
+  and the next phase gets them as a burst. On 4:1gbit:200mbit one hop measured
+  ``8: 926, 16: 907, 32: 978`` Mbit/s (above what a 1 Gbit/s link carries as TCP payload) where the
+  other hops' best was 911-933; with 95% of 978 as its target that hop's knee was 32 and the job ran
+  with 8 sockets per lane (A/B of 2026-12-03, 1 job of 6). So a hop's target is 95% of the lower of
+  its own best and the best of any *other* hop (:func:`hop_knees`): the ring runs at its slowest
+  hop's pace, and flows that only reach what no other hop can carry do not pay. A slow hop still
+  decides (its own best is the lower one), and a hop's low phase lowers no other hop's target.
 """
 from __future__ import annotations
 
@@ -87,10 +95,18 @@ def ring_curve(hops: Sequence[Dict[int, float]]) -> Dict[int, float]:
     return {n: min(at(hop, n) for hop in hops) for n in counts}
 
 
-def hop_knee(hop: Dict[int, float]) -> int:
-    """The fewest flows whose aggregate on this hop reaches ``KNEE`` of the hop's best."""
-    best = max(hop.values())
-    return min(n for n, rate in hop.items() if rate >= KNEE * best)
+def hop_knee(hop: Dict[int, float], ceiling: float = math.inf) -> int:
+    """The fewest flows whose aggregate on this hop reaches ``KNEE`` of the hop's best, or of
+    `ceiling` where that is lower."""
+    target = KNEE * min(max(hop.values()), ceiling)
+    return min(n for n, rate in hop.items() if rate >= target)
+
+
+def hop_knees(hops: Sequence[Dict[int, float]]) -> List[int]:
+    """Each hop's knee against the lower of its own best and the best any other hop reached (one
+    hop alone: its own best)."""
+    bests = [max(hop.values()) for hop in hops]
+    return [hop_knee(hop, max(bests[:i] + bests[i + 1:], default=math.inf)) for i, hop in enumerate(hops)]
 
 
 def choose_lanes(rate: float, cpus_per_worker: float, rings_per_link: int = 1) -> int:
@@ -115,7 +131,7 @@ def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) 
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
     curve = ring_curve(hops)
-    knee = max(hop_knee(hop) for hop in hops)
+    knee = max(hop_knees(hops))
     sockets = max(1, math.ceil(knee * HEADROOM / lanes)) if knee > 1 else 1
     return FlowChoice(sockets_per_lane=min(sockets, max_sockets), knee_flows=knee, curve=curve, hops=list(hops))
 
@@ -123,7 +139,7 @@ def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) 
 def disagree(hops: Sequence[Dict[int, float]]) -> bool:
     """Whether the hops' knees differ (then a second probe settles whether that is the network or
     a disturbed phase); every rank computes it alike from the exchanged curves."""
-    return len({hop_knee(hop) for hop in hops}) > 1
+    return len(set(hop_knees(hops))) > 1
 
 
 def merge(first: Sequence[Dict[int, float]], second: Sequence[Dict[int, float]]) -> List[Dict[int, float]]:

@@ -57,6 +57,25 @@ def test_one_disturbed_phase_does_not_pull_the_choice_down():
     assert probe.hop_knee(stalled_at_8) == 4
 
 
+def test_a_phase_that_reads_high_does_not_raise_the_choice():
+    # A/B of 2026-12-03 on 4:1gbit:200mbit, after a second probe (merged): hop 0's 32-flow phase read
+    # 978 Mbit/s, above what the 1 Gbit/s link carries, and against 95% of that its knee was 32
+    hops = [{1: 191, 2: 381, 4: 742, 8: 926, 16: 907, 32: 978},
+            {1: 191, 2: 381, 4: 733, 8: 911, 16: 910, 32: 903},
+            {1: 193, 2: 382, 4: 726, 8: 916, 16: 900},
+            {1: 193, 2: 378, 4: 727, 8: 924, 16: 933, 32: 901}]
+    hops = [{n: rate * MBIT for n, rate in hop.items()} for hop in hops]
+    assert probe.hop_knee(hops[0]) == 32  # against its own best alone
+    assert probe.hop_knees(hops) == [8, 8, 8, 8]  # against the best any other hop reached (933)
+    choice = probe.choose(hops, lanes=4)
+    assert (choice.knee_flows, choice.sockets_per_lane) == (8, 2)
+    assert not probe.disagree(hops)
+    # a slow hop still decides: its own best is the lower one
+    slow = capped(100, 950)
+    assert probe.hop_knees([capped(200, 950), slow, capped(200, 950)]) == [8, 16, 8]
+    assert probe.hop_knees([slow]) == [16]
+
+
 def test_sockets_are_bounded_and_bad_input_is_refused():
     assert probe.choose([capped(1, 950, counts=(1, 2, 4, 8, 16, 32))], lanes=1, max_sockets=8).sockets_per_lane == 8
     with pytest.raises(ValueError, match="lanes must be >= 1"):
