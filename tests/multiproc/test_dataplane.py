@@ -64,7 +64,8 @@ OURS = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"
 
 def test_distributed_optimizer_matches_horovod(tmp_path):
     ours, theirs = tmp_path / "fasthorovod", tmp_path / "horovod"
-    ours.mkdir(), theirs.mkdir()
+    ours.mkdir()
+    theirs.mkdir()
     run_job(3, "train", "--out", str(ours), "--runs", TRAININGS, env=OURS)
     run_job(3, "train", "--out", str(theirs), "--runs", TRAININGS, env={"FASTHOROVOD_NUM_PROXIES": "0"})
     for name in ("p1", "p2", "p1fp16"):
@@ -81,10 +82,11 @@ def test_gradient_predivide_factor_matches_horovods_own_optimizer(tmp_path):
     checks that it does (against Horovod without the factor), or it could not tell a dropped
     factor from a kept one. Ours matched Horovod's bit for bit when this was written."""
     ours, theirs = tmp_path / "fasthorovod", tmp_path / "horovod"
-    ours.mkdir(), theirs.mkdir()
-    factor = f"predivide={2.0 ** 18}"
-    run_job(3, "train", "--out", str(ours), "--runs", f"factor:fp16=1,{factor}", env=OURS)
-    run_job(3, "train", "--out", str(theirs), "--runs", f"factor:fp16=1,{factor},horovod=1;plain:fp16=1,horovod=1",
+    ours.mkdir()
+    theirs.mkdir()
+    predivide = f"predivide={2.0 ** 18}"
+    run_job(3, "train", "--out", str(ours), "--runs", f"factor:fp16=1,{predivide}", env=OURS)
+    run_job(3, "train", "--out", str(theirs), "--runs", f"factor:fp16=1,{predivide},horovod=1;plain:fp16=1,horovod=1",
             env={"FASTHOROVOD_NUM_PROXIES": "0"})
     a, b, c = (torch.load(path) for path in (ours / "factor.pt", theirs / "factor.pt", theirs / "plain.pt"))
     same, factor = (a - b).abs().max().item(), (b - c).abs().max().item()
