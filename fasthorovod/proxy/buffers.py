@@ -51,6 +51,37 @@ class Buffer:
         return self.bytes[offset:offset + numel * itemsize].view(dtype)
 
 
+def _plain(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and not t.is_sparse and t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
+def copy_tensor(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for staging, on this thread. Both contiguous CPU tensors of one dtype
+    and size: a plain memory copy; anything else (another device, dtype or layout): torch's copy.
+    torch's CPU copy of a large tensor runs on its intra-op thread pool, whose threads spin after
+    every parallel region: with torch's default thread count they took the CPUs the proxies
+    needed (a 4 MiB allreduce on the 5-host emulated cloud ran at 0.47 Gbit/s instead of 0.69;
+    docs/dataplane.md, "Staging copies"). No autograd record either way: the collectives' autograd
+    functions wrap these calls."""
+    if _plain(dst) and _plain(src) and dst.dtype == src.dtype and dst.numel() == src.numel():
+        nbytes = dst.numel() * dst.element_size()
+        if nbytes:
+            _C.copy_bytes(dst.data_ptr(), src.data_ptr(), nbytes)
+    else:
+        with torch.no_grad():
+            dst.copy_(src)
+
+
+def zero_tensor(dst: torch.Tensor) -> None:
+    """``dst.zero_()`` on this thread for a contiguous CPU tensor (see :func:`copy_tensor`)."""
+    if _plain(dst):
+        if dst.numel():
+            _C.zero_bytes(dst.data_ptr(), dst.numel() * dst.element_size())
+    else:
+        with torch.no_grad():
+            dst.zero_()
+
+
 def unshared(buffer_id: int, nbytes: int) -> "_C.ShmBuffer":
     """A segment no proxy sees (for a pool without a channel, e.g. in unit tests)."""
     return _C.ShmBuffer(nbytes)

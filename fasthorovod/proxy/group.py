@@ -57,7 +57,7 @@ from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy import hosts as host_layout
 from fasthorovod.proxy import probe
-from fasthorovod.proxy.buffers import Buffer, BufferPool
+from fasthorovod.proxy.buffers import Buffer, BufferPool, copy_tensor, zero_tensor
 
 # At shutdown, how long the proxies get to exit on their own before they are killed (a proxy that
 # is aborting a collective may spend seconds telling its neighbours; hvd.shutdown() must not).
@@ -154,7 +154,7 @@ class Request:
 
     def _copy_out(self) -> None:
         for out, offset in zip(self._outputs, self._offsets):
-            out.view(-1).copy_(self._buffer.view(out.dtype, offset, out.numel()))
+            copy_tensor(out.view(-1), self._buffer.view(out.dtype, offset, out.numel()))
 
     def _finish(self) -> None:
         self._done = True
@@ -177,7 +177,7 @@ class GatherRequest(Request):
         (out,) = self._outputs
         size = out.shape[0]
         if self._bounds is None:  # summed rows (the hierarchical allreduce): row r is rank r's
-            out.view(-1).copy_(self._buffer.view(out.dtype, 0, out.numel()))
+            copy_tensor(out.view(-1), self._buffer.view(out.dtype, 0, out.numel()))
             return
         for begin, end in zip(self._bounds[:-1], self._bounds[1:]):
             # The lane's region holds size chunks of its columns; chunk c is rank c-1's (the ring's
@@ -491,7 +491,7 @@ class ProxyGroup:
             return torch.zeros(0, dtype=dtype)
         itemsize = torch.empty((), dtype=dtype).element_size()
         flat = self.pool.register(count * itemsize).view(dtype, 0, count)
-        flat.zero_()
+        zero_tensor(flat)
         return flat
 
     def set_lane_weights(self, weights: Sequence[float]) -> None:
@@ -563,9 +563,9 @@ class ProxyGroup:
                 offsets.append(offset)
                 staging = buffer.view(dtype, offset, t.numel())
                 if contribute:
-                    staging.copy_(t.reshape(-1))
+                    copy_tensor(staging, t.reshape(-1))
                 else:
-                    staging.zero_()
+                    zero_tensor(staging)
                 offset += t.numel() * itemsize
         try:
             ticket = self.member.submit(request(
@@ -598,7 +598,7 @@ class ProxyGroup:
         try:
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 m = end - begin
-                buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m).copy_(tensor[begin:end])
+                copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
             ticket = self.member.submit(request(
                 buffer_id=buffer.id, buffer_offset=0, count=n * width, dtype=DTYPE_CODES[tensor.dtype],
                 op=OP_GATHER, name_hash=_hash64(name), shape_hash=_hash64(str(width)), name=name,
@@ -621,8 +621,8 @@ class ProxyGroup:
         buffer = self.pool.acquire(max(1, n * width * itemsize))
         count = n * width
         try:
-            buffer.view(words, 0, count).zero_()
-            buffer.view(tensor.dtype, self.rank * width * itemsize, width).copy_(tensor)
+            zero_tensor(buffer.view(words, 0, count))
+            copy_tensor(buffer.view(tensor.dtype, self.rank * width * itemsize, width), tensor)
             ticket = self.member.submit(request(
                 buffer_id=buffer.id, buffer_offset=0, count=count, dtype=DTYPE_CODES[words], op=OP_SUM,
                 name_hash=_hash64(name), shape_hash=_hash64(str(width)), name=name,

@@ -8,7 +8,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
-from fasthorovod.proxy.buffers import BufferPool, size_class
+from fasthorovod.proxy.buffers import BufferPool, copy_tensor, size_class, zero_tensor
 
 
 def _memfd_fds():
@@ -64,6 +64,42 @@ def test_pool_recycles_by_size_class_and_locates_persistent_views():
     assert pool.locate(torch.zeros(4)) is None
     pool.close()
     view.fill_(1.0)  # still mapped after close
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8,
+                                   torch.bool, torch.complex64])
+def test_staging_copies_match_torch_for_every_layout(dtype):
+    pool = BufferPool()
+    buf = pool.acquire((1 << 22) + 64)  # above the size at which the copy releases the GIL
+    gen = torch.Generator().manual_seed(0)
+    src = (torch.randn(1 << 19, generator=gen) * 100).to(dtype) if dtype != torch.complex64 \
+        else torch.randn(1 << 19, dtype=dtype, generator=gen)
+    staging = buf.view(dtype, 64, src.numel())
+    copy_tensor(staging, src)  # the plain path: one memory copy
+    assert torch.equal(staging, src)
+    zero_tensor(staging)
+    assert not staging.any()
+    copy_tensor(staging[:100], src[::2][:100])  # a strided source: torch's copy
+    assert torch.equal(staging[:100], src[::2][:100])
+    if dtype.is_complex:  # a conjugate view is contiguous, but its memory is not its values
+        copy_tensor(staging, src.conj())
+        assert torch.equal(staging, src.conj())
+    before = buf.view(torch.uint8, 0, 64).clone()
+    copy_tensor(staging[:0], src[:0])  # nothing to copy; nothing before the view touched
+    assert torch.equal(buf.view(torch.uint8, 0, 64), before)
+    pool.release(buf)
+
+
+def test_staging_copies_from_a_tensor_that_requires_grad_record_nothing():
+    pool = BufferPool()
+    buf = pool.acquire(1 << 16)
+    src = torch.ones(8, requires_grad=True)
+    staging = buf.view(torch.float32, 0, 8)
+    copy_tensor(staging, src)
+    assert not staging.requires_grad and staging.grad_fn is None and torch.equal(staging, src.detach())
+    copy_tensor(staging, (src * 2)[::1].t())  # still plain, a non-leaf
+    assert torch.equal(staging, torch.full((8,), 2.0))
+    pool.release(buf)
 
 
 def test_size_classes():
