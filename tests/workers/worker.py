@@ -208,7 +208,13 @@ def scenario_lane_slowdown(args):
     print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
 
 
-TRAIN_KEYS = {"passes": int, "fp16": lambda v: v == "1", "predivide": float, "horovod": lambda v: v == "1"}
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError(f"--runs: a flag is 0 or 1, got {value!r}")
+    return value == "1"
+
+
+TRAIN_KEYS = {"passes": int, "fp16": _flag, "predivide": float, "horovod": _flag}
 
 
 def parse_train_runs(spec: str) -> list:
