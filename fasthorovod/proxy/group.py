@@ -182,8 +182,10 @@ class GatherRequest(Request):
         for begin, end in zip(self._bounds[:-1], self._bounds[1:]):
             # The lane's region holds size chunks of its columns; chunk c is rank c-1's (the ring's
             # allgather starts from chunk rank+1), so row r of the output is chunk r+1.
-            region = self._buffer.view(out.dtype, size * begin * out.element_size(), size * (end - begin))
-            out[:, begin:end].copy_(torch.roll(region.view(size, end - begin), shifts=-1, dims=0))
+            chunks = self._buffer.view(out.dtype, size * begin * out.element_size(), size * (end - begin)).view(
+                size, end - begin)
+            for row in range(size):
+                copy_tensor(out[row, begin:end], chunks[(row + 1) % size])
 
 
 def proxy_command(fd: int, lane: int) -> List[str]:
