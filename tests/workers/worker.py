@@ -186,7 +186,7 @@ def scenario_lane_slowdown(args):
         timed(small, f"steady.{i}")
         spread = max(group.lane_weights) / min(group.lane_weights)
         assert spread <= 1.05, f"steady network, collective {i}: weights {group.lane_weights}"
-    base = sorted(timed(big, f"base.{i}") for i in range(3))[1]
+    base = sorted(timed(big, f"base.{i}") for i in range(5))[2]  # the reference of the bound below: a median of 5
     if rank == 0:
         _shape_lanes([100, 200], ports_by_lane)
     times = [timed(big, f"slow.{i}") for i in range(10)]
