@@ -44,4 +44,16 @@ void CallReleased(F&& call) {
   Check(st);
 }
 
+// Runs work that cannot fail, without the GIL when `release` (large inputs: other Python threads
+// keep running meanwhile), else holding it (small inputs: releasing costs more than the work).
+template <typename F>
+void RunReleasedIf(bool release, F&& run) {
+  if (release) {
+    pybind11::gil_scoped_release unlocked;
+    run();
+  } else {
+    run();
+  }
+}
+
 }  // namespace fasthorovod

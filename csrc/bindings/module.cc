@@ -374,25 +374,14 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
   // (docs/dataplane.md, "Staging copies"). The caller passes addresses of memory it keeps alive.
   m.def("copy_bytes",
         [](uintptr_t dst, uintptr_t src, size_t nbytes) {
-          auto run = [&] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes); };
-          if (nbytes >= (size_t{1} << 20)) {
-            py::gil_scoped_release release;
-            run();
-          } else {
-            run();
-          }
+          RunReleasedIf(nbytes >= (size_t{1} << 20),
+                        [&] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes); });
         },
         py::arg("dst"), py::arg("src"), py::arg("nbytes"),
         R"pbdoc(Copies nbytes from address src to address dst on the calling thread (memmove).)pbdoc");
   m.def("zero_bytes",
         [](uintptr_t dst, size_t nbytes) {
-          auto run = [&] { std::memset(reinterpret_cast<void*>(dst), 0, nbytes); };
-          if (nbytes >= (size_t{1} << 20)) {
-            py::gil_scoped_release release;
-            run();
-          } else {
-            run();
-          }
+          RunReleasedIf(nbytes >= (size_t{1} << 20), [&] { std::memset(reinterpret_cast<void*>(dst), 0, nbytes); });
         },
         py::arg("dst"), py::arg("nbytes"), R"pbdoc(Zeroes nbytes at address dst on the calling thread.)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),

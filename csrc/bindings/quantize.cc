@@ -72,12 +72,7 @@ void Quantize(py::buffer grad, py::buffer residual, py::buffer packed, float thr
     Quantize2Bit(static_cast<const float*>(g.ptr), static_cast<float*>(r.ptr), count, threshold,
                  static_cast<uint32_t*>(q.ptr));
   };
-  if (count >= kReleaseGilElements) {
-    py::gil_scoped_release release;
-    run();
-  } else {
-    run();
-  }
+  RunReleasedIf(count >= kReleaseGilElements, run);
 }
 
 void DequantizeSum(py::buffer payloads, py::buffer out, float threshold, float scale) {
@@ -96,12 +91,7 @@ void DequantizeSum(py::buffer payloads, py::buffer out, float threshold, float s
     DequantizeSum2Bit(static_cast<const uint32_t*>(p.ptr), num_payloads, words_per_payload, count, threshold, scale,
                       static_cast<float*>(o.ptr));
   };
-  if (count * (num_payloads ? num_payloads : 1) >= kReleaseGilElements) {
-    py::gil_scoped_release release;
-    run();
-  } else {
-    run();
-  }
+  RunReleasedIf(count * (num_payloads ? num_payloads : 1) >= kReleaseGilElements, run);
 }
 
 }  // namespace
