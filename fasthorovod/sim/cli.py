@@ -352,8 +352,10 @@ def params_table(p: m.Params) -> str:
 
 
 def residual_table(res: List[Dict]) -> str:
-    return _table(["cloud", "backend", "size", "measured Gbit/s", "predicted Gbit/s", "error", "other CPU"],
-                  [[r["spec"], r["backend"], _fmt_size(r["bytes"]), f"{r['measured_busbw_gbps']:.3f}",
+    return _table(["cloud", "backend", "plane (jobs)", "size", "measured Gbit/s", "predicted Gbit/s", "error",
+                   "other CPU"],
+                  [[r["spec"], r["backend"], f"{r['k']}x{r['S']} ({r.get('rounds', 1)})" if "k" in r else "-",
+                    _fmt_size(r["bytes"]), f"{r['measured_busbw_gbps']:.3f}",
                     f"{r['predicted_busbw_gbps']:.3f}", f"{-r['error'] / (1 + r['error']) * 100:+.1f}%",
                     f"{r['background_cores']:.2f}"] for r in res])
 

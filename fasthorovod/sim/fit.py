@@ -52,6 +52,9 @@ def residuals(observations: Sequence[Dict], p: m.Params, cores: float, threshold
                     "predicted_busbw_gbps": m.busbw(o["bytes"], pred, c.ranks) * 8e-9,
                     "error": (pred - o["seconds"]) / o["seconds"],
                     "background_cores": o.get("background_cores", 0.0)})
+        if not o["backend"].startswith("horovod"):
+            plane = plane_of(o, threshold)
+            out[-1].update(k=plane.k, S=plane.S, rounds=o.get("rounds", 1))
     return out
 
 

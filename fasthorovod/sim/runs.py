@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -206,29 +207,43 @@ def cloud_jobs(spec: str, backends: str, sizes: List[int], rounds: int = 1, ceil
 
 
 def observations(job: Dict) -> List[Dict]:
-    """Flat rows (backend, hosts, bytes, seconds, k, S, probe 1-flow rate) from an allreduce job."""
+    """Flat rows (backend, hosts, bytes, seconds, k, S, probe 1-flow rate) from an allreduce job.
+
+    A backend run for several rounds is several jobs, each with its own probe, and the probe does not
+    always choose the same sockets per lane (on 6:1gbit:200mbit, 4 x 2 in most jobs, 4 x 4 or 4 x 8 in
+    others). The rounds are grouped by the data plane they ran: one row per plane and size, whose
+    seconds are the median of that plane's rounds (``rounds``: how many), so that every row is
+    predicted with the plane that was measured."""
     rows = []
     doc = job.get("report") or {}
     for entry in doc.get("backends", []):
         if entry.get("status") != "ok":
             continue
         result = entry["result"]
-        plane = result.get("data_plane") or {}
-        curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
-        one_flow = curve.get("1", curve.get(1))
-        if entry.get("rounds"):  # several rounds: each round's own probe, the first kept here
-            plane = (entry["rounds"][0].get("result") or {}).get("data_plane") or plane
+        rounds = [e.get("result") or {} for e in entry.get("rounds") or []] or [result]
+        groups: Dict[tuple, List[int]] = {}  # (k, S) -> indices of the rounds that ran it, in order
+        for i, r in enumerate(rounds):
+            plane = r.get("data_plane") or {}
+            groups.setdefault((plane.get("lanes"), plane.get("sockets_per_lane")), []).append(i)
+        for (k, S), members in groups.items():
+            plane = (rounds[members[0]].get("data_plane") or result.get("data_plane") or {})
             curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
             one_flow = curve.get("1", curve.get(1))
-        for r in result["results"]:
-            rows.append({"spec": job["spec"], "hosts": job["hosts"], "backend": entry["backend"],
-                         "bytes": r["bytes"], "seconds": r["median_s"], "busbw_gbps": r["busbw_gbps"],
-                         "round_seconds": r.get("round_medians_s"),
-                         "k": plane.get("lanes"), "S": plane.get("sockets_per_lane"),
-                         "background_cores": job["measure"]["background_cores"],
-                         "probe_one_flow_Bps": float(one_flow) if one_flow else None,
-                         "probe_curve_Bps": {str(f): float(v) for f, v in curve.items()} or None,
-                         "ceiling_Bps": ceiling_Bps(job)})
+            for r in result["results"]:
+                per_round = r.get("round_medians_s") or [r["median_s"]]
+                if len(per_round) != len(rounds):  # a result without its rounds' medians: all of them
+                    members_s = per_round
+                else:
+                    members_s = [per_round[i] for i in members]
+                seconds = float(statistics.median(members_s))
+                rows.append({"spec": job["spec"], "hosts": job["hosts"], "backend": entry["backend"],
+                             "bytes": r["bytes"], "seconds": seconds,
+                             "busbw_gbps": r["busbw_gbps"] * r["median_s"] / seconds,
+                             "round_seconds": members_s, "rounds": len(members_s), "k": k, "S": S,
+                             "background_cores": job["measure"]["background_cores"],
+                             "probe_one_flow_Bps": float(one_flow) if one_flow else None,
+                             "probe_curve_Bps": {str(f): float(v) for f, v in curve.items()} or None,
+                             "ceiling_Bps": ceiling_Bps(job)})
     return rows
 
 

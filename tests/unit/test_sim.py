@@ -15,6 +15,7 @@ import pytest
 from fasthorovod.sim import cli
 from fasthorovod.sim import fit as fitting
 from fasthorovod.sim import model as m
+from fasthorovod.sim import runs
 from fasthorovod.sim import training as tr
 
 MiB = 1 << 20
@@ -805,3 +806,34 @@ def test_background_cpu_leaves_out_processes_of_the_job_in_other_network_namespa
     assert measured["rc"] == 0
     # the busy loop took ~0.85 of a core: counted as the job's, it adds nothing to the background
     assert measured["background_cores"] < baseline + 0.35, (baseline, measured)
+
+
+def _round(lanes, sockets, medians):
+    return {"status": "ok", "result": {"data_plane": {"lanes": lanes, "sockets_per_lane": sockets},
+                                       "results": [{"bytes": b, "median_s": t} for b, t in medians]}}
+
+
+def test_rounds_that_ran_different_planes_are_rows_of_their_own():
+    """Each round is a job with its own probe: a round whose probe chose 4 x 8 is predicted as 4 x 8,
+    and the 4 x 2 rounds' median is not pulled by it."""
+    rounds = [_round(4, 2, [(4 * MiB, 0.090)]), _round(4, 8, [(4 * MiB, 0.114)]), _round(4, 2, [(4 * MiB, 0.094)])]
+    merged = {"backend": "fasthorovod", "status": "ok", "rounds": rounds,
+              "result": dict(rounds[0]["result"], results=[{"bytes": 4 * MiB, "median_s": 0.094, "busbw_gbps": 0.595,
+                                                            "round_medians_s": [0.090, 0.114, 0.094]}])}
+    job = {"spec": "6:1gbit:200mbit", "hosts": 6, "report": {"backends": [merged]},
+           "measure": {"background_cores": 0.1}}
+    rows = runs.observations(job)
+    assert [(r["k"], r["S"], r["rounds"]) for r in rows] == [(4, 2, 2), (4, 8, 1)]
+    assert rows[0]["seconds"] == pytest.approx(0.092) and rows[0]["round_seconds"] == [0.090, 0.094]
+    assert rows[1]["seconds"] == pytest.approx(0.114)
+    assert rows[0]["busbw_gbps"] == pytest.approx(0.595 * 0.094 / 0.092)
+    res = fitting.residuals(rows, m.Params(), 2.0, 64 << 10)
+    assert [(r["k"], r["S"], r["rounds"]) for r in res] == [(4, 2, 2), (4, 8, 1)]
+    assert res[0]["predicted_s"] != res[1]["predicted_s"]  # each with its own plane
+    assert "4x8 (1)" in cli.residual_table(res)
+    # one round (no "rounds" list): one row, as measured
+    single = dict(rounds[0], backend="fasthorovod")
+    rows = runs.observations({"spec": "6:1gbit:200mbit", "hosts": 6, "report": {"backends": [
+        dict(single, result=dict(single["result"], results=[{"bytes": 4 * MiB, "median_s": 0.09, "busbw_gbps": 0.62}]))]},
+        "measure": {"background_cores": 0.0}})
+    assert [(r["k"], r["S"], r["rounds"], r["seconds"]) for r in rows] == [(4, 2, 1, 0.09)]
