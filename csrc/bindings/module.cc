@@ -60,6 +60,9 @@ class PyPathProbe {
     if (options.max_flows < 1 || options.max_flows > static_cast<int>(kMaxSocketsPerLane) * 4) {
       ThrowInvalidArgument(Str("max_flows must be in [1, ", kMaxSocketsPerLane * 4, "], got ", options.max_flows));
     }
+    if (options.min_flows < 1 || options.min_flows > options.max_flows) {
+      ThrowInvalidArgument(Str("min_flows must be in [1, max_flows = ", options.max_flows, "], got ", options.min_flows));
+    }
     std::vector<ProbePhase> phases;
     CallReleased([&] {
       const Deadline deadline = Deadline::After(timeout_seconds);
@@ -132,6 +135,7 @@ its pages are reserved at creation (a shortage raises here, never a SIGBUS later
 
   py::class_<ProbeOptions>(m, "ProbeOptions", R"pbdoc(The path probe's schedule (csrc/transport/probe.h).)pbdoc")
       .def(py::init<>())
+      .def_readwrite("min_flows", &ProbeOptions::min_flows)
       .def_readwrite("max_flows", &ProbeOptions::max_flows)
       .def_readwrite("warmup_seconds", &ProbeOptions::warmup_seconds)
       .def_readwrite("measure_seconds", &ProbeOptions::measure_seconds)

@@ -106,7 +106,11 @@ class Receiver {
   // Runs the doubling schedule (probe.h) and drains the sender's last bytes.
   Status Measure(const ProbeOptions& options, std::vector<ProbePhase>* phases) {
     const int max_flows = static_cast<int>(socks_.size());
-    for (int flows = 1;; flows = std::min(2 * flows, max_flows)) {
+    if (options.min_flows < 1 || options.min_flows > max_flows) {
+      return Status::Error(Code::kInvalidArgument, Str("probe min_flows must be in [1, ", max_flows, "] (the sockets "
+                                                       "connected), got ", options.min_flows));
+    }
+    for (int flows = options.min_flows;; flows = std::min(2 * flows, max_flows)) {
       FHVD_RETURN_IF_ERROR(Ask(static_cast<uint32_t>(flows)));
       FHVD_RETURN_IF_ERROR(Pump(NowNs() + static_cast<int64_t>(options.warmup_seconds * 1e9)));
       const std::vector<uint64_t> before = total_;

@@ -16,8 +16,8 @@
 //   ── Control{flows = 0} ─────────────────►   stops, shuts its sockets down (EOF)
 //      drains to EOF
 //
-// The flow count doubles (1, 2, 4, ...) until it reaches max_flows or a doubling adds less than
-// `min_gain` to the aggregate (the knee). Controls travel on the receiving sockets' reverse
+// The flow count doubles (1, 2, 4, ..., or from `min_flows`) until it reaches max_flows or a doubling
+// adds less than `min_gain` to the aggregate (the knee). Controls travel on the receiving sockets' reverse
 // direction, so each hop is driven by its own receiver and hops need no clock in common; in a
 // ring every host's egress carries only its own hop, so the hops do not disturb each other.
 // Bytes still in flight from a phase are counted as they arrive but fall into the next phase's
@@ -37,7 +37,8 @@
 namespace fasthorovod {
 
 struct ProbeOptions {
-  int max_flows = 16;               // upper end of the doubling (1, 2, 4, ... <= max_flows)
+  int min_flows = 1;                // the first phase's flow count (a second probe starts at the disputed knees)
+  int max_flows = 16;               // upper end of the doubling (min_flows, 2·min_flows, ... <= max_flows)
   double warmup_seconds = 0.08;     // after a change of flow count, before counting
   double measure_seconds = 0.15;    // counting window per flow count
   double min_gain = 1.05;           // a doubling must raise the aggregate by this factor to go on

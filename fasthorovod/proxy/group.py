@@ -229,6 +229,7 @@ class ProxyGroup:
         self.sockets_per_lane = config.sockets_per_proxy or 1
         self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
         self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again; 0: reused
+        self.rechecked_flows: Optional[Tuple[int, int]] = None  # the flow counts the second probe measured
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
         self.lanes_because = "lanes from FASTHOROVOD_NUM_PROXIES" if config.num_proxies_from_env else "default lanes"
         self.startup_seconds: Dict[str, float] = {}  # how long each step of _start took (describe())
@@ -393,17 +394,20 @@ class ProxyGroup:
         # 0.98, 0.97 with 4 x 2, in one invocation (docs/hierarchical.md).
         measures = planned is None or planned.local_rank == 0
 
-        def measure(path: "_C.PathProbe", port: int, name: str) -> List[Dict[int, float]]:
-            phases = path.run(nxt["host"], port, options, self.config.timeout_seconds) if measures else None
+        def measure(path: "_C.PathProbe", port: int, name: str, opts) -> List[Dict[int, float]]:
+            phases = path.run(nxt["host"], port, opts, self.config.timeout_seconds) if measures else None
             return [probe.hop_curve(p) for p in allgather_object(phases, name=name) if p is not None]
 
-        hops = measure(path_probe, nxt["probe"], "fasthorovod.probe")
-        self.probe_runs = 1
+        hops = measure(path_probe, nxt["probe"], "fasthorovod.probe", options)
+        self.probe_runs, self.rechecked_flows = 1, None
         if probe.disagree(hops):  # the same decision on every rank: the same curves
+            low, high = probe.disputed_flows(hops)  # measured again: only what decides between the knees
             again = new_probe()
             ports = allgather_object(again.port, name="fasthorovod.probe.ports.2")
             after = planned.ring_next() if planned is not None else (self.rank + 1) % self.size
-            hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2"))
+            recheck = native(_C.ProbeOptions, min_flows=low, max_flows=high)
+            self.rechecked_flows = (low, high)
+            hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2", recheck))
             self.probe_runs = 2
         self._choose(hops, peers, planned)
         self.probe_seconds = time.monotonic() - started
@@ -469,6 +473,7 @@ class ProxyGroup:
         if self.flow_choice is not None:
             info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
                              "runs": self.probe_runs, "reused": self.probe_runs == 0,
+                             "rechecked_flows": None if self.rechecked_flows is None else list(self.rechecked_flows),
                              "curve_bytes_per_second": dict(self.flow_choice.curve),
                              "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
         return info

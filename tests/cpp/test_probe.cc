@@ -77,3 +77,38 @@ TEST(ProbeFailsPromptlyWhenThePeerVanishes) {
   CHECK(st.message().find("probe") != std::string::npos);
   CHECK(NowNs() - start < 5'000'000'000);
 }
+
+TEST(ProbeCanStartItsDoublingAboveOneFlow) {
+  // A second probe measures only the disputed flow counts: from min_flows up.
+  auto links = ConnectRing(2, 8);
+  std::vector<std::vector<ProbePhase>> phases(2);
+  std::vector<Status> results(2);
+  ProbeOptions options = Quick(8, 0.0);
+  options.min_flows = 2;
+  RunRanks(2, [&](uint32_t r) { results[r] = ProbePath(links[r], options, Deadline::After(10.0), &phases[r]); });
+  for (uint32_t r = 0; r < 2; ++r) {
+    CHECK(results[r].ok());
+    CHECK_EQ(phases[r].size(), size_t{3});
+    CHECK_EQ(phases[r][0].flows, 2);
+    CHECK_EQ(phases[r][1].flows, 4);
+    CHECK_EQ(phases[r][2].flows, 8);
+    CHECK_EQ(phases[r][0].flow_bytes_per_second.size(), size_t{2});
+  }
+}
+
+TEST(ProbeRejectsAFirstFlowCountItHasNoSocketsFor) {
+  auto links = ConnectRing(2, 2);
+  std::vector<std::vector<ProbePhase>> phases(2);
+  std::vector<Status> results(2);
+  ProbeOptions options = Quick(2, 0.0);
+  options.min_flows = 4;
+  const int64_t start = NowNs();
+  RunRanks(2, [&](uint32_t r) { results[r] = ProbePath(links[r], options, Deadline::After(10.0), &phases[r]); });
+  for (uint32_t r = 0; r < 2; ++r) {
+    CHECK(!results[r].ok());
+  }
+  // at least one side names the bad option (its peer may only see the probe abandoned)
+  CHECK(results[0].code() == Code::kInvalidArgument || results[1].code() == Code::kInvalidArgument);
+  CHECK((results[0].message() + results[1].message()).find("min_flows") != std::string::npos);
+  CHECK(NowNs() - start < 5'000'000'000);
+}
