@@ -221,20 +221,20 @@ def observations(job: Dict) -> List[Dict]:
             continue
         result = entry["result"]
         rounds = [e.get("result") or {} for e in entry.get("rounds") or []] or [result]
+        # each round's own plane where every size kept its rounds' medians; else the first round's
+        by_round = all(len(r.get("round_medians_s") or ()) == len(rounds) for r in result["results"])
+        planes = [(rounds[i] if by_round else rounds[0]).get("data_plane") or result.get("data_plane") or {}
+                  for i in range(len(rounds))]
         groups: Dict[tuple, List[int]] = {}  # (k, S) -> indices of the rounds that ran it, in order
-        for i, r in enumerate(rounds):
-            plane = r.get("data_plane") or {}
+        for i, plane in enumerate(planes):
             groups.setdefault((plane.get("lanes"), plane.get("sockets_per_lane")), []).append(i)
         for (k, S), members in groups.items():
-            plane = (rounds[members[0]].get("data_plane") or result.get("data_plane") or {})
+            plane = planes[members[0]]
             curve = ((plane.get("probe") or {}).get("curve_bytes_per_second") or {})
             one_flow = curve.get("1", curve.get(1))
             for r in result["results"]:
                 per_round = r.get("round_medians_s") or [r["median_s"]]
-                if len(per_round) != len(rounds):  # a result without its rounds' medians: all of them
-                    members_s = per_round
-                else:
-                    members_s = [per_round[i] for i in members]
+                members_s = [per_round[i] for i in members] if len(per_round) == len(rounds) else per_round
                 seconds = float(statistics.median(members_s))
                 rows.append({"spec": job["spec"], "hosts": job["hosts"], "backend": entry["backend"],
                              "bytes": r["bytes"], "seconds": seconds,

@@ -837,3 +837,12 @@ def test_rounds_that_ran_different_planes_are_rows_of_their_own():
         dict(single, result=dict(single["result"], results=[{"bytes": 4 * MiB, "median_s": 0.09, "busbw_gbps": 0.62}]))]},
         "measure": {"background_cores": 0.0}})
     assert [(r["k"], r["S"], r["rounds"], r["seconds"]) for r in rows] == [(4, 2, 1, 0.09)]
+
+
+def test_rounds_without_their_own_times_stay_one_row_with_the_first_plane():
+    rounds = [_round(4, 2, [(4 * MiB, 0.090)]), _round(4, 8, [(4 * MiB, 0.114)])]
+    merged = {"backend": "fasthorovod", "status": "ok", "rounds": rounds,
+              "result": dict(rounds[0]["result"], results=[{"bytes": 4 * MiB, "median_s": 0.1, "busbw_gbps": 0.56}])}
+    rows = runs.observations({"spec": "6:1gbit:200mbit", "hosts": 6, "report": {"backends": [merged]},
+                              "measure": {"background_cores": 0.0}})
+    assert [(r["k"], r["S"], r["seconds"]) for r in rows] == [(4, 2, 0.1)]
