@@ -89,6 +89,7 @@ class ProxyChannel:
     def lane(self, lane: int) -> Dict[str, object]: ...
 
 class ProbeOptions:
+    min_flows: int
     max_flows: int
     warmup_seconds: float
     measure_seconds: float
