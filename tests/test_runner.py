@@ -504,11 +504,14 @@ def test_a_second_probe_runs_when_the_hops_disagree_and_the_ranks_still_agree(tm
     lines = re.findall(r"PROBE (\d) (\{.*\}) (\d+)", result.stdout)
     assert sorted(rank for rank, _, _ in lines) == ["0", "1"], result.stdout[-3000:]
     infos = [json.loads(info) for _, info, _ in lines]
+    run_seconds = []
     for i in infos:
         i["probe"].pop("seconds")  # each rank's own clock
+        run_seconds.append(i["probe"].pop("run_seconds"))
     assert infos[0] == infos[1] and lines[0][2] == lines[1][2], f"ranks disagree: {lines}"
     info = infos[0]
     assert info["probe"]["runs"] == 2 and int(lines[0][2]) >= 8, info  # 50 Mbit/s per flow: 8+ flows still
+    assert [len(r) for r in run_seconds] == [2, 2] and all(t > 0 for r in run_seconds for t in r), run_seconds
     low, high = info["probe"]["rechecked_flows"]  # only the counts between the hops' knees, measured again
     assert 1 <= low <= high <= 32 and low & (low - 1) == 0 and high & (high - 1) == 0, info
     assert "twice: the hops disagreed" in result.stdout + result.stderr

@@ -228,6 +228,7 @@ class ProxyGroup:
         self.lane_weights = [1.0] * config.num_proxies
         self.sockets_per_lane = config.sockets_per_proxy or 1
         self.probe_seconds = 0.0  # how long the probe and the exchange of its curves took
+        self.probe_run_seconds: List[float] = []  # of which each run (first, then the second probe's)
         self.probe_runs = 0  # 2 when the hops' knees disagreed and the probe measured again; 0: reused
         self.rechecked_flows: Optional[Tuple[int, int]] = None  # the flow counts the second probe measured
         self.flow_choice: Optional[probe.FlowChoice] = None  # when the path probe chose the sockets
@@ -400,6 +401,7 @@ class ProxyGroup:
 
         hops = measure(path_probe, nxt["probe"], "fasthorovod.probe", options)
         self.probe_runs, self.rechecked_flows = 1, None
+        self.probe_run_seconds = [time.monotonic() - started]
         if probe.disagree(hops):  # the same decision on every rank: the same curves
             low, high = probe.disputed_flows(hops)  # measured again: only what decides between the knees
             again = new_probe()
@@ -409,6 +411,7 @@ class ProxyGroup:
             self.rechecked_flows = (low, high)
             hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2", recheck))
             self.probe_runs = 2
+            self.probe_run_seconds.append(time.monotonic() - started - self.probe_run_seconds[0])
         self._choose(hops, peers, planned)
         self.probe_seconds = time.monotonic() - started
         if self.rank == 0:
@@ -472,7 +475,8 @@ class ProxyGroup:
                 "startup_seconds": dict(self.startup_seconds)}
         if self.flow_choice is not None:
             info["probe"] = {"knee_flows": self.flow_choice.knee_flows, "seconds": self.probe_seconds,
-                             "runs": self.probe_runs, "reused": self.probe_runs == 0,
+                             "runs": self.probe_runs, "run_seconds": list(self.probe_run_seconds),
+                             "reused": self.probe_runs == 0,
                              "rechecked_flows": None if self.rechecked_flows is None else list(self.rechecked_flows),
                              "curve_bytes_per_second": dict(self.flow_choice.curve),
                              "hops_bytes_per_second": [dict(h) for h in self.flow_choice.hops]}
