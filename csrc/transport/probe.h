@@ -13,15 +13,18 @@
 //      warm-up, then counts each socket's bytes for `measure_seconds`
 //   ── Control{flows = 2} ─────────────────►   streams on sockets [0, 2)
 //      ...                                      ...
-//   ── Control{flows = 0} ─────────────────►   stops, shuts its sockets down (EOF)
-//      drains to EOF
+//   ── Control{flows = 0} ─────────────────►   stops, resets its sockets
+//      reads to each socket's end (the reset)
 //
 // The flow count doubles (1, 2, 4, ..., or from `min_flows`) until it reaches max_flows or a doubling
 // adds less than `min_gain` to the aggregate (the knee). Controls travel on the receiving sockets' reverse
 // direction, so each hop is driven by its own receiver and hops need no clock in common; in a
 // ring every host's egress carries only its own hop, so the hops do not disturb each other.
 // Bytes still in flight from a phase are counted as they arrive but fall into the next phase's
-// warm-up, never into a measurement window.
+// warm-up, never into a measurement window. What the sender still holds when told to stop is
+// dropped, not delivered: its sockets close with a reset (SO_LINGER 0). Autotuned send buffers
+// fill behind a shaped link, and letting them drain to an orderly EOF took 0.08-0.36 s per probe
+// on 6:1gbit:200mbit, against 0.01-0.05 s now.
 //
 // Every wait is bounded by the deadline; on any error both directions are abandoned and the
 // caller gets the Status (the job then fails at start-up with the reason).

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -395,21 +395,25 @@ class ProxyGroup:
         # 0.98, 0.97 with 4 x 2, in one invocation (docs/hierarchical.md).
         measures = planned is None or planned.local_rank == 0
 
-        def measure(path: "_C.PathProbe", port: int, name: str, opts) -> List[Dict[int, float]]:
+        def measure(path: "_C.PathProbe", port: int, name: str, opts,
+                    also: Any = None) -> Tuple[List[Dict[int, float]], List[Any]]:
+            """Every hop's curve, and what every rank passed as `also` (one exchange for both)."""
             phases = path.run(nxt["host"], port, opts, self.config.timeout_seconds) if measures else None
-            return [probe.hop_curve(p) for p in allgather_object(phases, name=name) if p is not None]
+            gathered = allgather_object((phases, also), name=name)
+            return [probe.hop_curve(p) for p, _ in gathered if p is not None], [a for _, a in gathered]
 
-        hops = measure(path_probe, nxt["probe"], "fasthorovod.probe", options)
+        # The second probe listens from the start and its port travels with the first curves, so
+        # measuring again (when the hops disagree) needs no exchange of its own.
+        again = new_probe()
+        hops, again_ports = measure(path_probe, nxt["probe"], "fasthorovod.probe", options, again.port)
         self.probe_runs, self.rechecked_flows = 1, None
         self.probe_run_seconds = [time.monotonic() - started]
         if probe.disagree(hops):  # the same decision on every rank: the same curves
             low, high = probe.disputed_flows(hops)  # measured again: only what decides between the knees
-            again = new_probe()
-            ports = allgather_object(again.port, name="fasthorovod.probe.ports.2")
             after = planned.ring_next() if planned is not None else (self.rank + 1) % self.size
             recheck = native(_C.ProbeOptions, min_flows=low, max_flows=high)
             self.rechecked_flows = (low, high)
-            hops = probe.merge(hops, measure(again, ports[after], "fasthorovod.probe.2", recheck))
+            hops = probe.merge(hops, measure(again, again_ports[after], "fasthorovod.probe.2", recheck)[0])
             self.probe_runs = 2
             self.probe_run_seconds.append(time.monotonic() - started - self.probe_run_seconds[0])
         self._choose(hops, peers, planned)

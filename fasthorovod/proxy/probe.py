@@ -34,9 +34,12 @@ runs :func:`choose` on the same curves, so they agree without another round:
   each hop keeps, per flow count, the better of its two measurements (:func:`merge`; noise only
   lowers a phase). A hop that really needs more flows measures so twice and still decides. The
   second probe measures only the disputed counts (:func:`disputed_flows`: from the lowest knee
-  to the highest, e.g. 8 and 16), not the whole doubling again: on 6:1gbit:200mbit the hops
-  disagreed in 4 of 6 jobs, whose probes took 3.2-3.7 s with the whole doubling again and 2.6-2.9 s
-  with the disputed counts only (docs/dataplane.md).
+  up to, not including, the highest, e.g. 8 alone when the knees are 8 and 16), not the whole
+  doubling again: on 6:1gbit:200mbit the hops disagreed in 4 of 6 jobs, whose probes took
+  3.2-3.7 s with the whole doubling again and 2.6-2.9 s with the counts from the lowest knee to the
+  highest; with the changes of 2026-12-03 evening (this count rule, the second probe's port
+  exchanged with the first curves, no drain at the end of a probe) a probe that runs twice takes
+  1.66-1.76 s there (docs/dataplane.md).
 * a phase can also read *high*: a shaper that idled during a disturbed phase has saved up tokens,
   and the next phase gets them as a burst. On 4:1gbit:200mbit one hop measured
   ``8: 926, 16: 907, 32: 978`` Mbit/s (above what a 1 Gbit/s link carries as TCP payload) where the
@@ -147,11 +150,16 @@ def disagree(hops: Sequence[Dict[int, float]]) -> bool:
 
 
 def disputed_flows(hops: Sequence[Dict[int, float]]) -> Tuple[int, int]:
-    """The flow counts a second probe measures again: from the lowest of the hops' knees to the
-    highest (what decides between them; every other count keeps its first measurement in
-    :func:`merge`). The same on every rank: the same curves."""
+    """The flow counts a second probe measures again: from the lowest of the hops' knees up to,
+    not including, the highest (e.g. knees 8 and 16: 8 alone). Every other count keeps its first
+    measurement in :func:`merge`. The highest knee's own count is not measured again because that
+    could only confirm it: :func:`merge` keeps each count's better reading, and a better reading
+    at the top count only raises the targets the hops' knees are measured against (:func:`hop_knees`)
+    — a dispute settles towards fewer flows only through a better reading below the highest knee.
+    The same on every rank: the same curves."""
     knees = hop_knees(hops)
-    return min(knees), max(knees)
+    low, high = min(knees), max(knees)
+    return low, max(low, high // 2)
 
 
 def merge(first: Sequence[Dict[int, float]], second: Sequence[Dict[int, float]]) -> List[Dict[int, float]]:

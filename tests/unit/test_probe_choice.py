@@ -114,17 +114,23 @@ def test_hops_that_disagree_are_measured_again_and_keep_their_better_phases():
 def test_a_second_probe_measures_only_the_disputed_flow_counts():
     good = {1: 190 * MBIT, 2: 378 * MBIT, 4: 730 * MBIT, 8: 915 * MBIT, 16: 919 * MBIT}
     dipped = {**good, 8: 834 * MBIT}  # knee 16 where the others' is 8
-    assert probe.disputed_flows([good, dipped, good]) == (8, 16)
-    # the second probe's curves hold only 8 and 16; the merge keeps the first probe's other counts
-    second = [{8: 910 * MBIT, 16: 917 * MBIT}, {8: 912 * MBIT, 16: 920 * MBIT}, {8: 899 * MBIT, 16: 918 * MBIT}]
+    assert probe.disputed_flows([good, dipped, good]) == (8, 8)  # the highest knee's count is not measured again
+    # the second probe's curves hold only 8; the merge keeps the first probe's other counts
+    second = [{8: 910 * MBIT}, {8: 912 * MBIT}, {8: 899 * MBIT}]
     merged = probe.merge([good, dipped, good], second)
     assert sorted(merged[1]) == [1, 2, 4, 8, 16] and merged[1][4] == pytest.approx(730 * MBIT)
+    assert merged[1][16] == pytest.approx(919 * MBIT)
     assert not probe.disagree(merged) and probe.choose(merged, lanes=4).sockets_per_lane == 2
-    # a hop that needs more flows: its range is measured again and it still decides
+    # measuring the top count again could only have confirmed the dispute: a better 16-flow reading
+    # raises the target 8 flows are measured against
+    burst = probe.merge(merged, [{16: 1000 * MBIT}, {16: 1000 * MBIT}, {16: 1000 * MBIT}])
+    assert probe.choose(burst, lanes=4).knee_flows == 16
+    # a hop that needs more flows: the counts below its knee are measured again and it still decides
     slow = capped(100, 950)
-    assert probe.disputed_flows([good, slow]) == (8, 16)
-    assert probe.choose(probe.merge([good, slow], [{8: 915 * MBIT, 16: 919 * MBIT}, {8: 800 * MBIT, 16: 950 * MBIT}]),
-                        lanes=4).knee_flows == 16
+    assert probe.disputed_flows([good, slow]) == (8, 8)
+    assert probe.choose(probe.merge([good, slow], [{8: 915 * MBIT}, {8: 800 * MBIT}]), lanes=4).knee_flows == 16
+    # knees further apart: every count from the lowest knee below the highest
+    assert probe.disputed_flows([capped(200, 950), capped(50, 950)]) == (4, 8)  # knees 4 and 16
 
 
 def test_lanes_grow_only_where_four_proxies_cpu_cannot_carry_the_ring_and_the_cpus_allow():
