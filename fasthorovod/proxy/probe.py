@@ -33,9 +33,8 @@ runs :func:`choose` on the same curves, so they agree without another round:
   2026-12-02: 2 of 3 jobs). So when the hops' knees :func:`disagree`, the ranks probe once more and
   each hop keeps, per flow count, the better of its two measurements (:func:`merge`; noise only
   lowers a phase). A hop that really needs more flows measures so twice and still decides. The
-  second probe measures only the disputed counts (:func:`disputed_flows`: from the lowest knee
-  up to, not including, the highest, e.g. 8 alone when the knees are 8 and 16), not the whole
-  doubling again: on 6:1gbit:200mbit the hops disagreed in 4 of 6 jobs, whose probes took
+  second probe measures only the count one doubling below the highest knee (:func:`disputed_flows`:
+  8 when the knees are 8 and 16), not the whole doubling again: on 6:1gbit:200mbit the hops disagreed in 4 of 6 jobs, whose probes took
   3.2-3.7 s with the whole doubling again and 2.6-2.9 s with the counts from the lowest knee to the
   highest; with the changes of 2026-12-03 evening (this count rule, the second probe's port
   exchanged with the first curves, no drain at the end of a probe) a probe that runs twice takes
@@ -150,16 +149,23 @@ def disagree(hops: Sequence[Dict[int, float]]) -> bool:
 
 
 def disputed_flows(hops: Sequence[Dict[int, float]]) -> Tuple[int, int]:
-    """The flow counts a second probe measures again: from the lowest of the hops' knees up to,
-    not including, the highest (e.g. knees 8 and 16: 8 alone). Every other count keeps its first
-    measurement in :func:`merge`. The highest knee's own count is not measured again because that
-    could only confirm it: :func:`merge` keeps each count's better reading, and a better reading
-    at the top count only raises the targets the hops' knees are measured against (:func:`hop_knees`)
-    — a dispute settles towards fewer flows only through a better reading below the highest knee.
-    The same on every rank: the same curves."""
+    """The flow counts a second probe measures again, as (first, last) of its doubling: the count
+    one doubling below the highest of the hops' knees (e.g. knees 8 and 16, or 4 and 16: 8), or
+    the knee itself when the knees agree. Every other count keeps its first measurement in
+    :func:`merge`.
+
+    The job's knee is the highest hop knee, so only a better reading below it can lower the
+    choice, and a disturbed phase moves a knee up by one doubling (8 to 16 in the cases seen). The
+    highest knee's own count is not measured again: :func:`merge` keeps each count's better
+    reading, and a better reading at the top count only raises the targets the knees are measured
+    against (:func:`hop_knees`), so it could only confirm the dispute. One phase keeps a probe that
+    runs twice within 2 s on an uneven cloud too, whose knees disagree by several doublings (4
+    and 32 on 5:1gbit:200mbit with two hosts at 100 Mbit/s per flow: 2.4 s with the counts 4 to 16
+    measured again). The same on every rank: the same curves."""
     knees = hop_knees(hops)
     low, high = min(knees), max(knees)
-    return low, max(low, high // 2)
+    count = max(low, high // 2)
+    return count, count
 
 
 def merge(first: Sequence[Dict[int, float]], second: Sequence[Dict[int, float]]) -> List[Dict[int, float]]:

@@ -129,8 +129,10 @@ def test_a_second_probe_measures_only_the_disputed_flow_counts():
     slow = capped(100, 950)
     assert probe.disputed_flows([good, slow]) == (8, 8)
     assert probe.choose(probe.merge([good, slow], [{8: 915 * MBIT}, {8: 800 * MBIT}]), lanes=4).knee_flows == 16
-    # knees further apart: every count from the lowest knee below the highest
-    assert probe.disputed_flows([capped(200, 950), capped(50, 950)]) == (4, 8)  # knees 4 and 16
+    # knees further apart: only the count one doubling below the highest, which decides the job
+    assert probe.hop_knees([capped(200, 950), capped(50, 950)]) == [4, 16]
+    assert probe.disputed_flows([capped(200, 950), capped(50, 950)]) == (8, 8)
+    assert probe.disputed_flows([good, good]) == (8, 8)  # knees that agree (a forced second probe)
 
 
 def test_lanes_grow_only_where_four_proxies_cpu_cannot_carry_the_ring_and_the_cpus_allow():
