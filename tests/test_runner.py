@@ -512,7 +512,7 @@ def test_a_second_probe_runs_when_the_hops_disagree_and_the_ranks_still_agree(tm
     info = infos[0]
     assert info["probe"]["runs"] == 2 and int(lines[0][2]) >= 8, info  # 50 Mbit/s per flow: 8+ flows still
     assert [len(r) for r in run_seconds] == [2, 2] and all(t > 0 for r in run_seconds for t in r), run_seconds
-    low, high = info["probe"]["rechecked_flows"]  # only the counts between the hops' knees, measured again
+    low, high = info["probe"]["rechecked_flows"]  # one doubling below the highest knee, measured again
     assert 1 <= low <= high <= 32 and low & (low - 1) == 0 and high & (high - 1) == 0, info
     assert "twice: the hops disagreed" in result.stdout + result.stderr
 

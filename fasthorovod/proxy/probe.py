@@ -33,12 +33,13 @@ runs :func:`choose` on the same curves, so they agree without another round:
   2026-12-02: 2 of 3 jobs). So when the hops' knees :func:`disagree`, the ranks probe once more and
   each hop keeps, per flow count, the better of its two measurements (:func:`merge`; noise only
   lowers a phase). A hop that really needs more flows measures so twice and still decides. The
-  second probe measures only the count one doubling below the highest knee (:func:`disputed_flows`:
-  8 when the knees are 8 and 16), not the whole doubling again: on 6:1gbit:200mbit the hops disagreed in 4 of 6 jobs, whose probes took
-  3.2-3.7 s with the whole doubling again and 2.6-2.9 s with the counts from the lowest knee to the
-  highest; with the changes of 2026-12-03 evening (this count rule, the second probe's port
-  exchanged with the first curves, no drain at the end of a probe) a probe that runs twice takes
-  1.66-1.76 s there (docs/dataplane.md).
+  second probe measures only the count one doubling below the highest knee
+  (:func:`disputed_flows`: 8 when the knees are 8 and 16), not the whole doubling again: on
+  6:1gbit:200mbit the hops disagreed in 4 of 6 jobs, whose probes took 3.2-3.7 s with the whole
+  doubling again and 2.6-2.9 s with the counts from the lowest knee to the highest; with the
+  changes of 2026-12-03 evening (this count rule, the second probe's port exchanged with the
+  first curves, no drain at the end of a probe) a probe that runs twice takes 1.66-1.76 s there
+  (docs/dataplane.md).
 * a phase can also read *high*: a shaper that idled during a disturbed phase has saved up tokens,
   and the next phase gets them as a burst. On 4:1gbit:200mbit one hop measured
   ``8: 926, 16: 907, 32: 978`` Mbit/s (above what a 1 Gbit/s link carries as TCP payload) where the
