@@ -1,4 +1,4 @@
-"""Calibrates and validates the CPU placement model (fasthorovod/proxy/placement.py) on this host.
+"""Calibrates and validates the CPU placement model (lab/placement.py) on this host.
 
 What it measures is the real data plane: two local ranks, each a ProxyGroup with k real proxy
 processes (``python -m fasthorovod.proxy``), lane j of rank 0 and lane j of rank 1 forming a ring
@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
 
-from fasthorovod.proxy.placement import (  # noqa: E402
+from lab.placement import (  # noqa: E402
     Busy, Placement, PlacementModel, ProxySpec, cpu_times, measure_unit_costs, per_cpu_seconds, plan,
     read_topology)
 

@@ -1,6 +1,7 @@
-"""The layers point down only (/work/shared/DESIGN.md): the scheduler never imports the torch facade
+"""The layers point down only (docs/dataplane.md, "Layers"): the scheduler never imports the torch facade
 (it receives a Communicator), the data plane imports neither, and nothing above the data plane
-reaches into its internals (its buffer pool, its dtype codes)."""
+reaches into its internals (its buffer pool, its dtype codes). The package is the product: nothing in
+it imports the project's lab, benchmarks or tests, and the lab's model stays torch-free."""
 import ast
 import pathlib
 import subprocess
@@ -15,8 +16,10 @@ FORBIDDEN = {
     "fasthorovod/scheduler": ("fasthorovod.torch", "horovod"),
     "fasthorovod/proxy": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch"),
     "fasthorovod/buckets.py": ("fasthorovod.torch", "fasthorovod.scheduler", "fasthorovod.proxy", "horovod"),
+    # the package is the product: the lab, the benchmarks and the tests import it, never the reverse
+    "fasthorovod": ("lab", "benchmarks", "tests"),
     # the model runs anywhere, quickly: no torch, no facade, no scheduler
-    "fasthorovod/sim": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch", "torch"),
+    "lab/sim": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch", "torch"),
 }
 
 

@@ -1,4 +1,4 @@
-"""python -m fasthorovod.sim {predict, calibrate, validate, project}: see docs/scale.md."""
+"""python -m lab.sim {predict, calibrate, validate, project}: see docs/scale.md."""
 from __future__ import annotations
 
 import argparse
@@ -11,10 +11,10 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from fasthorovod.sim import fit as fitting
-from fasthorovod.sim import model as m
-from fasthorovod.sim import training as tr
-from fasthorovod.sim import waits as waits_mod
+from lab.sim import fit as fitting
+from lab.sim import model as m
+from lab.sim import training as tr
+from lab.sim import waits as waits_mod
 
 MiB = 1 << 20
 UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB, "g": 1 << 30, "gib": 1 << 30}
@@ -218,7 +218,7 @@ def split_job(entry: str, default: str = "horovod,fasthorovod"):
 
 
 def cmd_calibrate(a) -> int:
-    from fasthorovod.sim import runs
+    from lab.sim import runs
 
     start = time.monotonic()
     prior = _load_params(a.prior)
@@ -403,7 +403,7 @@ def sweep_check(path: str, p: m.Params, cores: float, threshold: int, background
 
 
 def cmd_validate(a) -> int:
-    from fasthorovod.sim import runs
+    from lab.sim import runs
 
     p = m.Params.load(a.model)
     threshold = p.meta.get("threshold", 64 << 10)
@@ -549,7 +549,7 @@ def cmd_project(a) -> int:
         try:
             from fasthorovod.extras import MissingExtraError, require
 
-            plt_mod = require("matplotlib", "plot", "python -m fasthorovod.sim project --plot")
+            plt_mod = require("matplotlib", "plot", "python -m lab.sim project --plot")
         except MissingExtraError as e:
             print(e, file=sys.stderr)
             return 1
@@ -593,7 +593,7 @@ def plot_projection(doc: dict, path: str, matplotlib) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m fasthorovod.sim",
+    ap = argparse.ArgumentParser(prog="python -m lab.sim",
                                  description="A calibrated performance model of Horovod and FastHorovod "
                                              "(docs/scale.md).")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--no-ceiling", action="store_true", help="do not measure the raw-TCP ring ceiling")
     ca.add_argument("--trace-waits", nargs="*", default=None, metavar="SPEC",
                     help="clouds on which a traced FastHorovod 4x2 job measures a ring chain's wait between frames "
-                         "(fasthorovod/sim/waits.py; none: keep a reused run's, or no queueing term) "
+                         "(lab/sim/waits.py; none: keep a reused run's, or no queueing term) "
                          f"(default: {' '.join(TRACE_WAIT_CLOUDS)} when --clouds runs jobs)")
     ca.add_argument("--fit-alpha", action="store_true",
                     help="fit FastHorovod's alpha on the timing data instead of taking it from the traces (the mean "

@@ -1,4 +1,4 @@
-"""The CPU placement model and planner (fasthorovod/proxy/placement.py), without processes:
+"""The CPU placement model and planner (lab/placement.py), without processes:
 topology from a fake sysfs tree, the fit recovering known parameters, predictions and plans in
 cases whose answer is clear."""
 import dataclasses
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from fasthorovod.proxy import placement as placement_module
-from fasthorovod.proxy.placement import (Busy, Placement, PlacementModel, ProxySpec, Topology, parse_cpu_list,
+from lab import placement as placement_module
+from lab.placement import (Busy, Placement, PlacementModel, ProxySpec, Topology, parse_cpu_list,
                                          plan, read_topology)
 
 # -- topology -------------------------------------------------------------------------------------------

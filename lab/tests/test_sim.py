@@ -1,4 +1,4 @@
-"""The performance model (fasthorovod.sim, docs/scale.md): each piece against a closed form, the
+"""The performance model (lab.sim, docs/scale.md): each piece against a closed form, the
 training policies against hand-computed schedules, the fit on synthetic measurements, and the CLI
 end to end on a tiny calibration (no jobs: observations reused from a file)."""
 import dataclasses
@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from fasthorovod.sim import cli
-from fasthorovod.sim import fit as fitting
-from fasthorovod.sim import model as m
-from fasthorovod.sim import runs
-from fasthorovod.sim import training as tr
+from lab.sim import cli
+from lab.sim import fit as fitting
+from lab.sim import model as m
+from lab.sim import runs
+from lab.sim import training as tr
 
 MiB = 1 << 20
 
@@ -406,7 +406,7 @@ def test_chain_wait_queues_behind_the_lanes_other_chains():
 
 
 def test_fit_waits_recovers_the_queue_from_frames():
-    from fasthorovod.sim import waits
+    from lab.sim import waits
 
     flow = 25e6
     rows = []
@@ -767,7 +767,7 @@ def test_cli_end_to_end_on_a_tiny_calibration(tmp_path, capsys):
 
 
 def test_predict_help_documents_the_inputs():
-    out = subprocess.run([sys.executable, "-m", "fasthorovod.sim", "predict", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "lab.sim", "predict", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0
     for flag in ("--hosts", "--ranks-per-host", "--nic", "--per-flow", "--rtt", "--cores", "--proxies",
@@ -776,7 +776,7 @@ def test_predict_help_documents_the_inputs():
 
 
 def test_a_saved_sweep_with_an_uneven_cloud_is_checked_on_its_even_clouds(tmp_path, capsys):
-    from fasthorovod.sim import cli
+    from lab.sim import cli
 
     def network(spec):
         cfg = {"backend": "fasthorovod:4x2", "status": "ok",
@@ -796,7 +796,7 @@ def test_background_cpu_leaves_out_processes_of_the_job_in_other_network_namespa
     """Ranks launched over ssh on emulated hosts are no children of the job: their CPU is the job's,
     not another engineer's. A busy loop in its own network namespace, orphaned (so not our
     descendant), stands in for them."""
-    from fasthorovod.sim import runs
+    from lab.sim import runs
 
     busy = ["unshare", "--net", "sh", "-c", "(timeout 3 sh -c 'while :; do :; done' &) ; exit 0"]
     job = ["sh", "-c", f"{shlex.join(busy)}; sleep 3.5"]

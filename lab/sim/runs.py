@@ -250,7 +250,7 @@ def observations(job: Dict) -> List[Dict]:
 def unit_costs() -> Dict[str, float]:
     """CPU-seconds per byte of a float32 reduce (the proxies' own kernel), a memcpy and loopback TCP
     (send + receive), each the best of three, thread CPU time (the placement model's measurement)."""
-    from fasthorovod.proxy.placement import measure_unit_costs
+    from lab.placement import measure_unit_costs
 
     costs = measure_unit_costs(shard_bytes=16 * MiB, socket_bytes=64 * MiB)
     return {name: costs[name] for name in ("reduce", "copy", "socket")}

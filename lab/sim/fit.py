@@ -20,7 +20,7 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
-from fasthorovod.sim import model as m
+from lab.sim import model as m
 
 
 def cluster_of(obs: Dict, cores: float) -> m.Cluster:

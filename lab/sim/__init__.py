@@ -1,5 +1,5 @@
 """A calibrated performance model of Horovod and FastHorovod (docs/scale.md):
-``python -m fasthorovod.sim {predict,calibrate,validate,project}``."""
-from fasthorovod.sim.model import Cluster, Params, Plane, busbw, fasthorovod_allreduce, horovod_allreduce, ring_time
+``python -m lab.sim {predict,calibrate,validate,project}``."""
+from lab.sim.model import Cluster, Params, Plane, busbw, fasthorovod_allreduce, horovod_allreduce, ring_time
 
 __all__ = ["Cluster", "Params", "Plane", "busbw", "fasthorovod_allreduce", "horovod_allreduce", "ring_time"]

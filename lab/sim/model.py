@@ -722,7 +722,7 @@ def chain_wait(cluster: Cluster, plane: Plane, p: Params, nbytes: float) -> floa
     its socket (with ``p.queue_bytes`` known the socket-by-socket ring has that wait in it, and q is
     not added) (the lane
     gives it to the socket with the least unsent bytes and cannot see what the network still holds;
-    docs/scale.md, fasthorovod/sim/waits.py)."""
+    docs/scale.md, lab/sim/waits.py)."""
     lat = step_latency(cluster, p.alpha_fh)
     if p.queue_frames <= 0 or (p.queue_bytes is not None and plane.striping == "least-left"):
         return lat  # the socket-by-socket ring (socket_ring_seconds) has the queueing in it
@@ -849,7 +849,7 @@ def socket_ring_seconds(cluster: Cluster, plane: Plane, p: Params, nbytes: float
     to the socket with the least unsent bytes, and what the network already holds for a flow (up to
     ``p.queue_bytes``) does not count as unsent: with frames below that, a frame goes to the first
     socket even when it still carries another chain's frame, and waits for it — the wait the frame
-    traces show (fasthorovod/sim/waits.py); the first step's frames, queued together, are spread
+    traces show (lab/sim/waits.py); the first step's frames, queued together, are spread
     over the sockets. From the common start to the slowest chain, as :func:`ring_seconds`; the mean
     of ``SOCKET_DRAWS`` seeded draws. Rings of more than ``SOCKET_MAX_FRAMES`` frames: ring_seconds."""
     pipe = fasthorovod_pipeline(cluster, plane, p, nbytes, rate)

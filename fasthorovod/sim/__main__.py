@@ -1,5 +1,0 @@
-import sys
-
-from fasthorovod.sim.cli import main
-
-sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from lab.sim.cli import main
+
+sys.exit(main())
