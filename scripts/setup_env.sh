@@ -2,7 +2,8 @@
 # Installs everything FastHorovod needs on a fresh Debian 12 machine of this kind, into a
 # project-local virtualenv (.venv). Idempotent: the second run only checks and takes seconds.
 #
-#   apt:   OpenMPI (libopenmpi-dev, openmpi-bin), iperf3 (to check the emulated network),
+#   apt:   OpenMPI (libopenmpi-dev, openmpi-bin), libssl-dev (libcrypto: the handshakes' HMAC),
+#          iperf3 (to check the emulated network),
 #          openssh-server and openssh-client (sshd on the emulated hosts, so horovodrun reaches them
 #          over ssh; Debian's policy-rc.d in containers keeps the machine's own sshd from starting,
 #          and nothing here enables it)
@@ -20,7 +21,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # --- system packages --------------------------------------------------------------------------
 need_apt=()
-for pkg in libopenmpi-dev openmpi-bin iperf3 iproute2 openssh-server openssh-client; do
+for pkg in libopenmpi-dev openmpi-bin libssl-dev iperf3 iproute2 openssh-server openssh-client; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

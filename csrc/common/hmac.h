@@ -1,36 +1,25 @@
-// SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the connection handshakes: both ends prove
-// they hold the job token by a keyed hash over fresh nonces, so the token never travels.
+// The primitives of the connection handshakes (transport/socket.h): both ends prove they hold the
+// job token by an HMAC-SHA256 over fresh nonces, so the token itself never travels, and the
+// acceptor compares MACs in time that does not depend on where they first differ.
 //
-// Written from the standards, small and unoptimised: it hashes a few hundred bytes per connection.
-// Also: random bytes from the kernel (getrandom) and a comparison whose time does not depend on
-// where two MACs first differ.
+// SHA-256, HMAC-SHA256 and the comparison are OpenSSL's libcrypto; the nonces come from the
+// kernel's random source (getrandom).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 namespace fasthorovod {
 
 constexpr size_t kSha256Bytes = 32;
 using Digest = std::array<uint8_t, kSha256Bytes>;
 
-class Sha256 {
- public:
-  Sha256();
-  void Update(const void* data, size_t len);
-  Digest Finish();  // the object must not be updated afterwards
-
- private:
-  void Compress(const uint8_t block[64]);
-  uint32_t state_[8];
-  uint8_t block_[64];
-  size_t block_len_ = 0;
-  uint64_t total_bytes_ = 0;
-};
-
+// SHA-256 (FIPS 180-4) of len bytes.
 Digest Sha256Of(const void* data, size_t len);
+
+// HMAC-SHA256 (RFC 2104) of the message under the key; a key longer than the 64-byte block is
+// hashed first, as the RFC says.
 Digest HmacSha256(const void* key, size_t key_len, const void* message, size_t message_len);
 
 // True when the n bytes of a and b are equal; takes the same time wherever they differ.

@@ -1,4 +1,5 @@
-// SHA-256 and HMAC-SHA256 against the standards' own test vectors (FIPS 180-4 examples, RFC 4231).
+// SHA-256 and HMAC-SHA256 (libcrypto, behind common/hmac.h) against the standards' own test vectors
+// (FIPS 180-2 examples, RFC 4231), and the constant-time comparison.
 #include <string>
 
 #include "common/hmac.h"
@@ -30,12 +31,8 @@ TEST(Sha256MatchesFips180Examples) {
   CHECK_EQ(Sha(""), std::string("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"));
   CHECK_EQ(Sha("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),  // two blocks
            std::string("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
-  Sha256 split;  // the same message fed in uneven pieces
-  const std::string m = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
-  split.Update(m.data(), 3);
-  split.Update(m.data() + 3, 0);
-  split.Update(m.data() + 3, m.size() - 3);
-  CHECK_EQ(Hex(split.Finish()), std::string("248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"));
+  CHECK_EQ(Sha(std::string(1000000, 'a')),  // many blocks
+           std::string("cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"));
 }
 
 TEST(HmacSha256MatchesRfc4231) {
@@ -48,6 +45,19 @@ TEST(HmacSha256MatchesRfc4231) {
   // Test case 6: a key longer than the block is hashed first.
   CHECK_EQ(Hmac(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First"),
            std::string("60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"));
+  // Test case 7: a key and a message both longer than the block.
+  CHECK_EQ(Hmac(std::string(131, '\xaa'),
+                "This is a test using a larger than block-size key and a larger than block-size data. "
+                "The key needs to be hashed before being used by the HMAC algorithm."),
+           std::string("9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"));
+  // A key of exactly one block is used as it is, not hashed (differs from its hash used as key).
+  const std::string block_key(64, '\x42');
+  const Digest hashed = Sha256Of(block_key.data(), block_key.size());
+  CHECK(Hmac(block_key, "m") != Hmac(std::string(hashed.begin(), hashed.end()), "m"));
+  // A key of 65 bytes is hashed first: the same MAC as under its hash.
+  const std::string long_key(65, '\x42');
+  const Digest long_hashed = Sha256Of(long_key.data(), long_key.size());
+  CHECK_EQ(Hmac(long_key, "m"), Hmac(std::string(long_hashed.begin(), long_hashed.end()), "m"));
 }
 
 TEST(ConstantTimeEqualAndRandomBytes) {
@@ -55,6 +65,8 @@ TEST(ConstantTimeEqualAndRandomBytes) {
   CHECK(ConstantTimeEqual(a, a, 16));
   CHECK(!ConstantTimeEqual(a, b, 16));
   CHECK(ConstantTimeEqual(a, b, 15));
+  CHECK(!ConstantTimeEqual("X123", "0123", 4));  // differing in the first byte as in the last
+  CHECK(ConstantTimeEqual(a, b, 0));
   uint8_t x[16] = {}, y[16] = {};
   CHECK(RandomBytes(x, sizeof(x)));
   CHECK(RandomBytes(y, sizeof(y)));
