@@ -2,30 +2,39 @@
 #   make test   installs everything (apt, .venv, torch, horovod, fasthorovod) and runs the suite
 #   make bench  installs everything and runs the main benchmark
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
+#   make testing-module  builds the test-only module fasthorovod_testing into tests/native/
 PY := .venv/bin/python
+# One CMake tree for what only the tests use: the C++ test executable and fasthorovod_testing.
+TEST_BUILD := build/tests
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup test test-fast cpp-test bench clean
+.PHONY: setup test test-fast cpp-test testing-module test-build bench clean
 
 setup:
 	@scripts/setup_env.sh
 
-test: setup cpp-test
-	$(PY) -m pytest -q --durations=60 tests
+test: cpp-test testing-module
+	$(PY) -m pytest -q --durations=60 tests lab/tests
 
-# The C++ core's own tests (no Python): one executable over loopback TCP, built with CMake.
-cpp-test:
-	/usr/bin/cmake -S . -B build/cpp-tests -DFASTHOROVOD_BUILD_TESTS=ON -DFASTHOROVOD_BUILD_PYTHON=OFF \
-	    -DCMAKE_BUILD_TYPE=Release
-	/usr/bin/cmake --build build/cpp-tests --target fasthorovod_cpp_tests -j $$(nproc)
-	build/cpp-tests/fasthorovod_cpp_tests
+test-build: setup
+	/usr/bin/cmake -S . -B $(TEST_BUILD) -DCMAKE_BUILD_TYPE=Release -DFASTHOROVOD_BUILD_TESTS=ON \
+	    -DFASTHOROVOD_BUILD_PYTHON=OFF -DFASTHOROVOD_BUILD_TESTING_MODULE=ON \
+	    -DPython_EXECUTABLE=$(abspath $(PY)) -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir)
 
-test-fast: setup
+# The C++ core's own tests (no Python): one executable over loopback TCP.
+cpp-test: test-build
+	/usr/bin/cmake --build $(TEST_BUILD) --target fasthorovod_cpp_tests -j $$(nproc)
+	$(TEST_BUILD)/fasthorovod_cpp_tests
+
+testing-module: test-build
+	/usr/bin/cmake --build $(TEST_BUILD) --target fasthorovod_testing -j $$(nproc)
+
+test-fast: testing-module
 	$(PY) -m pytest -q tests -m "not slow"
 
 bench: setup
 	scripts/bench.sh
 
 clean:
-	rm -rf build *.egg-info fasthorovod/_C*.so
+	rm -rf build dist *.egg-info fasthorovod/_C*.so tests/native

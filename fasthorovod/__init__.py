@@ -10,7 +10,7 @@ from fasthorovod.exceptions import (
     FastHorovodTimeoutError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = [
     "CollectiveMismatchError",

@@ -1,4 +1,5 @@
-// fasthorovod._C_testing: entry points for tests only, kept out of the production module _C.
+// fasthorovod_testing: entry points for tests only, kept out of the production module _C and never
+// installed (CMake option FASTHOROVOD_BUILD_TESTING_MODULE writes it to tests/native/).
 //
 // The ring over loopback threads (_loopback_allreduce), the handshake bytes of a proxy (_hello), a
 // negotiation member that holds the token and sends what it is given (_hostile_member),
@@ -243,7 +244,7 @@ py::dict TraceSelftest(const std::string& dir, uint64_t n, uint32_t rank, uint32
 
 }  // namespace
 
-PYBIND11_MODULE(_C_testing, m) {
+PYBIND11_MODULE(fasthorovod_testing, m) {
   m.doc() = "FastHorovod test-only entry points (the production module is fasthorovod._C).";
   m.def("reduce_sum",
         [](uint32_t dtype, py::buffer dst, py::buffer src) {

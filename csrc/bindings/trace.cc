@@ -2,7 +2,7 @@
 //
 // The data plane uses TraceRecorder from C++ only; these bindings exist so that the file format
 // written by the real recorder is exercised from Python: tests write synthetic traces with
-// `TraceRecorder.record(...)` (fasthorovod._C_testing._trace_selftest measures Record() itself).
+// `TraceRecorder.record(...)` (fasthorovod_testing._trace_selftest measures Record() itself).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

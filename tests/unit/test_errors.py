@@ -8,7 +8,8 @@ here the table itself and the errors a single process can provoke.
 import pytest
 import torch
 
-from fasthorovod import _C, _C_testing
+import fasthorovod_testing
+from fasthorovod import _C
 from fasthorovod import exceptions as ex
 from fasthorovod.proxy.group import DTYPE_CODES, request
 
@@ -51,7 +52,7 @@ def test_invalid_arguments_raise_the_value_error_of_the_family():
     with pytest.raises(ex.FastHorovodValueError, match="lane_begin needs 2 to 65 boundaries, got 1"):
         request(lane_begin=[0])
     with pytest.raises(ex.FastHorovodValueError, match="invalid dtype"):
-        _C_testing.scale(99, bytearray(8), 2.0)
+        fasthorovod_testing.scale(99, bytearray(8), 2.0)
 
 
 def test_a_request_that_does_not_fit_the_channel_is_refused_before_it_is_posted():
@@ -70,4 +71,4 @@ def test_request_struct_round_trips_and_dtype_codes_come_from_the_core():
     assert (r.count, r.op, r.name, r.lane_begin, r.prescale, r.postscale) == (10, _C.OP_AVERAGE, "grad.fc1",
                                                                             [0, 4, 10], 0.5, 0.25)
     assert DTYPE_CODES[torch.bfloat16] == _C.DTYPES["bfloat16"] and len(DTYPE_CODES) == 9
-    assert all(_C_testing.dtype_size(code) == torch.empty((), dtype=dt).element_size() for dt, code in DTYPE_CODES.items())
+    assert all(fasthorovod_testing.dtype_size(code) == torch.empty((), dtype=dt).element_size() for dt, code in DTYPE_CODES.items())

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from fasthorovod import _C_testing
+import fasthorovod_testing
 from fasthorovod.proxy.group import DTYPE_CODES
 
 JOB_TOKEN = bytes([7]) * 16  # the token the loopback test helper uses
@@ -20,7 +20,7 @@ JOB_TOKEN = bytes([7]) * 16  # the token the loopback test helper uses
 
 def _run(ranks, strangers, impostors=()):
     inputs = [np.full(10_000, r + 1, dtype=np.float32) for r in range(ranks)]
-    told = _C_testing._loopback_allreduce(inputs, DTYPE_CODES[torch.float32], segment_bytes=4096,
+    told = fasthorovod_testing._loopback_allreduce(inputs, DTYPE_CODES[torch.float32], segment_bytes=4096,
                                           strangers=strangers, timeout_seconds=30, impostors=list(impostors))
     for buf in inputs:
         np.testing.assert_array_equal(buf, np.full(10_000, ranks * (ranks + 1) / 2, dtype=np.float32))
@@ -30,7 +30,7 @@ def _run(ranks, strangers, impostors=()):
 def test_strangers_are_rejected_and_the_ring_still_works(capfd):
     ranks = 3
     prev = ranks - 1  # rank 0 accepts from rank 2
-    hello = _C_testing._hello(prev, ranks, 0, 0, 0)
+    hello = fasthorovod_testing._hello(prev, ranks, 0, 0, 0)
     assert JOB_TOKEN not in hello
     strangers = [
         os.urandom(64),                 # foreign bytes

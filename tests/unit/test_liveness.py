@@ -34,9 +34,9 @@ print(f"ERROR at {time.time():.3f}: {c.error}", flush=True)
 
 MEMBERS = r"""
 import os, sys, time
-from fasthorovod import _C_testing
+import fasthorovod_testing
 token = bytes.fromhex(os.environ["TOKEN"])
-fds = [_C_testing._hostile_member(os.environ["ADDRESS"], int(os.environ["PORT"]), token, rank, 2, b"")
+fds = [fasthorovod_testing._hostile_member(os.environ["ADDRESS"], int(os.environ["PORT"]), token, rank, 2, b"")
        for rank in range(2)]
 print("CONNECTED", flush=True)
 time.sleep(120)

@@ -3,22 +3,23 @@ import numpy as np
 import pytest
 import torch
 
-from fasthorovod import _C, _C_testing
+import fasthorovod_testing
+from fasthorovod import _C
 from fasthorovod.proxy.group import DTYPE_CODES
 
 
 @pytest.mark.parametrize("count,size", [(0, 3), (1, 4), (10, 3), (17, 4), (1000, 7)])
 def test_chunks_cover_the_shard_exactly_and_spread_the_tail(count, size):
-    bounds = [_C_testing.chunk_begin(count, size, c) for c in range(size + 1)]
+    bounds = [fasthorovod_testing.chunk_begin(count, size, c) for c in range(size + 1)]
     assert bounds[0] == 0 and bounds[-1] == count
     lengths = np.diff(bounds)
     assert lengths.min() >= 0 and lengths.max() - lengths.min() <= 1
 
 
 def test_segment_count_keeps_one_frame_for_an_empty_chunk():
-    assert _C_testing.segment_count(0, 16) == 1
-    assert _C_testing.segment_count(16, 16) == 1
-    assert _C_testing.segment_count(17, 16) == 2
+    assert fasthorovod_testing.segment_count(0, 16) == 1
+    assert fasthorovod_testing.segment_count(16, 16) == 1
+    assert fasthorovod_testing.segment_count(17, 16) == 2
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
@@ -27,7 +28,7 @@ def test_segment_count_keeps_one_frame_for_an_empty_chunk():
 def test_loopback_ring_sums_exactly(ranks, count, sockets):
     inputs = [np.random.default_rng(r).integers(-1000, 1000, count).astype(np.int64) for r in range(ranks)]
     buffers = [x.copy() for x in inputs]
-    _C_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.int64], segment_bytes=4096, sockets=sockets)
+    fasthorovod_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.int64], segment_bytes=4096, sockets=sockets)
     expected = np.sum(inputs, axis=0) if count else np.zeros(0, np.int64)
     for buf in buffers:
         np.testing.assert_array_equal(buf, expected)
@@ -38,7 +39,7 @@ def test_loopback_ring_every_dtype(dtype):
     ranks, count = 3, 12_345
     inputs = [(torch.arange(count) % 5 + r).to(dtype) for r in range(ranks)]
     buffers = [t.clone().numpy() for t in inputs]
-    _C_testing._loopback_allreduce(buffers, DTYPE_CODES[dtype], segment_bytes=1000)
+    fasthorovod_testing._loopback_allreduce(buffers, DTYPE_CODES[dtype], segment_bytes=1000)
     expected = sum(t.long() for t in inputs).to(dtype)
     for buf in buffers:
         assert torch.equal(torch.from_numpy(buf), expected)
@@ -47,14 +48,14 @@ def test_loopback_ring_every_dtype(dtype):
 def test_prescale_and_postscale_are_applied_once():
     ranks, count = 4, 10_001
     buffers = [np.full(count, r + 1, dtype=np.float64) for r in range(ranks)]
-    _C_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.float64], segment_bytes=512, prescale=2.0, postscale=0.25)
+    fasthorovod_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.float64], segment_bytes=512, prescale=2.0, postscale=0.25)
     for buf in buffers:
         np.testing.assert_array_equal(buf, np.full(count, 2.0 * 10 * 0.25))
 
 
 def test_buffers_of_different_lengths_are_rejected():
     with pytest.raises(ValueError):
-        _C_testing._loopback_allreduce([np.zeros(4, np.float32), np.zeros(5, np.float32)], DTYPE_CODES[torch.float32], 4096)
+        fasthorovod_testing._loopback_allreduce([np.zeros(4, np.float32), np.zeros(5, np.float32)], DTYPE_CODES[torch.float32], 4096)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5])
@@ -71,7 +72,7 @@ def test_loopback_ring_allgather_delivers_every_ranks_chunk_unchanged(ranks, wid
         own = _C.allgather_own_chunk(r, ranks)
         buf[own * width:(own + 1) * width] = rows[r]
         buffers.append(buf)
-    _C_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.int32], segment_bytes=4096, sockets=sockets,
+    fasthorovod_testing._loopback_allreduce(buffers, DTYPE_CODES[torch.int32], segment_bytes=4096, sockets=sockets,
                            prescale=3.0, postscale=0.5, op=_C.OP_GATHER)
     expected = np.concatenate([rows[(c - 1) % ranks] for c in range(ranks)]) if width else np.zeros(0, np.int32)
     for buf in buffers:
@@ -80,4 +81,4 @@ def test_loopback_ring_allgather_delivers_every_ranks_chunk_unchanged(ranks, wid
 
 def test_unknown_ring_op_is_rejected():
     with pytest.raises(ValueError, match="op must be"):
-        _C_testing._loopback_allreduce([np.zeros(4, np.int32)] * 2, DTYPE_CODES[torch.int32], 4096, op=7)
+        fasthorovod_testing._loopback_allreduce([np.zeros(4, np.int32)] * 2, DTYPE_CODES[torch.int32], 4096, op=7)

@@ -23,7 +23,8 @@ import sys
 
 import pytest
 
-from fasthorovod import _C, _C_testing
+import fasthorovod_testing
+from fasthorovod import _C
 from fasthorovod.trace import analyze as an
 from fasthorovod.trace import capture
 from fasthorovod.trace import format as fmt
@@ -90,7 +91,7 @@ def approx(x):
 # -- the C++ recorder -------------------------------------------------------------------------------
 
 def test_recorder_selftest_writes_every_record(tmp_path):
-    out = _C_testing._trace_selftest(str(tmp_path), 10_001, rank=3, lane=2, size=4)
+    out = fasthorovod_testing._trace_selftest(str(tmp_path), 10_001, rank=3, lane=2, size=4)
     assert out["records"] == 10_001 and out["dropped"] == 0
     assert os.path.basename(out["path"]) == "rank3.lane2.bin"
     pf = fmt.read_proxy_file(out["path"])
@@ -113,11 +114,11 @@ def test_recorder_selftest_writes_every_record(tmp_path):
 
 
 def test_recorder_never_overwrites_and_counts_drops(tmp_path):
-    a = _C_testing._trace_selftest(str(tmp_path), 10)
-    b = _C_testing._trace_selftest(str(tmp_path), 10)
+    a = fasthorovod_testing._trace_selftest(str(tmp_path), 10)
+    b = fasthorovod_testing._trace_selftest(str(tmp_path), 10)
     assert os.path.basename(a["path"]) == "rank0.lane0.bin" and os.path.basename(b["path"]) == "rank0.lane0.p1.bin"
     # A 64-record ring that is flushed only every 10 s overflows: the surplus is dropped and counted.
-    c = _C_testing._trace_selftest(str(tmp_path / "small"), 1000, capacity=64, flush_interval_ms=10_000)
+    c = fasthorovod_testing._trace_selftest(str(tmp_path / "small"), 1000, capacity=64, flush_interval_ms=10_000)
     assert c["records"] == 64 and c["dropped"] == 1000 - 64
     pf = fmt.read_proxy_file(c["path"])
     assert len(pf.records) == 64 and pf.meta["dropped"] == 936
@@ -128,7 +129,7 @@ def test_recorder_never_overwrites_and_counts_drops(tmp_path):
 
 
 def test_reader_ignores_a_partial_last_record(tmp_path):
-    out = _C_testing._trace_selftest(str(tmp_path), 5)
+    out = fasthorovod_testing._trace_selftest(str(tmp_path), 5)
     with open(out["path"], "ab") as f:
         f.write(b"\x01" * 40)
     pf = fmt.read_proxy_file(out["path"])
@@ -339,7 +340,7 @@ def test_cli_help_and_errors(tmp_path):
 
 def test_proxy_only_trace_is_analyzed(tmp_path):
     for rank in (0, 1):
-        _C_testing._trace_selftest(str(tmp_path), 64, rank=rank, lane=0, size=2)
+        fasthorovod_testing._trace_selftest(str(tmp_path), 64, rank=rank, lane=0, size=2)
     r = an.analyze(str(tmp_path))
     assert r["iterations"] == [] and r["frames"] == 128 and r["sync"]["source"] == "proxy"
     assert {rl["rank"] for rl in r["rank_lanes"]} == {0, 1}

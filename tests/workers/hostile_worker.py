@@ -2,7 +2,7 @@
 tests/multiproc/test_hostile.py as Horovod ranks.
 
 Rank HOSTILE's data plane starts as usual (its proxies join the rings), but in place of its
-negotiation member it connects to the coordinator with _C_testing._hostile_member: it proves the
+negotiation member it connects to the coordinator with fasthorovod_testing._hostile_member: it proves the
 job token, then sends the frames of one variant (an oversized length field, a collective of 2^61
 elements, lane boundaries past the tensor, a frame cut short and then silence, random bytes). The
 other ranks run an allreduce through the proxies; each must raise FastHorovodError naming the
@@ -21,7 +21,7 @@ import psutil
 import torch
 
 import fasthorovod.torch as hvd
-from fasthorovod import _C_testing
+import fasthorovod_testing
 from fasthorovod.proxy import group as group_module
 
 HOSTILE = 1
@@ -60,7 +60,7 @@ class HostileMember:
     payload = b""
 
     def __init__(self, channel, options) -> None:
-        self.fd = _C_testing._hostile_member(options.coordinator_host, options.coordinator_port, options.token,
+        self.fd = fasthorovod_testing._hostile_member(options.coordinator_host, options.coordinator_port, options.token,
                                              options.rank, options.size, HostileMember.payload)
 
     def close(self) -> None:

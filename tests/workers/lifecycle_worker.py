@@ -45,9 +45,9 @@ def _exists(pid: int) -> bool:
 
 def thread_init(args) -> None:
     if args.deny_pidfd:
-        from fasthorovod import _C_testing
+        import fasthorovod_testing
 
-        _C_testing.deny_pidfd_open()
+        fasthorovod_testing.deny_pidfd_open()
     t = threading.Thread(target=hvd.init)
     t.start()
     t.join()  # the thread that spawned the proxies is gone

@@ -87,9 +87,9 @@ def worker(rank: int, sock: socket.socket, kind: str, rng: random.Random) -> Non
     relay = Relay(sock)
     victim = rank == VICTIM
     if victim and kind == "no_pidfd":
-        from fasthorovod import _C_testing
+        import fasthorovod_testing
 
-        _C_testing.deny_pidfd_open()
+        fasthorovod_testing.deny_pidfd_open()
     config = Config(num_proxies=2, timeout_seconds=10.0, proxy_threshold_bytes=0, single_host=True, probe="0")
     group = ProxyGroup.start(config, rank, 2, relay.broadcast_object, relay.allgather_object)
     bucket = group.alloc(1 << 18, torch.float32)  # a gradient bucket: views of shared memory
