@@ -55,6 +55,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
 
 from lab.placement import (  # noqa: E402
@@ -70,14 +72,15 @@ EXPECTED = 1.5  # mean of rank 0's 1.0 and rank 1's 2.0
 
 def tids(pid):
     try:
-        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
+        return [thread.id for thread in psutil.Process(pid).threads()]
+    except psutil.Error:
         return []
 
 
 def cpu_ns(pid):
     """(CPU time, time runnable but waiting for a CPU) of every thread of `pid`, nanoseconds
-    (schedstat's first two fields)."""
+    (schedstat's first two fields). Read directly: psutil's per-thread times are in clock ticks
+    and it does not report the time spent waiting for a CPU."""
     run = wait = 0
     for tid in tids(pid):
         try:
@@ -91,6 +94,7 @@ def cpu_ns(pid):
 
 
 def procs_running():
+    """The host's runnable threads now (/proc/stat's procs_running, which psutil does not report)."""
     with open("/proc/stat") as f:
         for line in f:
             if line.startswith("procs_running"):

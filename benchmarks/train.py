@@ -54,6 +54,7 @@ import random  # noqa: E402
 import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -316,13 +317,12 @@ def exposed_comm(differences):
 
 
 def process_created():
-    """Wall-clock time at which this process was created (its age from /proc, to 10 ms; psutil's
-    create_time() adds the boot time, which the kernel gives in whole seconds)."""
-    with open("/proc/self/stat") as f:
-        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/uptime") as f:
-        uptime = float(f.read().split()[0])
-    return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    """Wall-clock time at which this process was created, to the kernel's 10 ms. psutil's
+    create_time() alone adds the boot time, which the kernel gives in whole seconds; less that boot
+    time it is exactly the age since boot, which CLOCK_BOOTTIME (the clock of /proc/uptime) turns
+    into a wall-clock time."""
+    since_boot = psutil.Process().create_time() - psutil.boot_time()
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def worker(args):

@@ -74,6 +74,8 @@ import random
 import time
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import psutil
+
 CpuSet = Tuple[int, ...]
 
 # -- topology ---------------------------------------------------------------------------------------
@@ -973,18 +975,18 @@ def plan(topology: Topology, compute_cpus: int, net_rate: Optional[float], model
 
 # -- the unit costs the model starts from -----------------------------------------------------------
 
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
 def per_cpu_seconds() -> Dict[int, List[float]]:
     """{cpu: its first eight /proc/stat counters in seconds}: user, nice, system, idle, iowait,
-    irq, softirq, steal (0 where the kernel gives fewer)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    out = {}
-    with open("/proc/stat") as f:
-        for line in f:
-            if line.startswith("cpu") and line[3].isdigit():
-                parts = line.split()
-                v = [int(x) / hz for x in parts[1:9]]
-                out[int(parts[0][3:])] = v + [0.0] * (8 - len(v))
-    return out
+    irq, softirq, steal (0 where the kernel gives fewer). psutil lists the online CPUs in order,
+    without their numbers; those come from the kernel's list of online CPUs (0, 1, ... when it
+    cannot be read or disagrees)."""
+    times = psutil.cpu_times(percpu=True)
+    online = parse_cpu_list(_read("/sys/devices/system/cpu/online") or "")
+    cpus = online if len(online) == len(times) else range(len(times))
+    return {cpu: [float(getattr(t, name, 0.0)) for name in _CPU_FIELDS] for cpu, t in zip(cpus, times)}
 
 
 def cpu_times() -> Dict[int, Tuple[float, float]]:
@@ -1003,7 +1005,8 @@ def measure_unit_costs(cpu: Optional[int] = None, shard_bytes: int = 64 << 20,
 
     import numpy as np
 
-    from fasthorovod import _C, _C_testing
+    import fasthorovod_testing
+    from fasthorovod import _C
 
     mib = 1 << 20
     old = os.sched_getaffinity(0)
@@ -1022,7 +1025,7 @@ def measure_unit_costs(cpu: Optional[int] = None, shard_bytes: int = 64 << 20,
                 t0 = time.thread_time()
                 if name == "reduce":
                     for i in range(0, shard.size, seg):
-                        _C_testing.reduce_sum(f32, shard[i:i + seg], temp)
+                        fasthorovod_testing.reduce_sum(f32, shard[i:i + seg], temp)
                 else:
                     np.copyto(dst, shard)
                 samples.append((time.thread_time() - t0) / shard.nbytes)

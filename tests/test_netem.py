@@ -13,8 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.netns import skip_unless_usable
@@ -34,7 +36,7 @@ from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
 from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp, ring_flows
 from fasthorovod.netem.shaping import FIRST_PORT_TABLE, flow_bucket, leaf_classid, shaping_commands
-from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState, proc_stat_fields, process_start_ticks
+from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState, process_running, process_start_ticks
 
 PREFIX = "fhvdtest"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -283,21 +285,27 @@ def test_a_state_file_with_fields_of_a_newer_version_is_read(tmp_path) -> None:
     assert InstanceState.read(path) == state
 
 
-def test_proc_stat_fields_survive_a_command_name_with_spaces_and_parentheses(tmp_path) -> None:
+def test_process_start_ticks_survive_a_command_name_with_spaces_and_parentheses(tmp_path) -> None:
     """The command name in /proc/PID/stat is free text: a process named ``a) b (c`` must still give
-    its state, parent and start time, and a process that is gone gives None."""
+    its start time, it runs until killed, its zombie does not count as running, and a process that
+    is gone gives None."""
     odd = tmp_path / "a) b (c"
     odd.symlink_to("/bin/sleep")
     child = subprocess.Popen([str(odd), "30"])
     try:
-        fields = proc_stat_fields(child.pid)
-        assert fields is not None and fields[0] in "RSD", fields
-        assert int(fields[1]) == os.getpid() and int(fields[2]) == os.getpgrp()
-        assert process_start_ticks(child.pid) == int(fields[19]) > 0
+        assert process_running(child.pid)
+        started = psutil.Process(child.pid).create_time() - psutil.boot_time()
+        assert process_start_ticks(child.pid) == round(started * os.sysconf("SC_CLK_TCK")) > 0
+        assert process_start_ticks(child.pid) >= process_start_ticks(os.getpid())
+        child.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not process_running(child.pid)  # a zombie until waited for
     finally:
         child.kill()
         child.wait()
-    assert proc_stat_fields(child.pid) is None and process_start_ticks(child.pid) is None
+    assert not process_running(child.pid) and process_start_ticks(child.pid) is None
 
 
 def test_flow_bucket_is_what_the_u32_hash_picks() -> None:

@@ -31,6 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
+
 from . import ssh as ssh_hosts
 from ._command import DEFAULT_TIMEOUT_S, run_command
 from .errors import NetemError, NetemPermissionError
@@ -90,9 +92,8 @@ TRACKER_GRACE_S = 2.0
 
 def is_resource_tracker(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"multiprocessing.resource_tracker" in f.read()
-    except OSError:
+        return any("multiprocessing.resource_tracker" in arg for arg in psutil.Process(pid).cmdline())
+    except (psutil.Error, ValueError):  # gone, a zombie, or a negative pid
         return False
 
 

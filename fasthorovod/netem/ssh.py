@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import NetemError
-from .state import ETC_NETNS, Host, InstanceState, proc_stat_fields
+from .state import ETC_NETNS, Host, InstanceState, process_running
 
 SSHD = "/usr/sbin/sshd"  # sshd must be started by its absolute path
 SSH_PORT = 22  # every host has a network namespace, hence a port 22, of its own
@@ -168,5 +168,4 @@ def sshd_running(state: InstanceState, index: int) -> bool:
         os.kill(pid, 0)
     except (OSError, ValueError, IndexError):
         return False
-    fields = proc_stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
+    return process_running(pid)

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import psutil
+
 STATE_DIR = Path("/run/fasthorovod-netem")
 ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts ETC_NETNS/NS/* over /etc/*
 
@@ -85,22 +87,24 @@ class InstanceState:
         return cls(**{key: value for key, value in record.items() if key in known})
 
 
-def proc_stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name, or None when no such process exists:
-    ``[0]`` is the state (field 3 in proc(5)), ``[1]`` the parent, ``[2]`` the process group,
-    ``[11]``/``[12]`` utime/stime in clock ticks, ``[19]`` the start time in ticks since boot. The
-    name (field 2) may hold spaces and parentheses, so the split is after its last ``)``."""
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError):  # ValueError: a negative pid
+        return False
 
 
 def process_start_ticks(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks since boot), or None when no such process exists."""
-    fields = proc_stat_fields(pid)
-    return None if fields is None else int(fields[19])
+    """When ``pid`` started (clock ticks since boot, field 22 of /proc/PID/stat), or None when no
+    such process exists. Read directly: psutil gives only ``create_time()``, wall-clock seconds that
+    move when the system clock is stepped, while a recorded owner must match its start exactly. The
+    command name (field 2) may hold spaces and parentheses, so the split is after its last ``)``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def list_instances(prefix: str | None = None) -> list[InstanceState]:

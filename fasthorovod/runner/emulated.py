@@ -51,9 +51,11 @@ import time
 from collections.abc import Mapping
 from types import FrameType
 
+import psutil
+
 from fasthorovod.netem import EmulatedCloud, NetemError, NetemPermissionError
 from fasthorovod.netem.cloud import HOST_DEVICE, is_resource_tracker, kill_rounds
-from fasthorovod.netem.state import proc_stat_fields
+from fasthorovod.netem.state import process_running
 
 PROG = "fasthorovodrun"
 STOP_GRACE_S = 10.0  # after forwarding a signal, the launcher has this long to stop its ranks
@@ -111,12 +113,12 @@ def _exit_status(returncode: int) -> int:
 def _group_pids(pgid: int) -> list[int]:
     """The live (not zombie) processes of process group ``pgid``."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid and process_running(pid):
+                pids.append(pid)
+        except ProcessLookupError:  # gone meanwhile
             continue
-        fields = proc_stat_fields(int(entry))
-        if fields is not None and int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry))
     return pids
 
 

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from fasthorovod.netem.state import proc_stat_fields
+import psutil
 
 MiB = 1 << 20
 
@@ -40,17 +40,25 @@ def benchmark_script(name: str) -> str:
 
 
 def _proc_stat():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    user, nice, system, idle, iowait, irq, softirq, steal = (v + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq) / hz, softirq / hz
+    """(busy, softirq) seconds of the whole machine since boot: busy is user, nice, system, irq
+    and softirq (not idle, iowait or steal)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq, t.softirq
+
+
+def _net_namespace(pid: int) -> Optional[int]:
+    """The inode of `pid`'s network namespace, None once it is gone. Read from /proc directly:
+    psutil does not report namespaces."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 class _CloudCpu(threading.Thread):
     """CPU seconds, while it runs, of the processes in network namespaces other than this one's
     that do not descend from this process: an emulated cloud's ranks and proxies launched over ssh.
-    Sampled every `period` seconds from /proc; a process seen first after the start counts from
+    Sampled every `period` seconds (psutil); a process seen first after the start counts from
     zero, one that existed before from its first sample. Another emulated cloud running at the same
     time (another engineer's job) would be counted as this job's too."""
 
@@ -58,18 +66,19 @@ class _CloudCpu(threading.Thread):
         super().__init__(daemon=True)
         self.period = period
         self.stop = threading.Event()
-        self._ns = os.stat("/proc/self/ns/net").st_ino
-        self._hz = os.sysconf("SC_CLK_TCK")
-        self._seen: Dict[Tuple[int, int], Tuple[float, float]] = {}  # (pid, start ticks) -> (first, last)
+        self._ns = _net_namespace(os.getpid())
+        self._seen: Dict[Tuple[int, float], Tuple[float, float]] = {}  # (pid, start) -> (first, last)
         self._first = True
 
     @staticmethod
-    def _stat(pid: int) -> Optional[Tuple[int, float, int]]:
-        """(parent pid, utime + stime ticks, start ticks) of `pid`; None once it is gone."""
-        fields = proc_stat_fields(pid)
-        if fields is None:
+    def _stat(process: psutil.Process) -> Optional[Tuple[int, float, float]]:
+        """(parent pid, user + system CPU seconds, start time) of `process`; None once it is gone."""
+        try:
+            with process.oneshot():
+                times = process.cpu_times()
+                return process.ppid(), times.user + times.system, process.create_time()
+        except psutil.Error:
             return None
-        return int(fields[1]), float(fields[11]) + float(fields[12]), int(fields[19])
 
     def _descends_from_us(self, pid: int, parents: Dict[int, int]) -> bool:
         me = os.getpid()
@@ -83,26 +92,22 @@ class _CloudCpu(threading.Thread):
 
     def sample(self) -> None:
         parents, usage = {}, {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            stat = self._stat(pid)
+        for process in psutil.process_iter():
+            pid = process.pid
+            stat = self._stat(process)
             if stat is None:
                 continue
             parents[pid] = stat[0]
-            try:
-                if os.stat(f"/proc/{pid}/ns/net").st_ino == self._ns:
-                    continue
-            except OSError:
+            namespace = _net_namespace(pid)
+            if namespace is None or namespace == self._ns:
                 continue
             usage[pid] = stat
-        for pid, (_, ticks, start) in usage.items():
+        for pid, (_, used, start) in usage.items():
             if self._descends_from_us(pid, parents):
                 continue  # counted by the children's rusage
             key = (pid, start)
-            first = self._seen.get(key, (ticks if self._first else 0.0, 0.0))[0]
-            self._seen[key] = (first, ticks)
+            first = self._seen.get(key, (used if self._first else 0.0, 0.0))[0]
+            self._seen[key] = (first, used)
         self._first = False
 
     def run(self) -> None:
@@ -111,7 +116,7 @@ class _CloudCpu(threading.Thread):
             self.stop.wait(self.period)
 
     def seconds(self) -> float:
-        return sum(last - first for first, last in self._seen.values()) / self._hz
+        return sum(last - first for first, last in self._seen.values())
 
 
 def run_measured(argv: List[str], timeout: float, env: Optional[dict] = None) -> Dict:
