@@ -30,6 +30,7 @@ spawning for every backend, so that the same benchmark runs on an emulated netwo
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -53,24 +54,21 @@ import psutil
 # --------------------------------------------------------------------------------------------
 # Sizes
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GIB": 1 << 30}
+def _load_units():
+    """This checkout's fasthorovod/units.py, loaded from its file rather than imported: the workers
+    of a backend ``fasthorovod@DIR`` import another checkout's package first, which may predate it."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fasthorovod", "units.py")
+    spec = importlib.util.spec_from_file_location("_benchmarks_fasthorovod_units", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def parse_size(text):
-    """'64KiB' -> 65536. Units are binary (K, KiB, M, MiB, G, GiB); a bare number is bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"bad size {text!r}: use e.g. 4096, 64KiB, 16MiB")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
-
-
-def format_size(nbytes):
-    """65536 -> '64KiB' (exact binary units only, else plain bytes)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
+_units = _load_units()
+# '64KiB' -> 65536 for argparse (an ArgumentTypeError names the bad text): a bare number is bytes,
+# KiB/MiB/GiB are 1024^n, kB/MB/GB 1000^n, a bare K/M/G is refused as ambiguous.
+parse_size = _units.bytes_argument
+format_size = _units.format_bytes  # 65536 -> '64KiB' (exact binary units only, else plain bytes)
 
 
 # --------------------------------------------------------------------------------------------

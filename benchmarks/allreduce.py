@@ -77,8 +77,9 @@ def parse_args(argv=None):
                              "fasthorovod[:PROXIES], torch-gloo, mpi4py[:TCP_LINKS] "
                              "(default: %(default)s)")
     parser.add_argument("--sizes", type=parse_sizes, default=DEFAULT_SIZES,
-                        help="comma-separated message sizes in bytes, KiB, MiB or GiB, each a "
-                             "multiple of 4 (default: %(default)s)")
+                        help="comma-separated message sizes, each a multiple of 4 bytes: bytes or "
+                             "e.g. 64KiB, 16MiB (KiB/MiB/GiB are 1024^n, kB/MB/GB 1000^n) "
+                             "(default: %(default)s)")
     parser.add_argument("--iters", type=int, default=20,
                         help="timed iterations per size (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3,

@@ -40,8 +40,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-bytes", type=common.parse_size, default=64 << 20,
                         help="largest allreduce (e.g. 64MiB)")
     parser.add_argument("--proxies", type=int, default=2, help="FASTHOROVOD_NUM_PROXIES")
-    parser.add_argument("--proxy-threshold", type=int, default=0,
-                        help="FASTHOROVOD_PROXY_THRESHOLD_BYTES (0: every allreduce uses the proxies)")
+    parser.add_argument("--proxy-threshold", type=common.parse_size, default=0,
+                        help="FASTHOROVOD_PROXY_THRESHOLD_BYTES, bytes or e.g. 64KiB (0: every "
+                             "allreduce uses the proxies)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the size/dtype/op sequence")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds before the job is killed")
     parser.add_argument("--out", help="write the result as JSON here")

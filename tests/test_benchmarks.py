@@ -3,6 +3,7 @@ real run of each driver with Horovod+Gloo at 2 ranks (skipped where Horovod is n
 
 FastHorovod itself is not needed here: the benchmarks exercise its backends, these tests do not.
 """
+import argparse
 import importlib.util
 import json
 import os
@@ -73,11 +74,16 @@ def test_train_compute_phase_can_be_skipped():
 
 
 def test_sizes_parse_and_format():
-    assert [common.parse_size(s) for s in ("4096", "64KiB", "1M", "256MiB")] == \
-        [4096, 65536, 1 << 20, 256 << 20]
+    """The package's units (fasthorovod/units.py): binary KiB/MiB, decimal MB, a bare M refused."""
+    assert [common.parse_size(s) for s in ("4096", "64KiB", "1MiB", "1MB", "256MiB")] == \
+        [4096, 65536, 1 << 20, 10**6, 256 << 20]
     assert common.format_size(65536) == "64KiB" and common.format_size(1000) == "1000B"
-    with pytest.raises(ValueError):
-        common.parse_size("12 parsecs")
+    for bad, message in (("12 parsecs", "unknown unit 'parsecs'"), ("1M", "ambiguous: write 1MiB")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            common.parse_size(bad)
+    for script in (allreduce, sweep):
+        with pytest.raises(SystemExit):
+            script.parse_args(["--sizes" if script is allreduce else "--size", "64M"])
 
 
 def test_backend_specs():

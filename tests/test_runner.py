@@ -67,6 +67,8 @@ def test_flags_map_to_fasthorovod_variables() -> None:
     assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_PROXIES": "0", "FASTHOROVOD_SOCKETS_PER_PROXY": "3",
                                          "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "1048576"}
     assert fasthorovod_env(parse_args(["-np", "2", "x"]), {}) == {}  # unset flags leave the environment alone
+    decimal = parse_args(["-np", "2", "--proxy-threshold", "64kB", "x"])  # kB/MB/GB are 1000^n
+    assert fasthorovod_env(decimal, {}) == {"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "64000"}
     one_nic = parse_args(["-np", "2", "--network-interfaces", "eth1", "x"])
     assert fasthorovod_env(one_nic, {}) == {"FASTHOROVOD_IFACE": "eth1"}
     assert fasthorovod_env(one_nic, {"FASTHOROVOD_IFACE": "ib0"}) == {}
@@ -77,7 +79,8 @@ def test_flags_map_to_fasthorovod_variables() -> None:
     [
         (["-np", "2", "--proxies", "65", "x"], "argument --proxies: 65 is not in \\[0, 64\\]"),
         (["-np", "2", "--sockets-per-proxy", "0", "x"], "argument --sockets-per-proxy: 0 is not in \\[1, 64\\]"),
-        (["-np", "2", "--proxy-threshold", "1furlong", "x"], "bad byte count '1furlong'"),
+        (["-np", "2", "--proxy-threshold", "1furlong", "x"], "argument --proxy-threshold: byte count '1furlong' has unknown unit"),
+        (["-np", "2", "--proxy-threshold", "1M", "x"], "byte count '1M' is ambiguous: write 1MiB .* or 1MB"),
         (["-np", "2", "--emulate-cloud", "4:1gbit:2gbit", "x"], "per-flow rate 2gbit exceeds link rate 1gbit"),
         (["-np", "4", "--emulate-cloud", "4:1gbit:200mbit,host4=50mbit", "x"],
          "argument --emulate-cloud: host override 'host4=50mbit' .* there is no host4, the 4 hosts are host0..host3"),

@@ -4,7 +4,7 @@
 single TCP flow gets at most 200 Mbit/s. Rates are written as ``tc`` writes them: a number with an
 optional ``bit``, ``kbit``, ``mbit``, ``gbit`` or ``tbit`` suffix (decimal multiples, case does not
 matter); a plain number is bit/s. ``tc``'s byte units (``kbps``, ``mbps`` ...) are refused because
-they are easy to misread as bits.
+they are easy to misread as bits. The parser is :func:`fasthorovod.units.parse_rate`.
 
 An uneven cloud, where some hosts sit on a worse network path (another rack, another availability
 zone), adds per-host overrides after commas: ``5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit``
@@ -24,37 +24,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from fasthorovod.units import format_rate, parse_rate
+
 MAX_HOSTS = 254  # host addresses are .1 ... .254 of one /24
 
-_RATE_UNITS = {"": 1, "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$")
 _HOST_NAME_RE = re.compile(r"^\s*host(0|[1-9]\d*)\s*$", re.IGNORECASE)
 GRAMMAR = "HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]..."
 EXAMPLE = "5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit"
-
-
-def parse_rate(text: str) -> float:
-    """Parse a tc-style rate (``200mbit``, ``1Gbit``, ``1.5gbit``, ``64000``) into bit/s."""
-    match = _RATE_RE.match(text.lower())
-    if match is None:
-        raise ValueError(f"rate {text!r} is not a number with an optional unit (e.g. 200mbit)")
-    number, unit = match.groups()
-    if unit not in _RATE_UNITS:
-        hint = " (tc's *bps units are bytes/s; write bit/s: kbit, mbit, gbit)" if unit.endswith("bps") else ""
-        raise ValueError(f"rate {text!r} has unknown unit {unit!r}{hint}; use bit, kbit, mbit, gbit or tbit")
-    bits_per_s = float(number) * _RATE_UNITS[unit]
-    if bits_per_s <= 0:
-        raise ValueError(f"rate {text!r} must be greater than zero")
-    return bits_per_s
-
-
-def format_rate(bits_per_s: float) -> str:
-    """The shortest exact tc-style spelling of a rate: 2e8 -> ``200mbit``, 1.5e9 -> ``1500mbit``."""
-    for unit in ("tbit", "gbit", "mbit", "kbit"):
-        scaled = bits_per_s / _RATE_UNITS[unit]
-        if scaled >= 1 and scaled == int(scaled):
-            return f"{int(scaled)}{unit}"
-    return f"{bits_per_s:g}bit"
 
 
 class HostRates(NamedTuple):

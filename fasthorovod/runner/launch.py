@@ -28,6 +28,7 @@ from typing import Any
 
 from fasthorovod.config import MAX_PROXIES, PREFIX, Config, ConfigError
 from fasthorovod.netem import parse_spec
+from fasthorovod.units import bytes_argument
 
 PROG = "fasthorovodrun"
 
@@ -47,18 +48,6 @@ FLAG_VARIABLES = {
     "sockets_per_proxy": PREFIX + "SOCKETS_PER_PROXY",
     "proxy_threshold": PREFIX + "PROXY_THRESHOLD_BYTES",
 }
-
-_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "KB": 1000, "M": 1 << 20, "MIB": 1 << 20,
-               "MB": 1000**2, "G": 1 << 30, "GIB": 1 << 30, "GB": 1000**3}
-
-
-def parse_bytes(text: str) -> int:
-    """'1048576', '64KiB', '1MiB', '1MB' -> bytes (K/KiB/M/MiB/G/GiB binary; KB/MB/GB decimal)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _SIZE_UNITS:
-        raise argparse.ArgumentTypeError(f"bad byte count {text!r}: use e.g. 1048576, 64KiB or 1MiB")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
-
 
 def _count(low: int, high: int):
     def parse(text: str) -> int:
@@ -100,10 +89,10 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
              "1-64; default: measured at start-up when the ranks span hosts (the path probe), "
              "else 1.")
     group.add_argument(
-        "--proxy-threshold", type=parse_bytes, metavar="BYTES",
+        "--proxy-threshold", type=bytes_argument, metavar="BYTES",
         help="Sum/Average allreduces of at least this many bytes go through the proxies, smaller "
              "ones through Horovod (FASTHOROVOD_PROXY_THRESHOLD_BYTES). A number of bytes or e.g. "
-             "64KiB, 1MiB; default 1MiB, or 8MiB when every rank runs on one host (a value "
+             "64KiB, 1MiB (KiB/MiB/GiB are 1024^n, kB/MB/GB 1000^n); default 1MiB, or 8MiB when every rank runs on one host (a value "
              "given here applies everywhere).")
     group.add_argument(
         "--emulate-cloud", type=_cloud_spec, metavar="HOSTS:LINK:PER_FLOW",

@@ -11,31 +11,15 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from fasthorovod.units import bytes_argument, rate_argument
 from lab.sim import fit as fitting
 from lab.sim import model as m
 from lab.sim import training as tr
 from lab.sim import waits as waits_mod
 
 MiB = 1 << 20
-UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": MiB, "mib": MiB, "g": 1 << 30, "gib": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    import re
-
-    match = re.fullmatch(r"\s*([\d.]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}: use e.g. 4096, 64KiB, 16MiB, 1GiB")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
-
-
-def parse_rate(text: str) -> float:
-    from fasthorovod.netem.spec import parse_rate as pr
-
-    try:
-        return float(pr(text))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+parse_size = bytes_argument  # sizes and rates as everywhere in the repository: fasthorovod/units.py
+parse_rate = rate_argument
 
 
 def parse_seconds(text: str) -> float:

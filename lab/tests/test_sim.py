@@ -766,6 +766,15 @@ def test_cli_end_to_end_on_a_tiny_calibration(tmp_path, capsys):
         assert r["fasthorovod ssgd"]["images_per_s"] <= r["ideal"] * 1.0001
 
 
+def test_cli_sizes_and_rates_follow_the_package_units(capsys):
+    """fasthorovod/units.py: KiB/MiB binary, kB/MB decimal, a bare M refused as ambiguous."""
+    assert cli.parse_size("16MiB") == 16 * MiB and cli.parse_size("1MB") == 10**6
+    assert cli.parse_size("1.5MiB") == 3 * MiB // 2 and cli.parse_rate("25gbit") == 25e9
+    with pytest.raises(SystemExit):
+        cli.main(["predict", "--emulated", "4:1gbit:200mbit", "--size", "16M"])
+    assert "byte count '16M' is ambiguous" in capsys.readouterr().err
+
+
 def test_predict_help_documents_the_inputs():
     out = subprocess.run([sys.executable, "-m", "lab.sim", "predict", "--help"], capture_output=True,
                          text=True, timeout=60)
