@@ -283,12 +283,12 @@ def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
     per_step = np.max(hvd.allgather_object(steps), axis=0)  # per step, the slowest rank
     per_compute = np.max(hvd.allgather_object(compute), axis=0) if compute else []
     differences = [float(per_step[i] - c) for i, c in zip(paired, per_compute)]
-    exposed = exposed_comm(differences) if compute else None
+    exposed = exposed_comm(differences)
     return {"np": hvd.size(), "threads": args.threads, "algorithm": algorithm,
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "images_per_s": args.batch_size * hvd.size() / step_s,
             "step_s": step_s, "compute_s": compute_s,
-            "exposed_comm_s": exposed["exposed_comm_s"] if exposed else None,
+            "exposed_comm_s": exposed["exposed_comm_s"],
             "exposed_comm": exposed,
             "step_times_s": [float(t) for t in per_step],
             "compute_times_s": [float(t) for t in per_compute],
@@ -299,21 +299,29 @@ def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
             "weights_sha256": digest}
 
 
+NOT_MEASURABLE = "not measurable (within noise)"
+NOT_MEASURED = "not measured (no compute-only steps)"
+
+
 def exposed_comm(differences):
-    """Exposed communication from each pair's training step - compute-only step (seconds): the
-    median, reported (``exposed_comm_s``) only when ``measurable``: when the lower quartile of the
-    differences is above zero, i.e. at least three quarters of the pairs show the step longer than
-    computing alone. Otherwise ``exposed_comm_s`` is None and ``note`` says it is within noise, with
-    ``bound_s``, the upper quartile (at least 0): what the pairs allow it to be at most. Never
-    negative."""
+    """Exposed communication from each pair's training step - compute-only step (seconds). It is
+    ``measurable`` when the lower quartile of the differences is above zero, i.e. at least three
+    quarters of the pairs show the step longer than computing alone: then ``exposed_comm_s`` is
+    their median and ``q1_s``/``q3_s`` their interquartile range, all above zero. Otherwise those
+    three are None, ``reason`` says why (the table prints it, :func:`exposed_cell`) and, where there
+    were pairs, ``bound_s`` is the upper quartile, at least 0: what the pairs allow it to be at
+    most. No figure is ever negative: a pair whose compute-only step took longer than its training
+    step says nothing about the communication (the differences themselves follow from
+    ``step_times_s``, ``compute_times_s`` and ``paired_steps``)."""
     if not differences:
-        return None
+        return {"pairs": 0, "measurable": False, "exposed_comm_s": None, "q1_s": None, "q3_s": None,
+                "bound_s": None, "reason": NOT_MEASURED}
     q1, median, q3 = (float(v) for v in np.percentile(differences, [25, 50, 75]))
-    measurable = q1 > 0
-    return {"pairs": len(differences), "median_s": median, "q1_s": q1, "q3_s": q3,
-            "measurable": measurable, "exposed_comm_s": median if measurable else None,
-            "bound_s": None if measurable else max(0.0, q3),
-            "note": None if measurable else "not measurable (within noise)"}
+    if q1 > 0:
+        return {"pairs": len(differences), "measurable": True, "exposed_comm_s": median, "q1_s": q1, "q3_s": q3,
+                "bound_s": None, "reason": None}
+    return {"pairs": len(differences), "measurable": False, "exposed_comm_s": None, "q1_s": None, "q3_s": None,
+            "bound_s": max(0.0, q3), "reason": NOT_MEASURABLE}
 
 
 def process_created():
@@ -411,7 +419,7 @@ def merge_rounds(rounds):
                                                    "data_plane")}
         result.update({key: spreads[key]["median"] if spreads[key] else None for key in spreads},
                       rounds=len(results), spread=spreads,
-                      exposed_comm_s=exposed["exposed_comm_s"] if exposed else None, exposed_comm=exposed,
+                      exposed_comm_s=exposed["exposed_comm_s"], exposed_comm=exposed,
                       round_images_per_s=[r["images_per_s"] for r in results],
                       data_planes=[r.get("data_plane") for r in results])
         merged.append(dict(first, result=result, rounds=entries,
@@ -434,14 +442,15 @@ def speedups(entries):
 
 
 def exposed_cell(exposed):
-    """The table's exposed communication: 'median [q1-q3]' of the pairs, or why it is not given."""
-    if exposed is None:
+    """The table's exposed communication: 'median [q1-q3]' of the pairs, or the reason the JSON
+    gives for its absence ('-' where there were no pairs, or no result)."""
+    if exposed is None or not exposed["pairs"]:
         return "-"
     if not exposed["measurable"]:
-        return "not measurable (within noise)"
+        return exposed["reason"]
     if exposed["pairs"] < 2:
-        return f"{exposed['median_s']:.3f}"
-    return f"{exposed['median_s']:.3f} [{exposed['q1_s']:.3f}-{exposed['q3_s']:.3f}]"
+        return f"{exposed['exposed_comm_s']:.3f}"
+    return f"{exposed['exposed_comm_s']:.3f} [{exposed['q1_s']:.3f}-{exposed['q3_s']:.3f}]"
 
 
 def planes(entry):
@@ -477,8 +486,8 @@ def print_table(entries, args):
                                                    median=ratios[e["backend"]]["ratio"]), 2, "x")])
         print(common.format_table(["backend", "data plane", "images/s", "s/step", "compute s",
                                    "exposed comm s", f"speed-up vs {ok[0]['backend']}"], rows))
-        if any(r["result"].get("exposed_comm") and not r["result"]["exposed_comm"]["measurable"] for r in ok):
-            print("not measurable (within noise): fewer than three quarters of the pairs show the training "
+        if any((r["result"].get("exposed_comm") or {}).get("reason") == NOT_MEASURABLE for r in ok):
+            print(f"{NOT_MEASURABLE}: fewer than three quarters of the pairs show the training "
                   "step longer than computing alone, so the step runs at compute speed to within this "
                   "machine's noise")
         slower = [e["backend"] for e in ok if (e["result"].get("compute_s") or 0) > e["result"]["step_s"]]

@@ -238,6 +238,7 @@ def test_train_driver_end_to_end(tmp_path):
     assert exposed["measurable"] == (difference > 0)
     if result["exposed_comm_s"] is not None:
         assert difference > 0 and result["exposed_comm_s"] == pytest.approx(difference)
+    _assert_no_negative_exposed_time(report)
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "1.00x" in stdout and "round 1/1, backend horovod:" in stdout
     timeline = job["timeline"]  # the job's start-up, phase by phase (every rank's clock in the JSON)
@@ -615,19 +616,43 @@ def test_train_step_schedule_pairs_compute_with_training_steps():
 
 def test_exposed_comm_is_never_negative_and_flags_noise():
     clear = train.exposed_comm([1.6, 1.4, 1.9, 1.7, 1.5, 1.8])
-    assert clear["measurable"] and clear["exposed_comm_s"] == pytest.approx(1.65) and clear["note"] is None
+    assert clear["measurable"] and clear["exposed_comm_s"] == pytest.approx(1.65) and clear["reason"] is None
     assert 0 < clear["q1_s"] <= clear["exposed_comm_s"] <= clear["q3_s"]
     # SSD-SGD-like: the step is as fast as computing alone; some pairs come out negative
     noisy = train.exposed_comm([0.2, -0.3, 0.1, -0.1, 0.05, -4.2])
     assert not noisy["measurable"] and noisy["exposed_comm_s"] is None
-    assert noisy["note"] == "not measurable (within noise)" and noisy["bound_s"] >= 0
+    assert noisy["q1_s"] is None and noisy["q3_s"] is None
+    assert noisy["reason"] == "not measurable (within noise)" and noisy["bound_s"] >= 0
     assert train.exposed_comm([-1.0, -2.0])["bound_s"] == 0.0
-    assert train.exposed_comm([]) is None
-    for values in ([0.1] * 3 + [-1] * 3, [0.01, 0.02, -0.5, 0.03], [-0.1], [0.3]):
+    assert train.exposed_comm([]) == {"pairs": 0, "measurable": False, "exposed_comm_s": None, "q1_s": None,
+                                      "q3_s": None, "bound_s": None,
+                                      "reason": "not measured (no compute-only steps)"}
+    for values in ([0.1] * 3 + [-1] * 3, [0.01, 0.02, -0.5, 0.03], [-0.1], [0.3], [-1.19] * 9, []):
         result = train.exposed_comm(values)
         assert result["exposed_comm_s"] is None or result["exposed_comm_s"] > 0
+        assert (result["exposed_comm_s"] is None) == (result["reason"] is not None)
+        _assert_no_negative_exposed_time(result)
     assert train.exposed_cell(noisy) == "not measurable (within noise)"
     assert train.exposed_cell(clear) == "1.650 [1.525-1.775]"
+    assert train.exposed_cell(train.exposed_comm([])) == "-" and train.exposed_cell(None) == "-"
+
+
+def _assert_no_negative_exposed_time(value, where="result"):
+    """No exposed-communication figure anywhere in `value` (a train.json or part of it) is negative,
+    and one that is absent says why."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{where}.{key}"
+            if key == "exposed_comm" and item is not None:
+                numbers = {k: v for k, v in item.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                assert all(v >= 0 for v in numbers.values()), (here, item)
+                assert item["exposed_comm_s"] is not None or item["reason"], (here, item)
+            if key == "exposed_comm_s":
+                assert item is None or item > 0, (here, item)
+            _assert_no_negative_exposed_time(item, here)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _assert_no_negative_exposed_time(item, f"{where}[{index}]")
 
 
 def _train_job(steps, compute, paired=None, rate_scale=1.0):
@@ -653,6 +678,11 @@ def test_train_merge_rounds_and_breakdown(capsys):
     assert h["images_per_s"] == pytest.approx(64 / 17.2) and h["round_images_per_s"][1] == pytest.approx(64 / 18.0)
     assert h["exposed_comm"]["measurable"] and h["exposed_comm"]["pairs"] == 9 and h["exposed_comm_s"] > 13
     assert not s["exposed_comm"]["measurable"] and s["exposed_comm_s"] is None
+    # SSD-SGD's compute-only steps took longer than its training steps: the stored JSON holds no
+    # negative exposed time (it used to keep the median step - compute, -0.2 s here) but the reason
+    saved = json.loads(json.dumps({"backends": merged}))
+    _assert_no_negative_exposed_time(saved)
+    assert saved["backends"][1]["result"]["exposed_comm"]["reason"] == "not measurable (within noise)"
     assert s["compute_s"] > s["step_s"]  # compute-only slower than the step: noise or shared CPUs
     for result in (h, s):
         parts = train.breakdown(result)
@@ -670,6 +700,8 @@ def test_train_merge_rounds_and_breakdown(capsys):
     train.print_table(merged, args)
     printed = capsys.readouterr().out
     assert "not measurable (within noise)" in printed and "17.200 [17.000-18.000]" in printed
+    ssd_cells = next(line for line in printed.splitlines() if line.startswith("fasthorovod:ssd-sgd"))
+    assert s["exposed_comm"]["reason"] in ssd_cells  # the table says what the JSON says
     assert "compute-only steps took longer than training steps for fasthorovod:ssd-sgd" in printed
     assert train.compute_cell(s).startswith("contended (") and train.compute_cell(h) == "3.100 [3.000-3.200]"
     assert train.compute_cell({"step_s": 5.0, "compute_s": None}) == "-"
