@@ -694,6 +694,20 @@ def run_backends(kind, backends, args, worker_argv):
     return entries
 
 
+def portable_command(argv) -> str:
+    """`argv` as a shell line that names no path of this machine: paths inside the repository are
+    written relative to it (the benchmarks run from its root), scratch files as $TMPDIR/...."""
+    repo, scratch = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), tempfile.gettempdir()
+    words = []
+    for word in map(str, argv):
+        if word.startswith(repo + os.sep):
+            word = os.path.relpath(word, repo)
+        elif word.startswith(scratch + os.sep):
+            word = "$TMPDIR" + word[len(scratch):]
+        words.append(word)
+    return shlex.join(words)
+
+
 def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
     """Run one backend's job and describe the outcome as a JSON-ready dict.
 
@@ -707,7 +721,7 @@ def run_backend(backend, np, worker, result_file, args, proxy_threshold=None):
         return dict(entry, status="skipped", reason=reason)
     processes = build_launch(backend, np, worker + ["--result-file", result_file],
                              args.launcher_prefix)
-    entry["commands"] = [shlex.join(p.argv) for p in processes]
+    entry["commands"] = [portable_command(p.argv) for p in processes]
     entry["env"] = backend_env(backend, proxy_threshold, getattr(args, "trace_root", None) or "traces")
     if backend.trace:
         shutil.rmtree(entry["env"]["FASTHOROVOD_TRACE_DIR"], ignore_errors=True)  # no stale lanes

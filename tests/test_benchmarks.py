@@ -790,3 +790,13 @@ def test_placement_harness_measures_bytes_on_its_tcp_ring(tmp_path):
         assert placement["measured"] > 0, placement["name"]
         for window in placement["windows"]:
             assert all(rate > 0 for rate in window["lane_rates"]), (placement["name"], window["lane_rates"])
+
+
+def test_recorded_commands_name_no_path_of_this_machine(tmp_path):
+    """Results files are kept in docs/results: their command lines say where a file is relative to
+    the repository, and scratch files as $TMPDIR, never this machine's absolute paths."""
+    repo = BENCHMARKS.parent
+    line = common.portable_command(["/usr/bin/env", str(repo / ".venv" / "bin" / "python"),
+                                    str(BENCHMARKS / "train.py"), "--result-file", str(tmp_path / "1.json")])
+    assert str(repo) not in line and str(tmp_path.parent) not in line, line
+    assert line.startswith("/usr/bin/env .venv/bin/python benchmarks/train.py --result-file '$TMPDIR/"), line
