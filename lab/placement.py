@@ -10,7 +10,7 @@ so a proxy alone is busy at most a fraction **eta** of the time, and carries at 
 bytes per second.
 
 The model follows SCP ("separated and clustered performance predictor",
-docs/placement.md): a thread runs *separated* when nothing else busy shares its logical CPU and
+lab/placement.md): a thread runs *separated* when nothing else busy shares its logical CPU and
 its SMT siblings are idle, and *clustered* otherwise. Clustering costs twice:
 
 * **time**: threads on one logical CPU share it. The kernel's fair scheduler gives runnable threads

@@ -16,7 +16,7 @@ runs :func:`choose` on the same curves, so they agree without another round:
 * the lanes: :func:`choose_lanes` (unless FASTHOROVOD_NUM_PROXIES is set). A lane is one proxy,
   one thread: it carries at most about one core's worth of TCP and reduction work
   (``LANE_BYTES_PER_SECOND``, the lowest rate a proxy alone on a core reached in
-  docs/placement.md's runs). Below four lanes nothing is saved where the network is the limit: on
+  lab/placement.md's runs). Below four lanes nothing is saved where the network is the limit: on
   4:1gbit:200mbit, where one proxy's CPU could carry the whole link, 1 x 8 reached 0.785 Gbit/s,
   2 x 4 0.794 and 4 x 2 0.82-0.85 (docs/dataplane.md, "Against the ceiling"), so ``MIN_LANES``
   is 4. More lanes only where the probe's best rate needs more than four lanes' CPU, and never

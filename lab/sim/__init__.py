@@ -1,4 +1,4 @@
-"""A calibrated performance model of Horovod and FastHorovod (docs/scale.md):
+"""A calibrated performance model of Horovod and FastHorovod (lab/scale.md):
 ``python -m lab.sim {predict,calibrate,validate,project}``."""
 from lab.sim.model import Cluster, Params, Plane, busbw, fasthorovod_allreduce, horovod_allreduce, ring_time
 

@@ -1,4 +1,4 @@
-"""python -m lab.sim {predict, calibrate, validate, project}: see docs/scale.md."""
+"""python -m lab.sim {predict, calibrate, validate, project}: see lab/scale.md."""
 from __future__ import annotations
 
 import argparse
@@ -477,7 +477,7 @@ def cmd_project(a) -> int:
         "link_goodput": a.goodput}, "rows": []}
     q = dataclasses.replace(p, kappa_net=p.kappa_net if a.keep_kappa_net else 0.0, goodput=a.goodput,
                             link_goodput=a.goodput, kappa_lane=kappa_lane)
-    if not a.keep_latency:  # the emulator's latency: its scheduler's and its shapers' queues (docs/scale.md)
+    if not a.keep_latency:  # the emulator's latency: its scheduler's and its shapers' queues (lab/scale.md)
         d = m.Params()
         q = dataclasses.replace(q, t0_fh=d.t0_fh, alpha_fh=d.alpha_fh, t0_hvd=d.t0_hvd, alpha_hvd=d.alpha_hvd,
                                 queue_frames=d.queue_frames, queue_bytes=d.queue_bytes)
@@ -579,7 +579,7 @@ def plot_projection(doc: dict, path: str, matplotlib) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lab.sim",
                                  description="A calibrated performance model of Horovod and FastHorovod "
-                                             "(docs/scale.md).")
+                                             "(lab/scale.md).")
     sub = ap.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("predict", help="allreduce time and busbw (and training step time from a trace)",

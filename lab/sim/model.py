@@ -1,6 +1,6 @@
 """The allreduce model: ring time, flows, caps and CPU, for Horovod and FastHorovod.
 
-Notation (docs/scale.md has the derivation):
+Notation (lab/scale.md has the derivation):
 
 * a job has H hosts with P ranks each, n = H·P ranks; a message of M bytes;
 * a ring allreduce of n ranks takes 2(n−1) steps and every rank sends (and receives) its share of
@@ -26,7 +26,7 @@ Notation (docs/scale.md has the derivation):
   ``min(link_goodput · B, goodput · C · k · E[min(a, min over hops D)])`` (lanes are rebalanced to
   their rates, so the sum is what counts);
 * CPU: a proxy pays ``kappa`` CPU-seconds per wire byte it sends (the send, the matching receive,
-  half a byte of adds: docs/placement.md) and each byte through the host's network stack
+  half a byte of adds: lab/placement.md) and each byte through the host's network stack
   ``kappa_net`` more (zero on a real NIC with offloads; on the emulated cloud its bridge, veth pairs
   and htb shapers run on the same two cores as everything else). ``kappa_lane`` of a lane's
   CPU-seconds per byte lie on its ring's critical path (a segment is received, added, and only then
@@ -50,7 +50,7 @@ import json
 import math
 from typing import Dict, Mapping, Optional
 
-# Defaults for the CPU pieces: the placement model fitted on this machine (docs/placement.md, run 2,
+# Defaults for the CPU pieces: the placement model fitted on this machine (lab/placement.md, run 2,
 # docs/results/placement-run2-2026-12-01.json); unit costs from the same run.
 PLACEMENT_KAPPA = 4.41e-10
 PLACEMENT_ETA = 0.919
@@ -77,7 +77,7 @@ LINUX_PORT_STEP = 8
 
 @dataclasses.dataclass
 class Params:
-    """The model's physical parameters (what `calibrate` fits; defaults are priors, see docs/scale.md)."""
+    """The model's physical parameters (what `calibrate` fits; defaults are priors, see lab/scale.md)."""
 
     kappa: float = PLACEMENT_KAPPA
     """proxy CPU-seconds per wire byte sent, alone on a core"""
@@ -722,7 +722,7 @@ def chain_wait(cluster: Cluster, plane: Plane, p: Params, nbytes: float) -> floa
     its socket (with ``p.queue_bytes`` known the socket-by-socket ring has that wait in it, and q is
     not added) (the lane
     gives it to the socket with the least unsent bytes and cannot see what the network still holds;
-    docs/scale.md, lab/sim/waits.py)."""
+    lab/scale.md, lab/sim/waits.py)."""
     lat = step_latency(cluster, p.alpha_fh)
     if p.queue_frames <= 0 or (p.queue_bytes is not None and plane.striping == "least-left"):
         return lat  # the socket-by-socket ring (socket_ring_seconds) has the queueing in it

@@ -199,7 +199,7 @@ def _pythonpath() -> str:
 def cloud_jobs(spec: str, backends: str, sizes: List[int], rounds: int = 1, ceiling: bool = False,
                **kw) -> List[Dict]:
     """The jobs of one cloud: Horovod once (with the ceiling if asked), FastHorovod `rounds` times
-    (its speed depends on the ports its connections got: docs/scale.md)."""
+    (its speed depends on the ports its connections got: lab/scale.md)."""
     names = [b.strip() for b in backends.split(",") if b.strip()]
     hvd = [b for b in names if b.startswith("horovod")]
     fh = [b for b in names if not b.startswith("horovod")]

@@ -3,7 +3,7 @@
 A *profile* is one iteration as one rank saw it: forward seconds, backward seconds, the update's
 seconds, and the gradient buckets in the order backward produced them, each with its bytes and
 the time after backward's start at which it was ready (``grad_ready``/``request`` events,
-docs/trace.md). Policies (assumptions stated in docs/scale.md):
+docs/trace.md). Policies (assumptions stated in lab/scale.md):
 
 * **SSGD** (Horovod and FastHorovod): each bucket's allreduce starts when it is ready and the
   previous one has finished (one data plane, FIFO, as the negotiation orders them); the update
@@ -193,7 +193,7 @@ def profile_from_trace(path: str, skip: int = 1, batch_per_rank: int = 1, rank: 
                    batch_per_rank, source=path)
 
 
-# -- published workloads (docs/scale.md cites each number) -----------------------------------------
+# -- published workloads (lab/scale.md cites each number) -----------------------------------------
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 """A ring chain's wait between two of its frames, measured from frame traces (2026-12-03).
 
-What the traces of FastHorovod allreduces on 4 and 5 emulated hosts show (docs/scale.md, "The
+What the traces of FastHorovod allreduces on 4 and 5 emulated hosts show (lab/scale.md, "The
 wait"): the proxy queues a chain's next frame 10–50 µs after the previous one arrived and writes
 its first byte 10–30 µs later, so the wait is not the scheduler's. It is the time from the frame's
 first byte written to its first byte read by the next rank: bytes queued ahead of it on its socket.

@@ -1,4 +1,4 @@
-"""The performance model (lab.sim, docs/scale.md): each piece against a closed form, the
+"""The performance model (lab.sim, lab/scale.md): each piece against a closed form, the
 training policies against hand-computed schedules, the fit on synthetic measurements, and the CLI
 end to end on a tiny calibration (no jobs: observations reused from a file)."""
 import dataclasses
