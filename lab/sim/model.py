@@ -51,7 +51,7 @@ import math
 from typing import Dict, Mapping, Optional
 
 # Defaults for the CPU pieces: the placement model fitted on this machine (lab/placement.md, run 2,
-# docs/results/placement-run2-2026-12-01.json); unit costs from the same run.
+# lab/results/placement-run2-2026-12-01.json); unit costs from the same run.
 PLACEMENT_KAPPA = 4.41e-10
 PLACEMENT_ETA = 0.919
 PLACEMENT_GAMMA = 0.0945
