@@ -4,8 +4,7 @@
 # sizes with the raw-TCP ring ceiling, and AlexNet training -- or, where network namespaces are not
 # permitted, the same on loopback, where there is no per-flow cap and the ratio is therefore smaller.
 #
-# Budget (about 15 minutes on the 2-core machine of docs/benchmarks.md; 17:49 before Horovod ran
-# fewer training steps): every figure is the median of 3 interleaved rounds (A B C A B C ...) with
+# Budget (about 15 minutes on the 2-core machine of docs/benchmarks.md): every figure is the median of 3 interleaved rounds (A B C A B C ...) with
 # its spread (min-max over the rounds):
 #   allreduce: 3 rounds x (ring ceiling, horovod, fasthorovod) at 16 and 64 MiB, 1 + 4 iterations
 #   train:     3 rounds x (horovod, fasthorovod, fasthorovod:ssd-sgd), AlexNet 224 px, batch 16,
