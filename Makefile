@@ -3,19 +3,24 @@
 #   make bench  installs everything and runs the main benchmark
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
 #   make testing-module  builds the test-only module fasthorovod_testing into tests/native/
+#   make lab-test  the lab's tests (lab/tests), which make test leaves out
 PY := .venv/bin/python
 # One CMake tree for what only the tests use: the C++ test executable and fasthorovod_testing.
 TEST_BUILD := build/tests
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup test test-fast cpp-test testing-module test-build bench clean
+.PHONY: setup test test-fast lab-test cpp-test testing-module test-build bench clean
 
 setup:
 	@scripts/setup_env.sh
 
 test: cpp-test testing-module
-	$(PY) -m pytest -q --durations=60 tests lab/tests
+	$(PY) -m pytest -q --durations=60 tests
+
+# The lab's own tests (lab/: the scale model and the placement planner, which no user runs).
+lab-test: testing-module
+	$(PY) -m pytest -q lab/tests
 
 test-build: setup
 	/usr/bin/cmake -S . -B $(TEST_BUILD) -DCMAKE_BUILD_TYPE=Release -DFASTHOROVOD_BUILD_TESTS=ON \

@@ -803,7 +803,7 @@ def test_a_saved_sweep_with_an_uneven_cloud_is_checked_on_its_even_clouds(tmp_pa
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
 def test_background_cpu_leaves_out_processes_of_the_job_in_other_network_namespaces():
     """Ranks launched over ssh on emulated hosts are no children of the job: their CPU is the job's,
-    not another engineer's. A busy loop in its own network namespace, orphaned (so not our
+    not another job's. A busy loop in its own network namespace, orphaned (so not our
     descendant), stands in for them."""
     from lab.sim import runs
 

@@ -79,11 +79,12 @@ def test_benchmarks_name_the_missing_extra_before_running_anything(tmp_path, scr
 
 
 def test_setup_declares_the_extras(tmp_path):
-    """setup.py's metadata (egg_info: no build, no network): the plain requirements and each extra."""
+    """The package's metadata (pyproject.toml, with setup.py adding the extras of extras.py; egg_info:
+    no build, no network): the plain requirements and each extra."""
     subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)], cwd=REPO,
                    check=True, capture_output=True, timeout=240)
     requires = (tmp_path / "fasthorovod.egg-info" / "requires.txt").read_text()
     plain, *sections = requires.split("\n[")
-    assert sorted(plain.split()) == ["horovod==0.28.1", "numpy", "psutil", "torch"]
+    assert sorted(plain.split()) == ["horovod==0.28.1", "numpy", "psutil", "torch>=2.1"]
     extras = {s.split("]")[0]: sorted(s.split("]", 1)[1].split()) for s in sections}
     assert extras == {"plot": ["matplotlib"], "bench": ["matplotlib", "scikit-learn"], "test": ["mock", "pytest"]}
