@@ -5,17 +5,25 @@ killed (a proxy, alone in its process group, exits when its worker dies) and the
 the captured output. After every job the harness checks that
 no process of the job is left, and that /dev/shm holds nothing named after its workers (FastHorovod's
 shared memory has no names at all since issue 15; the check guards against any coming back).
+
+A test says which path its collectives take with ``proxied=``: a :class:`Lanes` (or True) for the
+proxies, False for Horovod's. Every rank's worker then prints its lanes' counters
+(tests/workers/lanes.py) and the harness checks them on every rank (:func:`check_lanes`): a
+result that is right but came through Horovod fails a test that claims the proxies.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 import threading
-from typing import Dict, Optional, Sequence, Set
+from typing import Dict, Iterable, Optional, Sequence, Set, Union
 
 import psutil
 
@@ -67,12 +75,100 @@ class _PidSampler(threading.Thread):
             self.pids |= descendants(self.root)
 
 
+# -- the path a job claims ------------------------------------------------------------------------------
+
+LANES_LINE = re.compile(r"FASTHOROVOD_LANES (\{.*\})")  # tests/workers/lanes.py
+
+
+def ring_allreduce_bytes(ranks: int, *sizes: int) -> int:
+    """What each rank's lanes send (and receive) at least for allreduces of `sizes` bytes among
+    `ranks`: 2(n-1)/n of each. A lane's shard of s elements splits into n chunks; the ring sends
+    all but two of them (tests/multiproc/test_trace.py ring_sent_elements), which falls short of
+    2(n-1)/n s by less than 2 elements, and every frame also counts its 128-byte header, so the
+    counters never fall below this bound."""
+    return sum(2 * (ranks - 1) * b // ranks for b in sizes)
+
+
+def ring_allgather_bytes(ranks: int, *sizes: int) -> int:
+    """What each rank's lanes send at least for ring allgathers of rows of `sizes` bytes (one
+    rank's contribution) among `ranks`: every other rank's row, once (headers on top)."""
+    return sum((ranks - 1) * b for b in sizes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lanes:
+    """The proxy path a job claims, checked on every rank from its lanes' counters (all the data
+    planes the rank ran, summed lane by lane): every lane ran at least `min_collectives`
+    collectives and, over TCP, sent and received something; all lanes together sent and received
+    at least `min_bytes` (frame headers included: :func:`ring_allreduce_bytes` gives a bound).
+
+    ``tcp=False``: the hierarchical allreduce on one host, which reduces through shared memory and
+    runs no ring, so the lanes move no byte over TCP (checked) and only `min_collectives` tells.
+    `ranks`: how many ranks end the job (an elastic job's final size), ``None`` for np."""
+    min_bytes: int = 1
+    min_collectives: int = 1
+    tcp: bool = True
+    ranks: Optional[int] = None
+
+
+Claim = Union[None, bool, Lanes]
+
+
+def lane_reports(out: str) -> Dict[int, list]:
+    """rank -> its data planes, from the workers' FASTHOROVOD_LANES lines (one per rank)."""
+    reports: Dict[int, list] = {}
+    for match in LANES_LINE.finditer(out):
+        report = json.loads(match.group(1))
+        assert report["rank"] not in reports, f"rank {report['rank']} reported its lanes twice"
+        reports[report["rank"]] = report["planes"]
+    return reports
+
+
+def check_lanes(out: str, claim: Claim, ranks: Iterable[int]) -> None:
+    """Asserts the claimed path on each of `ranks` from the job's output `out`: a :class:`Lanes`
+    (True: ``Lanes()``) for the proxies, False for Horovod's (no proxies, or lanes that ran
+    nothing). A rank without its line fails: the claim is proved on every rank or not at all."""
+    if claim is None:
+        return
+    reports = lane_reports(out)
+    missing = sorted(set(ranks) - set(reports))
+    assert not missing, f"ranks {missing} printed no lane counters (tests/workers/lanes.py)\n{out[-3000:]}"
+    for rank in sorted(set(ranks)):
+        planes = reports[rank]
+        if claim is False:
+            moved = [lane for plane in planes for lane in plane["lanes"]
+                     if lane["collectives"] or lane["bytes_sent"] or lane["bytes_received"]]
+            assert not moved, f"rank {rank}: a Horovod-path job whose lanes carried collectives: {planes}"
+            continue
+        lanes = claim if isinstance(claim, Lanes) else Lanes()
+        assert planes, f"rank {rank}: no proxies ran in a job that claims the proxy path"
+        total = {key: [0] * max(len(plane["lanes"]) for plane in planes)
+                 for key in ("bytes_sent", "bytes_received", "collectives")}
+        for plane in planes:
+            for j, lane in enumerate(plane["lanes"]):
+                for key in total:
+                    total[key][j] += lane[key]
+        summary = f"rank {rank}: lanes sent {total['bytes_sent']} B, received {total['bytes_received']} B, " \
+                  f"ran {total['collectives']} collectives"
+        assert all(c >= lanes.min_collectives for c in total["collectives"]), \
+            f"{summary}; every lane must run at least {lanes.min_collectives}"
+        if lanes.tcp:
+            assert all(total["bytes_sent"]) and all(total["bytes_received"]), f"{summary}; every lane must move bytes"
+            for key in ("bytes_sent", "bytes_received"):
+                assert sum(total[key]) >= lanes.min_bytes, f"{summary}; at least {lanes.min_bytes} B expected"
+        else:
+            assert not any(total["bytes_sent"]) and not any(total["bytes_received"]), \
+                f"{summary}; on one host the hierarchical allreduce moves nothing over TCP"
+
+
 def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, timeout: float = 240,
             expect_success: bool = True, launcher_args: Sequence[str] = (),
             worker: Path = WORKER, wrap: Sequence[str] = (),
-            launcher: Sequence[str] = (str(HOROVODRUN), "--gloo")) -> subprocess.CompletedProcess:
+            launcher: Sequence[str] = (str(HOROVODRUN), "--gloo"), proxied: Claim = None) -> subprocess.CompletedProcess:
     """`wrap` goes before the launcher (for example ``ip netns exec NAME``); `launcher` replaces
-    ``horovodrun --gloo`` (for example ``fasthorovodrun --emulate-cloud SPEC``)."""
+    ``horovodrun --gloo`` (for example ``fasthorovodrun --emulate-cloud SPEC``). `proxied`: the path
+    the job's collectives take, checked on every rank once the job has succeeded (:func:`check_lanes`;
+    ``None``: the test claims none)."""
     cmd = [*wrap, *launcher, "-np", str(np), *launcher_args, sys.executable, str(worker), *worker_args]
     full_env = dict(os.environ)
     full_env.setdefault("FASTHOROVOD_TIMEOUT_SECONDS", "60")
@@ -105,4 +201,7 @@ def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, ti
         time.sleep(0.2)
     left = leftovers(sampler.pids)
     assert not any(left.values()), f"job left resources behind: {left}\n{out[-3000:]}"
+    if expect_success:
+        ranks = proxied.ranks if isinstance(proxied, Lanes) and proxied.ranks is not None else np
+        check_lanes(out, proxied, range(ranks))
     return result

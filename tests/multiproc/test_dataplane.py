@@ -1,73 +1,127 @@
-"""Multi-process tests of the proxy data plane: real ranks (horovodrun --gloo), real sockets."""
+"""Multi-process tests of the proxy data plane: real ranks (horovodrun --gloo), real sockets.
+
+Every test names the path it claims (``proxied=``): the harness checks every rank's lane counters
+against a lower bound computed from the scenario's sizes (tests/workers/worker.py), so a result
+that is right but came through Horovod fails."""
 import pytest
 import torch
 
-from tests.multiproc.harness import run_job
+from tests.multiproc.harness import Lanes, ring_allgather_bytes, ring_allreduce_bytes, run_job
 
 pytestmark = pytest.mark.multiproc
+
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8, "uint8": 1,
+            "int8": 1, "int16": 2}
+MATRIX_COUNTS = "0,1,7,1000,65537"  # worker.py's defaults
+
+
+def matrix_allreduces(counts: str = MATRIX_COUNTS, dtypes: str = ",".join(ITEMSIZE)) -> list:
+    """The sizes in bytes of what worker.py's matrix scenario sends through the proxies with
+    threshold 0 (empty tensors left out): per count and dtype a sum and an in-place sum, for
+    floating dtypes also an average and a scaled sum; per count the one-dtype group (counts c,
+    c + 3 and 2c + 1 of float32, fused into one request). The mixed-dtype group goes to Horovod."""
+    sizes = []
+    for count in (int(c) for c in counts.split(",")):
+        for name in dtypes.split(","):
+            floating = name.startswith(("float", "bfloat"))
+            sizes += [count * ITEMSIZE[name]] * (4 if floating else 2)
+        sizes.append((4 * count + 4) * 4)
+    return [b for b in sizes if b > 0]
+
+
+def through_the_ring(np_: int, sizes: list) -> Lanes:
+    """The flat ring's claim for allreduces of `sizes` bytes: every lane of every rank ran each of
+    them, and the lanes together moved 2(n-1)/n of each."""
+    return Lanes(min_bytes=ring_allreduce_bytes(np_, *sizes), min_collectives=len(sizes))
 
 
 @pytest.mark.parametrize("np_,proxies", [(2, 1), (3, 2), (4, 4)])
 def test_exact_results_for_sizes_dtypes_and_ops(np_, proxies):
     run_job(np_, "matrix", "--proxies", str(proxies),
             env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
-                 "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+                 "FASTHOROVOD_SEGMENT_BYTES": "65536"},
+            proxied=through_the_ring(np_, matrix_allreduces()))
 
 
 def test_many_async_allreduces_in_flight():
-    run_job(3, "async", "--inflight", "40", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    # 40 in flight and the autograd allreduce's forward, 400,000 float32 each (above 1 MiB)
+    run_job(3, "async", "--inflight", "40", env={"FASTHOROVOD_NUM_PROXIES": "2"},
+            proxied=through_the_ring(3, [400_000 * 4] * 41))
 
 
 def test_allreduce_of_100_megabytes():
-    run_job(2, "large", "--mbytes", "100", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    run_job(2, "large", "--mbytes", "100", env={"FASTHOROVOD_NUM_PROXIES": "2"},
+            proxied=through_the_ring(2, [100 << 20]))
 
 
 @pytest.mark.parametrize("np_,proxies", [(2, 3), (3, 2)])
 def test_sharded_allgather_through_the_proxies(np_, proxies):
-    result = run_job(np_, "gather", env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+    rows = [width * 4 for width in (1, 7, 16_385, 1_000_003) for _ in range(2)]  # int32, two in flight each
+    result = run_job(np_, "gather", env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_SEGMENT_BYTES": "65536"},
+                     proxied=Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)))
     assert result.stdout.count("gather ok") == np_, result.stdout[-2000:]
 
 
 def test_join_contributes_zeros_through_the_proxies():
-    run_job(3, "join", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    # rank r allreduces at steps 0..r and joins; a joined rank's lanes run the later steps with
+    # zeros, so every rank's lanes run all three steps and the allreduce after the join
+    run_job(3, "join", env={"FASTHOROVOD_NUM_PROXIES": "2"}, proxied=through_the_ring(3, [300_000 * 4] * 4))
 
 
 def test_join_never_returns_the_first_joiner():
+    # per join two allreduces (125 and 4,913 float32); the first joiner's lanes run them with zeros
     result = run_job(2, "join_order", "--count", "40",
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"})
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
+                     proxied=through_the_ring(2, [125 * 4, 4913 * 4] * 40))
     assert result.stdout.count("join order ok") == 2, result.stdout[-2000:]
 
 
 def test_ranks_with_different_lane_weights_stay_exact():
+    sizes = [c * 4 for i in range(30) for c in (100_003 + 7 * i, 3_001 + i)] + [200_001 * 4] * 8
     result = run_job(2, "rebalance", "--count", "30",
                      env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
-                          "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+                          "FASTHOROVOD_SEGMENT_BYTES": "65536"},
+                     proxied=through_the_ring(2, sizes))
     assert result.stdout.count("rebalance ok") == 2, result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("variant", ["size", "dtype", "op", "prescale"])
 def test_mismatched_collectives_raise_on_every_rank(variant):
+    # the mismatched tensor never reaches the lanes; the allreduce after it (400,000 float32) does
     result = run_job(2, "mismatch", "--variant", variant,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
+                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"},
+                     proxied=through_the_ring(2, [400_000 * 4]))
     assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
 
 
 def test_proxies_own_their_tcp_connections():
     run_job(3, "sockets", "--sockets", "2",
-            env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"})
+            env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"},
+            proxied=through_the_ring(3, [4 << 20]))
 
 
 # Three trainings in each job (worker.py's --runs): one job with the proxies, one without.
 TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1"
 OURS = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
+HOROVODS = {"FASTHOROVOD_NUM_PROXIES": "0"}
+# worker.py's train_once: 64-512-512-10 MLP, 20 optimizer steps (each allreduces every gradient once,
+# whatever backward_passes_per_step), fp16 compression halving the bytes.
+PARAMETERS = (64 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)
+
+
+def training(np_: int, *itemsizes: int) -> Lanes:
+    """The claim of trainings whose gradients (`itemsizes`: 4 for float32, 2 for fp16) go through
+    the proxies: at least the gradients' bytes of 20 steps each (fused into buckets)."""
+    return Lanes(min_bytes=ring_allreduce_bytes(np_, *(20 * PARAMETERS * size for size in itemsizes)),
+                 min_collectives=20 * len(itemsizes))
 
 
 def test_distributed_optimizer_matches_horovod(tmp_path):
     ours, theirs = tmp_path / "fasthorovod", tmp_path / "horovod"
     ours.mkdir()
     theirs.mkdir()
-    run_job(3, "train", "--out", str(ours), "--runs", TRAININGS, env=OURS)
-    run_job(3, "train", "--out", str(theirs), "--runs", TRAININGS, env={"FASTHOROVOD_NUM_PROXIES": "0"})
+    run_job(3, "train", "--out", str(ours), "--runs", TRAININGS, env=OURS, proxied=training(3, 4, 4, 2))
+    run_job(3, "train", "--out", str(theirs), "--runs", TRAININGS, env=HOROVODS, proxied=False)
     for name in ("p1", "p2", "p1fp16"):
         a, b = torch.load(ours / f"{name}.pt"), torch.load(theirs / f"{name}.pt")
         tol = 1e-3 if name.endswith("fp16") else 1e-5
@@ -85,9 +139,9 @@ def test_gradient_predivide_factor_matches_horovods_own_optimizer(tmp_path):
     ours.mkdir()
     theirs.mkdir()
     predivide = f"predivide={2.0 ** 18}"
-    run_job(3, "train", "--out", str(ours), "--runs", f"factor:fp16=1,{predivide}", env=OURS)
+    run_job(3, "train", "--out", str(ours), "--runs", f"factor:fp16=1,{predivide}", env=OURS, proxied=training(3, 2))
     run_job(3, "train", "--out", str(theirs), "--runs", f"factor:fp16=1,{predivide},horovod=1;plain:fp16=1,horovod=1",
-            env={"FASTHOROVOD_NUM_PROXIES": "0"})
+            env=HOROVODS, proxied=False)
     a, b, c = (torch.load(path) for path in (ours / "factor.pt", theirs / "factor.pt", theirs / "plain.pt"))
     same, factor = (a - b).abs().max().item(), (b - c).abs().max().item()
     print(f"max |ours - horovod| = {same:.3g}; max |horovod - horovod without the factor| = {factor:.3g}")

@@ -8,13 +8,14 @@ must end with identical weights, every data plane must have carried collectives 
 lanes (the proxies are re-formed after each reset), and nothing may be left behind (the harness
 checks processes and shared memory after every job).
 """
+import dataclasses
 import importlib.util
 import re
 import stat
 
 import pytest
 
-from tests.multiproc.harness import REPO, run_job
+from tests.multiproc.harness import REPO, Lanes, check_lanes, ring_allreduce_bytes, run_job
 from tests.netns import skip_unless_usable
 from tests.test_runner import _leftovers
 
@@ -26,7 +27,13 @@ WORKER = REPO / "tests" / "workers" / "elastic_worker.py"
 LINE = re.compile(r"ELASTIC rank (\d+) size (\d+) batch (\d+) digest (\w+) planes (\[.*\])")
 
 
-def run_elastic(tmp_path, start: int, end: int, *worker_args: str, timeout: float = 240):
+# The mlp's 640 x 1024 float32 weight: the gradient above the proxies' threshold
+WEIGHT_BYTES = 640 * 1024 * 4
+
+
+def run_elastic(tmp_path, start: int, end: int, *worker_args: str, timeout: float = 240, proxied: Lanes = Lanes()):
+    """`proxied`: what every rank of the final world (ranks 0..end-1) carried through its lanes,
+    over all its data planes."""
     hosts = tmp_path / "hosts"
     hosts.write_text(f"localhost:{start}\n")
     script = tmp_path / "discover.sh"
@@ -37,7 +44,7 @@ def run_elastic(tmp_path, start: int, end: int, *worker_args: str, timeout: floa
                      worker=WORKER, timeout=timeout,
                      launcher_args=["--network-interfaces", "lo", "--min-np", str(min(start, end)),
                                     "--max-np", str(max(start, end)), "--host-discovery-script", str(script)],
-                     env={"FASTHOROVOD_TIMEOUT_SECONDS": "30"})
+                     env={"FASTHOROVOD_TIMEOUT_SECONDS": "30"}, proxied=dataclasses.replace(proxied, ranks=end))
     lines = [LINE.search(line) for line in result.stdout.splitlines()]
     finals = {int(m.group(1)): m for m in lines if m}
     assert sorted(finals) == list(range(end)), f"expected ranks 0..{end - 1} to finish:\n{result.stdout[-4000:]}"
@@ -55,7 +62,10 @@ def assert_every_plane_carried_collectives(planes):
 
 @pytest.mark.parametrize("algorithm", ["ssgd", "cd-sgd"])
 def test_a_graceful_removal_shrinks_the_job_and_the_proxies_follow(tmp_path, algorithm):
-    planes, out = run_elastic(tmp_path, 3, 2, "--algorithm", algorithm)
+    # SSGD: every rank of the final world averaged the weight's gradient through its lanes in at
+    # least the --after (8) batches after the last resize; the delayed policies: every lane moved bytes
+    proxied = Lanes(min_bytes=ring_allreduce_bytes(2, *[WEIGHT_BYTES] * 8)) if algorithm == "ssgd" else Lanes()
+    planes, out = run_elastic(tmp_path, 3, 2, "--algorithm", algorithm, proxied=proxied)
     assert_every_plane_carried_collectives(planes)
     for rank in (0, 1):  # the survivors formed proxies twice: for 3 ranks, then for 2
         assert [size for _, size, _ in planes[rank]] == [3, 2], planes
@@ -72,7 +82,8 @@ def test_an_added_slot_grows_the_job_and_the_new_worker_starts_its_proxies(tmp_p
 
 def test_a_killed_proxy_is_recovered_by_a_reset_and_training_goes_on(tmp_path):
     # rank 1 kills one of its proxies at batch 4; the job later shrinks as in the first test
-    planes, out = run_elastic(tmp_path, 3, 2, "--kill-proxy-at", "4", "--resize-at", "9")
+    planes, out = run_elastic(tmp_path, 3, 2, "--kill-proxy-at", "4", "--resize-at", "9",
+                              proxied=Lanes(min_bytes=ring_allreduce_bytes(2, *[WEIGHT_BYTES] * 8)))
     assert "killed proxy" in out
     assert_every_plane_carried_collectives(planes)
     for rank in (0, 1):  # 3 ranks, 3 ranks again after the failure, then 2
@@ -111,6 +122,10 @@ def test_a_preempted_host_is_survived_and_the_job_grows_back_when_it_returns(tmp
     survivors = {int(f[0]): eval(f[4]) for f in finals if len(eval(f[4])) == 3}  # noqa: S307 (our own output)
     assert len(survivors) == 3, finals  # three processes saw 4, 3 and 4 ranks; the new one only 4
     assert_every_plane_carried_collectives(survivors)
+    # every rank of the final world, the returned host's too: SSGD averaged the weight's gradient
+    # through its lanes in at least the last 4 steps (preemption_run's after=4) among 4 ranks
+    check_lanes(text, Lanes(min_bytes=ring_allreduce_bytes(4, *[WEIGHT_BYTES] * 4)) if algorithm == "ssgd" else Lanes(),
+                range(4))
     failed = [float(t) for t in re.findall(r"FAILED rank \d+ batch \d+ time ([\d.]+)", text)]
     assert failed, "no survivor saw the failure in a step"
     last_before = max(t for size, _, t in bench._log_steps(text) if size == 4 and t < min(failed))

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiproc.harness import REPO, run_job
+from tests.multiproc.harness import REPO, Lanes, ring_allreduce_bytes, run_job
+from tests.multiproc.test_broadcast import exact_broadcasts
+from tests.multiproc.test_dataplane import matrix_allreduces
 from tests.netns import skip_unless_usable
 
 pytestmark = [pytest.mark.multiproc]
@@ -25,28 +27,47 @@ ON = {"FASTHOROVOD_HIERARCHICAL": "1", "FASTHOROVOD_NUM_PROXIES": "2", "FASTHORO
 netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdhierprobe")
 
 
+def in_shared_memory(collectives: int) -> Lanes:
+    """One host: every lane of every rank runs each collective (its shard, reduced through shared
+    memory), and no byte crosses TCP (the lanes' byte counters count only the ring's frames)."""
+    return Lanes(min_bytes=0, min_collectives=collectives, tcp=False)
+
+
+def across_hosts(np_: int, per_host: int, sizes: list) -> Lanes:
+    """H hosts of L ranks: each rank's lanes run the ring across the H hosts for its 1/L part of
+    every collective, 2(H-1)/H of that part (L = 1: the flat ring through every rank). Only
+    tensors of 64 KiB and more count towards the bytes, so that every lane's part of each is
+    non-empty and its frame headers cover the parts' rounding."""
+    hosts = np_ // per_host
+    big = [b // per_host for b in sizes if b >= 1 << 16]
+    return Lanes(min_bytes=ring_allreduce_bytes(hosts, *big), min_collectives=len(sizes))
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_one_host_exact_over_sizes_dtypes_and_ops(np_):
-    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(np_), env=ON)
+    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(np_), env=ON,
+                     proxied=in_shared_memory(len(matrix_allreduces())))
     for rank in range(np_):
         assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
     assert f"hierarchical allreduce: 1 host x {np_} ranks" in result.stdout
 
 
 def test_one_host_allgather_broadcast_join():
-    for scenario, extra in (("gather", ()), ("join", ()), ("join_order", ("--count", "60"))):
-        run_job(3, scenario, "--proxies", "2", *extra, env=ON)
+    # the allgathers of 4 non-empty widths, two each (run as sums); join's 3 steps and the allreduce
+    # after it; join_order's two allreduces per join
+    for scenario, extra, collectives in (("gather", (), 8), ("join", (), 4), ("join_order", ("--count", "60"), 120)):
+        run_job(3, scenario, "--proxies", "2", *extra, env=ON, proxied=in_shared_memory(collectives))
     # The harness's threshold (1 MiB): the worker checks which broadcasts take the proxies.
     result = run_job(3, "exact", worker=BROADCAST, env=dict(ON, FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576"),
-                     timeout=300)
+                     timeout=300, proxied=in_shared_memory(exact_broadcasts(3).min_collectives))
     assert result.stdout.count("exact ok") == 3, result.stdout[-3000:]
 
 
 def test_one_host_negotiated_order_and_mismatch():
     result = run_job(4, "permuted", "--count", "32", "--threads", "2", "--seed", "9", worker=NEGOTIATION,
-                     timeout=600, env=ON)
+                     timeout=600, env=ON, proxied=in_shared_memory(32))
     assert result.stdout.count("permuted ok") == 4, result.stdout[-3000:]
-    result = run_job(2, "mismatch", "--proxies", "2", "--variant", "dtype", env=ON)
+    result = run_job(2, "mismatch", "--proxies", "2", "--variant", "dtype", env=ON, proxied=in_shared_memory(1))
     assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
 
 
@@ -71,10 +92,12 @@ def _cloud(spec: str):
 @pytest.mark.parametrize("spec,np_,per_host", [("2:1gbit:200mbit", 2, 1), ("2:1gbit:200mbit", 4, 2),
                                                ("2:1gbit:200mbit", 6, 3), ("3:1gbit:200mbit", 6, 2)])
 def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
+    counts, dtypes = "0,7,65537,1000003", "float32,float16,bfloat16,int64,uint8"
     result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(per_host),
-                     "--counts", "0,7,65537,1000003", "--dtypes", "float32,float16,bfloat16,int64,uint8",
+                     "--counts", counts, "--dtypes", dtypes,
                      launcher=_cloud(spec), timeout=400,
-                     env=dict(ON, FASTHOROVOD_HIERARCHICAL="auto"))
+                     env=dict(ON, FASTHOROVOD_HIERARCHICAL="auto"),
+                     proxied=across_hosts(np_, per_host, matrix_allreduces(counts, dtypes)))
     for rank in range(np_):
         assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
 

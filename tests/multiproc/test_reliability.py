@@ -3,22 +3,31 @@ import re
 
 import pytest
 
-from tests.multiproc.harness import run_job
+from tests.multiproc.harness import Lanes, ring_allreduce_bytes, run_job
 
 pytestmark = pytest.mark.multiproc
 
 
+def allreduces(np_: int, *sizes: int) -> Lanes:
+    return Lanes(min_bytes=ring_allreduce_bytes(np_, *sizes), min_collectives=len(sizes))
+
+
 def test_bad_input_behaves_like_horovod_or_better():
-    run_job(3, "bad_input", env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    # the strided 1000 x 600 float32 tensor (out of place and in place) and the non-finite one of
+    # 400,000; the empty and scalar ones are Horovod's (below the threshold)
+    run_job(3, "bad_input", env={"FASTHOROVOD_NUM_PROXIES": "2"},
+            proxied=allreduces(3, 600_000 * 4, 600_000 * 4, 400_000 * 4))
 
 
 def test_strangers_are_refused_by_a_running_job():
-    result = run_job(2, "refused", env={"FASTHOROVOD_NUM_PROXIES": "3"})
+    result = run_job(2, "refused", env={"FASTHOROVOD_NUM_PROXIES": "3"}, proxied=allreduces(2, 4 << 20))
     assert result.stdout.count("3 connection attempts refused") == 2, result.stdout[-2000:]
 
 
 def test_shutdown_and_init_again_in_the_same_processes(tmp_path):
-    result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_PROXIES": "2"})
+    # one allreduce of 500,000 float32 per data plane, over the four planes of the four cycles
+    result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_PROXIES": "2"},
+                     proxied=allreduces(2, *[500_000 * 4] * 4))
     assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
 
 

@@ -15,8 +15,9 @@ ENV = {"FASTHOROVOD_NUM_PROXIES": "1", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
 
 
 def test_sync_weights_leaves_every_rank_with_identical_parameters():
+    # the worker checks each policy's collectives against its lanes (check_lanes_carried)
     result = harness.run_job(4, "identical", "--algorithms", "od-sgd,ssd-sgd,cd-sgd,local-sgd,ssgd-2bit",
-                             env={**ENV, "FASTHOROVOD_NUM_PROXIES": "2"}, timeout=240, worker=WORKER)
+                             env={**ENV, "FASTHOROVOD_NUM_PROXIES": "2"}, timeout=240, worker=WORKER, proxied=True)
     assert result.stdout.count("identical after sync_weights") == 4 * 5, result.stdout[-3000:]
 
 
@@ -25,8 +26,13 @@ def test_every_variant_converges_within_one_point_of_ssgd_on_digits(tmp_path):
     epoch 20, batch 16 per rank, 20 warm-up steps): test accuracy of each variant within 1
     percentage point of synchronous SGD."""
     out = tmp_path / "digits.json"
-    harness.run_job(4, "digits", "--out", str(out), env=ENV, timeout=400, worker=WORKER)
+    harness.run_job(4, "digits", "--out", str(out), env=ENV, timeout=400, worker=WORKER, proxied=True)
     results = json.loads(out.read_text())
+    # every variant's collectives went through rank 0's lanes: 2(n-1)/n of what it allreduced and
+    # the 3 other ranks' rows of what it allgathered, per step
+    for algorithm, r in results.items():
+        least = 2 * 3 / 4 * r["allreduce_bytes_per_step"] + 3 * r["allgather_bytes_per_step"]
+        assert r["lane_bytes_per_step"] >= least > 0, (algorithm, r)
     ssgd = results["ssgd"]["accuracy"]
     assert ssgd > 0.95, results
     for algorithm in ("od-sgd", "ssd-sgd", "cd-sgd", "local-sgd"):

@@ -5,9 +5,12 @@ import time
 
 import pytest
 
-from tests.multiproc.harness import run_job
+from tests.multiproc.harness import Lanes, ring_allreduce_bytes, run_job
 
 pytestmark = pytest.mark.multiproc
+# worker.py's salted scenario, 25 rounds: float64 allreduces of 300,001 + i and 70,000 elements
+SALTED_SIZES = [c * 8 for i in range(25) for c in (300_001 + i, 70_000)]
+SALTED = Lanes(min_bytes=ring_allreduce_bytes(2, *SALTED_SIZES), min_collectives=len(SALTED_SIZES))
 
 
 def test_two_jobs_with_different_tokens_on_one_host_do_not_interfere():
@@ -17,7 +20,8 @@ def test_two_jobs_with_different_tokens_on_one_host_do_not_interfere():
         start = time.monotonic()
         try:
             results[seed] = run_job(2, "salted", "--seed", str(seed), "--count", "25", timeout=400,
-                                    env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"})
+                                    env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
+                                    proxied=SALTED)
         except BaseException as e:  # noqa: BLE001 (reported below)
             errors.append(e)
         spans[seed] = (start, time.monotonic())

@@ -12,6 +12,7 @@ import horovod.torch as horovod
 import torch
 
 import fasthorovod.torch as hvd
+import lanes  # tests/workers/, this script's directory
 
 # The dtypes Horovod's CPU broadcast takes (bool and bfloat16 it rejects; see scenario_errors).
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.uint8, torch.int8, torch.int16, torch.int32,
@@ -227,10 +228,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=["exact", "functions", "errors"])
     args = parser.parse_args()
+    lanes.keep()
     hvd.init()
     try:
         assert hvd.proxy_group() is not None, "proxies must be running"
         globals()[f"scenario_{args.scenario}"](args)
+        lanes.report(hvd.rank(), hvd)
     finally:
         hvd.shutdown()
 

@@ -12,7 +12,8 @@ clock), and at the end every rank prints one line
     ELASTIC rank R size S batch B digest D planes [[epoch, size, collectives], ...]
 
 where ``planes`` lists, per data plane this process used (one per hvd.init()), the world size and
-how many collectives its proxies' lanes carried. After every hvd.init() (the first and each
+how many collectives its proxies' lanes carried, followed by the lanes' counters of every data
+plane (``FASTHOROVOD_LANES``, tests/workers/lanes.py) for the harness. After every hvd.init() (the first and each
 reset's) every rank prints ``INIT rank R size S time T ...``: wall-clock marks of the process's
 start-up (first one only) and, with FastHorovod, how long each step of the data plane's start-up
 took (``describe()["startup_seconds"]``); ``READY`` when model, optimizer and state are built, and
@@ -38,6 +39,8 @@ if os.environ.get("ELASTIC_WORKER_HOROVOD") == "1":
 else:
     import fasthorovod.torch as hvd
 IMPORTS_DONE = time.time()
+
+import lanes  # noqa: E402 (tests/workers/, this script's directory)
 
 
 def digest(model) -> str:
@@ -84,6 +87,7 @@ def main() -> int:
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     sizes = [int(n) for n in args.sizes.split(",")]
+    lanes.keep()  # every data plane's counters, the ones elastic resets close too
     hvd.init()
     report_init(f"script {SCRIPT_STARTED:.3f} imports {IMPORTS_DONE:.3f}")
     torch.manual_seed(1234)
@@ -163,8 +167,19 @@ def main() -> int:
     if len(set(every)) != 1:
         print(f"rank {hvd.rank()}: ranks differ at the end: {every}", flush=True)
         return 1
+    if hasattr(opt, "communication_stats") and hasattr(hvd, "proxy_group"):
+        # The policy's collectives went through the lanes: 2(n-1)/n of what this rank allreduced,
+        # the other ranks' rows of what it allgathered, with n the smallest world it trained in
+        # (frame headers only add; tests/multiproc/harness.py ring_allreduce_bytes).
+        stats, n = opt.communication_stats(), min(state.sizes_seen)
+        least = 2 * (n - 1) / n * stats["allreduce_bytes"] + (n - 1) * stats["allgather_bytes"]
+        sent = lanes.bytes_sent(hvd)
+        if not sent >= least > 0:
+            print(f"rank {hvd.rank()}: the lanes sent {sent} B, at least {least:.0f} B expected for {stats}", flush=True)
+            return 1
     print(f"ELASTIC rank {hvd.rank()} size {hvd.size()} batch {state.batch} digest {mine} "
           f"planes {sorted(planes.values())}", flush=True)
+    lanes.report(hvd.rank(), hvd)
     hvd.shutdown()
     return 0
 

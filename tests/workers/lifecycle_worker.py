@@ -26,7 +26,8 @@ import torch
 
 import fasthorovod.torch as hvd
 from fasthorovod.proxy import group as group_module
-from file_barrier import file_barrier  # tests/workers/, this script's directory
+import lanes  # tests/workers/, this script's directory
+from file_barrier import file_barrier
 
 
 def _alive(pid: int) -> bool:
@@ -87,6 +88,7 @@ def thread_init(args) -> None:
     reaped = "" if reaped_after is None else f"; killed proxy reaped after {reaped_after * 1000:.0f} ms"
     print(f"LIFECYCLE rank {rank}: thread init ok (pidfds {not args.deny_pidfd}); raised {error}; "
           f"shutdown {took:.2f} s{reaped}", flush=True)
+    lanes.report(rank)
 
 
 def big_then_shutdown(args) -> None:
@@ -121,6 +123,7 @@ def big_then_shutdown(args) -> None:
     print(f"BIG rank {rank}: {args.mbytes} MiB allreduce correct in {seconds:.2f} s with a "
           f"{shm_bytes >> 20} MiB /dev/shm; shutdown with it in flight ({in_flight}) took {took:.3f} s; "
           f"proxies gone {gone}", flush=True)
+    lanes.report(rank)
 
 
 def slow_joiner(args) -> None:
@@ -140,6 +143,7 @@ def slow_joiner(args) -> None:
     assert torch.all(out == size), f"rank {rank}: wrong result"
     print(f"SLOW rank {rank}: init took {init_s:.2f} s, restart and allreduce ok", flush=True)
     hvd.shutdown()
+    lanes.report(rank)
 
 
 def main():
@@ -150,6 +154,7 @@ def main():
     parser.add_argument("--delay", type=float, default=3.0)
     parser.add_argument("--sync-dir", default=None, help="big_then_shutdown: a directory every rank can write")
     args = parser.parse_args()
+    lanes.keep()  # each scenario shuts its data planes down itself, then reports their lane counters
     {"thread_init": thread_init, "big_then_shutdown": big_then_shutdown,
      "slow_joiner": slow_joiner}[args.scenario](args)
 

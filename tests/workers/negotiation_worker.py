@@ -12,6 +12,8 @@ import time
 
 import torch
 
+import lanes  # tests/workers/, this script's directory
+
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.bfloat16, torch.float16]
 MIB = 1 << 20
 
@@ -146,8 +148,10 @@ def main():
     import importlib
 
     hvd = importlib.import_module(args.module)
+    lanes.keep()
     hvd.init()
     globals()[f"scenario_{args.scenario}"](hvd, args)
+    lanes.report(hvd.rank(), hvd)
     hvd.shutdown()
 
 

@@ -13,6 +13,7 @@ import time
 import torch
 
 import fasthorovod.torch as hvd
+import lanes  # tests/workers/, this script's directory
 from fasthorovod.scheduler import TwoBitCompression
 
 DELAYED = ("od-sgd", "ssd-sgd", "cd-sgd")
@@ -62,6 +63,7 @@ def scenario_identical(args):
         opt = make_optimizer(model, algorithm, lr=0.05, warmup=3, threshold=0.01)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
+        sent, stats = lane_bytes(), opt.communication_stats()
         gen = torch.Generator().manual_seed(100 + rank)
         for _ in range(13):
             opt.zero_grad()
@@ -72,6 +74,7 @@ def scenario_identical(args):
         if algorithm in DELAYED + ("local-sgd",):
             assert len(set(before)) == size, f"{algorithm}: local weights should differ before sync_weights"
         opt.sync_weights()
+        check_lanes_carried(algorithm, lane_bytes() - sent, opt.communication_stats(), stats)
         after = all_digests(model)
         assert len(set(after)) == 1, f"{algorithm}: ranks differ after sync_weights: {after}"
         if algorithm in DELAYED:
@@ -97,6 +100,23 @@ def load_split(rank: int, size: int):
 def lane_bytes() -> int:
     group = hvd.proxy_group()
     return sum(s["bytes_sent"] for s in group.lane_stats()) if group is not None else 0
+
+
+def lane_bytes_at_least(size: int, allreduced: float, allgathered: float) -> float:
+    """What a rank's lanes send at least for allreduces of `allreduced` bytes and allgathers of
+    rows of `allgathered` bytes (its own) among `size` ranks: 2(n-1)/n of the first and every other
+    rank's row of the second (tests/multiproc/harness.py ring_allreduce_bytes; headers only add)."""
+    return 2 * (size - 1) / size * allreduced + (size - 1) * allgathered
+
+
+def check_lanes_carried(algorithm: str, sent: int, stats: dict, before: dict) -> None:
+    """The policy's collectives since `before` (its communication_stats then) went through this
+    rank's lanes, which sent `sent` bytes meanwhile."""
+    allreduced = stats["allreduce_bytes"] - before["allreduce_bytes"]
+    allgathered = stats["allgather_bytes"] - before["allgather_bytes"]
+    least = lane_bytes_at_least(hvd.size(), allreduced, allgathered)
+    assert sent >= least > 0, (f"{algorithm}: the lanes sent {sent} B for {allreduced} B allreduced and "
+                               f"{allgathered} B allgathered (at least {least:.0f} B expected)")
 
 
 def scenario_digits(args):
@@ -164,9 +184,11 @@ def main():
     parser.add_argument("--threshold", type=float, default=0.005)
     parser.add_argument("--out", default="digits.json")
     args = parser.parse_args()
+    lanes.keep()
     hvd.init()
     try:
         globals()["scenario_" + args.scenario](args)
+        lanes.report(hvd.rank(), hvd)
     finally:
         hvd.shutdown()
 

@@ -13,7 +13,8 @@ import sys
 import torch
 
 import fasthorovod.torch as hvd
-from file_barrier import file_barrier  # tests/workers/, this script's directory
+import lanes  # tests/workers/, this script's directory
+from file_barrier import file_barrier
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -555,11 +556,14 @@ def main():
 
 
 def run_scenario(namespace: dict, args) -> None:
-    """hvd.init(), the scenario function ``scenario_<args.scenario>`` of `namespace`, and
-    hvd.shutdown() whatever happened (shared with the other worker scripts)."""
+    """hvd.init(), the scenario function ``scenario_<args.scenario>`` of `namespace`, the lanes'
+    counters once it has succeeded (lanes.py: what the harness checks the claimed path against),
+    and hvd.shutdown() whatever happened (shared with the other worker scripts)."""
+    lanes.keep()
     hvd.init()
     try:
         namespace[f"scenario_{args.scenario}"](args)
+        lanes.report(hvd.rank(), hvd)
     finally:
         hvd.shutdown()
 

@@ -1,0 +1,60 @@
+"""The harness's path claims (harness.check_lanes) on made-up worker output: no ranks are started.
+
+A claim must fail when one rank's line is missing, when a lane moved nothing, when the bytes fall
+short of the bound, and when a Horovod-path job's lanes carried anything."""
+import json
+
+import pytest
+
+from tests.multiproc.harness import Lanes, check_lanes, ring_allgather_bytes, ring_allreduce_bytes
+
+
+def line(rank: int, *planes) -> str:
+    """A worker's FASTHOROVOD_LANES line as Horovod's launcher relays it; each plane a list of
+    (bytes_sent, bytes_received, collectives) per lane."""
+    report = {"rank": rank, "planes": [
+        {"rank": rank, "size": 2, "lanes": [{"bytes_sent": s, "bytes_received": r, "collectives": c}
+                                            for s, r, c in lanes]} for lanes in planes]}
+    return f"[{rank}]<stdout>:FASTHOROVOD_LANES {json.dumps(report)}"
+
+
+def out(*lines: str) -> str:
+    return "\n".join(("[0]<stdout>:rank 0: ok",) + lines + ("",))
+
+
+GOOD = out(line(0, [(600, 600, 2), (500, 500, 2)]), line(1, [(600, 600, 2), (500, 500, 2)]))
+
+
+def test_the_ring_bounds():
+    assert ring_allreduce_bytes(2, 100) == 100 and ring_allreduce_bytes(4, 100, 8) == 150 + 12
+    assert ring_allgather_bytes(3, 10, 1) == 22
+
+
+def test_a_proxied_claim_holds_on_every_rank():
+    check_lanes(GOOD, Lanes(min_bytes=1100, min_collectives=2), range(2))
+    check_lanes(GOOD, True, range(2))
+    check_lanes("no lines at all", None, range(2))  # no claim, nothing checked
+
+
+@pytest.mark.parametrize("text, claim, message", [
+    (out(line(0, [(600, 600, 2), (500, 500, 2)])), True, r"ranks \[1\] printed no lane counters"),
+    (out(line(0, [(600, 600, 2), (0, 0, 2)]), line(1, [(600, 600, 2), (5, 5, 2)])), True, "every lane must move"),
+    (GOOD, Lanes(min_bytes=1101), "at least 1101 B"),
+    (GOOD, Lanes(min_collectives=3), "at least 3"),
+    (out(line(0), line(1)), True, "no proxies ran"),
+    (GOOD, Lanes(tcp=False), "moves nothing over TCP"),
+    (out(line(0, [(0, 0, 0)]), line(1, [(0, 0, 1)])), False, "rank 1: a Horovod-path job"),
+    (GOOD + line(1, [(1, 1, 1)]), True, "rank 1 reported its lanes twice"),
+])
+def test_a_claim_that_does_not_hold_fails(text, claim, message):
+    with pytest.raises(AssertionError, match=message):
+        check_lanes(text, claim, range(2))
+
+
+def test_the_planes_of_a_rank_add_up_lane_by_lane():
+    # a restarted data plane: the first carried lane 0 only, the second lane 1 only
+    text = out(line(0, [(700, 700, 1), (0, 0, 0)], [(0, 0, 0), (400, 400, 1)]),
+               line(1, [(700, 700, 1), (0, 0, 0)], [(0, 0, 0), (400, 400, 1)]))
+    check_lanes(text, Lanes(min_bytes=1100), range(2))
+    check_lanes(out(line(0), line(1, [(0, 0, 0)])), False, range(2))  # no proxies, idle lanes: Horovod's path
+    check_lanes(out(line(0, [(0, 0, 3)]), line(1, [(0, 0, 3)])), Lanes(min_collectives=3, tcp=False), range(2))

@@ -1,0 +1,66 @@
+"""The lanes' counters of one rank, reported to the test that launched it (tests/multiproc/harness.py).
+
+A test that claims the proxy path (or Horovod's) proves it from the proxies' own counters: the
+worker calls :func:`keep` before ``hvd.init()`` and :func:`report` once its scenario has succeeded;
+the harness parses the line and checks every rank's (``run_job(..., proxied=...)``).
+
+:func:`keep` wraps ``ProxyGroup.close`` so that the counters of every data plane this process ran
+are kept when it closes (``hvd.shutdown()``, ``hvd.restart_proxies()``, an elastic reset);
+:func:`report` prints them, and those of the data plane still running, as one line::
+
+    FASTHOROVOD_LANES {"rank": R, "planes": [{"rank": R, "size": N, "lanes": [{"bytes_sent": ..,
+                       "bytes_received": .., "collectives": ..}, ...]}, ...]}
+
+``planes`` is empty when no proxies ran (size 1, ``FASTHOROVOD_NUM_PROXIES=0``, or Horovod's own
+module).
+"""
+import json
+import sys
+
+PREFIX = "FASTHOROVOD_LANES "
+COUNTERS = ("bytes_sent", "bytes_received", "collectives")
+
+_closed_planes = []
+
+
+def _snapshot(group) -> dict:
+    return {"rank": group.rank, "size": group.size,
+            "lanes": [{k: int(lane[k]) for k in COUNTERS} for lane in group.lane_stats()]}
+
+
+def keep() -> None:
+    """Keeps the counters of every data plane of this process when it closes. Idempotent; nothing
+    to keep in a process that runs Horovod's own module (FastHorovod not imported)."""
+    module = sys.modules.get("fasthorovod.proxy.group")
+    if module is None:
+        return
+    ProxyGroup = module.ProxyGroup
+    if getattr(ProxyGroup.close, "keeps_lane_counters", False):
+        return
+    close = ProxyGroup.close
+
+    def close_keeping_counters(self):
+        if not self._closed and self.channel is not None:
+            _closed_planes.append(_snapshot(self))
+        return close(self)
+
+    close_keeping_counters.keeps_lane_counters = True
+    ProxyGroup.close = close_keeping_counters
+
+
+def planes(hvd=None) -> list:
+    """The counters of the data planes closed so far and of the one `hvd` (a module with
+    ``proxy_group()``; Horovod's own has none) still runs."""
+    group = getattr(hvd, "proxy_group", lambda: None)() if hvd is not None else None
+    running = [_snapshot(group)] if group is not None and not group._closed else []
+    return _closed_planes + running
+
+
+def bytes_sent(hvd=None) -> int:
+    """What this process's lanes have sent, over all its data planes."""
+    return sum(lane["bytes_sent"] for plane in planes(hvd) for lane in plane["lanes"])
+
+
+def report(rank: int, hvd=None) -> None:
+    """Prints this rank's line (:func:`planes`)."""
+    print(PREFIX + json.dumps({"rank": rank, "planes": planes(hvd)}), flush=True)
