@@ -1,6 +1,7 @@
 # FastHorovod: the two commands of the README, and a few helpers.
 #   make test   installs everything (apt, .venv, torch, horovod, fasthorovod) and runs the suite
 #   make bench  installs everything and runs the main benchmark
+#   make test-fast  the C++ tests, the unit tests and a 2-rank smoke job through the proxies
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
 #   make testing-module  builds the test-only module fasthorovod_testing into tests/native/
 #   make lab-test  the lab's tests (lab/tests), which make test leaves out
@@ -35,8 +36,9 @@ cpp-test: test-build
 testing-module: test-build
 	/usr/bin/cmake --build $(TEST_BUILD) --target fasthorovod_testing -j $$(nproc)
 
-test-fast: testing-module
-	$(PY) -m pytest -q tests -m "not slow"
+# The tier to run while developing: the C++ tests, the unit tests and one 2-rank job through the proxies.
+test-fast: cpp-test testing-module
+	$(PY) -m pytest -q tests/unit tests/multiproc/test_smoke.py
 
 bench: setup
 	scripts/bench.sh
