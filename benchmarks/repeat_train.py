@@ -1,4 +1,4 @@
-"""Run the same training job N times: do identical jobs run at the same pace? (issue 19)
+"""Run the same training job N times: do identical jobs run at the same pace?
 
 Each job is one ``train.py`` job (its workers, its measurement: synthetic data, the slowest rank's
 median step time, images/s, bitwise-identical weights checked at the end), started the way

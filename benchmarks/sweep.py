@@ -1,4 +1,4 @@
-"""FastHorovod's defaults against a grid of its settings and the raw-TCP ring ceiling (issue 13).
+"""FastHorovod's defaults against a grid of its settings and the raw-TCP ring ceiling.
 
 On one network (``--launcher-prefix``, e.g. ``fasthorovodrun --emulate-cloud 4:1gbit:200mbit``), or
 on each of ``--clouds`` in turn, one invocation measures at one message size (``--size``, default

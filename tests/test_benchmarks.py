@@ -487,7 +487,7 @@ def test_sweep_summary_math(capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# make bench: rounds, spread, ceiling, exposed communication (issue 18)
+# make bench: rounds, spread, ceiling, exposed communication
 
 
 def test_spread_and_paired_ratios():

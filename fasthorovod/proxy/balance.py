@@ -1,7 +1,7 @@
 """Lane rebalancing: a policy on top of ProxyGroup's mechanisms (lane counters, lane weights).
 
 A striped transfer finishes when its slowest lane does, and real flows are uneven: per-flow caps,
-two flows hashed onto one bucket of a shaper or one ECMP path (docs/benchmarks.md, issue 19),
+two flows hashed onto one bucket of a shaper or one ECMP path (docs/benchmarks.md),
 CPU contention. So, by default (FASTHOROVOD_REBALANCE_EVERY = 1; 0 turns it off), before every
 N-th proxy request a rank looks at what each of its lanes did since its last decision: once every
 lane has moved at least ``MIN_BYTES`` (so that one small collective's noise decides nothing), it

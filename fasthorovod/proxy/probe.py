@@ -24,7 +24,7 @@ runs :func:`choose` on the same curves, so they agree without another round:
 * the sockets per lane are the knee's flows spread over the lanes (times ``HEADROOM``, 1.0: no flows beyond the knee). The knee, a power of two,
   already carries some spare: on 4:1gbit:200mbit five flows would fill the link and the knee is
   eight, so a flow that gets less than its cap (two flows hashed onto one bucket of a shaper or one
-  ECMP path; docs/benchmarks.md, issue 19) leaves the link full; within a lane frames go to
+  ECMP path; docs/benchmarks.md) leaves the link full; within a lane frames go to
   whichever socket is free, and between lanes rebalancing (balance.py) evens out the rest. With
   this choice ten identical AlexNet jobs ran within 6% of each other (docs/benchmarks.md).
 * a phase measures 0.15 s, and one disturbed phase can also *raise* a hop's knee: on

@@ -386,7 +386,7 @@ def network_rate(cluster: Cluster, k: int, S: int, p: Params, nbytes: Optional[f
 
 def unlucky_ports_probability(cluster: Cluster, plane: Plane, nbytes: Optional[float] = None) -> float:
     """Probability that some hop of the ring has two busy flows of *different* lanes in one per-flow
-    bucket (the slow mode of issue 19): their server ports (one per lane, random) agree in the
+    bucket (the slow mode): their server ports (one per lane, random) agree in the
     hash's 4 bits with probability 1/b and their source ports with 1/b again, independently; with
     f = k·ceil(a) busy flows per hop, f(f−1)/2 − k·ceil(a)(ceil(a)−1)/2 such pairs on each of the
     ring's H hops between hosts. The model's rates are those of the lucky draw (no such pair): the median job while

@@ -1,4 +1,4 @@
-// Hostile peers that hold the job token (issue 15): a ring neighbour, a negotiation member and a
+// Hostile peers that hold the job token: a ring neighbour, a negotiation member and a
 // coordinator that, once authenticated, send frames with oversized lengths, wrong descriptors,
 // out-of-range fields, truncated frames and random bytes. Every such frame must fail the victim
 // with a protocol error that names the peer and the field, within its timeout, without a crash and

@@ -4,7 +4,7 @@ Each job runs in its own session; if it exceeds its timeout the launcher's proce
 killed (a proxy, alone in its process group, exits when its worker dies) and the test fails with
 the captured output. After every job the harness checks that
 no process of the job is left, and that /dev/shm holds nothing named after its workers (FastHorovod's
-shared memory has no names at all since issue 15; the check guards against any coming back).
+shared memory has no names at all; the check guards against any coming back).
 
 A test says which path its collectives take with ``proxied=``: a :class:`Lanes` (or True) for the
 proxies, False for Horovod's. Every rank's worker then prints its lanes' counters

@@ -1,4 +1,4 @@
-"""Horovod elastic with the drop-in (issue 14): real `horovodrun` elastic jobs on loopback.
+"""Horovod elastic with the drop-in: real `horovodrun` elastic jobs on loopback.
 
 Each job is launched by Horovod's own horovodrun with a host-discovery script that prints a file;
 the job rewrites that file mid-training (tests/workers/elastic_worker.py), so the world shrinks

@@ -1,4 +1,4 @@
-"""The hierarchical allreduce (issue 16, docs/hierarchical.md): several ranks per host reduce
+"""The hierarchical allreduce (docs/hierarchical.md): several ranks per host reduce
 inside the host through shared memory and run one ring across hosts per local rank.
 
 - On loopback every rank is on one host (H = 1, L = np): shared memory only. Exact results over

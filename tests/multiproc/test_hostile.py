@@ -1,4 +1,4 @@
-"""A rank that holds the job token but sends hostile negotiation frames (issue 15): every honest
+"""A rank that holds the job token but sends hostile negotiation frames: every honest
 rank raises a FastHorovodError naming that rank and the field, within the timeout, without a crash
 and without allocating what the frames claim (tests/workers/hostile_worker.py). The ring's frames
 and the coordinator's run orders get the same treatment in the C++ tests (tests/cpp/test_hostile.cc)."""

@@ -1,4 +1,4 @@
-"""Issue 15: shared memory that cannot leak nor SIGBUS, and proxies that live and die with their worker.
+"""Shared memory that cannot leak nor SIGBUS, and proxies that live and die with their worker.
 
 - a 256 MiB allreduce under a 64 MiB /dev/shm (a private mount namespace, as in a default Docker
   container) is correct, and hvd.shutdown() with another one in flight returns promptly (well under a second

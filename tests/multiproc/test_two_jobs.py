@@ -1,4 +1,4 @@
-"""Two jobs at once on one host (issue 15): each draws its own token, so neither can join the
+"""Two jobs at once on one host: each draws its own token, so neither can join the
 other's rings or negotiation; both run their proxied allreduces exactly, at the same time."""
 import threading
 import time

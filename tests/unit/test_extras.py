@@ -1,4 +1,4 @@
-"""Optional dependencies (issue 15): setup.py declares them as extras, and a plain install — here,
+"""Optional dependencies: setup.py declares them as extras, and a plain install — here,
 a subprocess in which importing matplotlib fails, as it does where it is not installed — still
 prints the trace analysis and writes the Chrome trace; --plot alone fails, in one line naming the
 extra. Benchmarks that would plot fail the same way before running anything."""

@@ -1,4 +1,4 @@
-"""A rank of the job that holds the token but breaks the negotiation protocol (issue 15), run by
+"""A rank of the job that holds the token but breaks the negotiation protocol, run by
 tests/multiproc/test_hostile.py as Horovod ranks.
 
 Rank HOSTILE's data plane starts as usual (its proxies join the rings), but in place of its

@@ -1,4 +1,4 @@
-"""Lifecycle workloads (issue 15), run as Horovod ranks by tests/multiproc/test_lifecycle.py.
+"""Lifecycle workloads, run as Horovod ranks by tests/multiproc/test_lifecycle.py.
 
 ``thread_init``: hvd.init() from a thread that then exits; the proxies must survive it and carry an
 allreduce. Then rank 1 SIGKILLs one of its proxies: the worker must reap it (no zombie) within a

@@ -1,4 +1,4 @@
-"""Workers SIGKILLed at random moments of a training loop: nothing may be left behind (issue 15).
+"""Workers SIGKILLed at random moments of a training loop: nothing may be left behind.
 
 Run by tests/multiproc/test_lifecycle.py as ``python worker_kill_driver.py --trials N --seed S``.
 Each trial forks two workers from this process (torch is imported once, here; no torch op runs
