@@ -58,6 +58,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository
+# fasthorovod_testing (make testing-module): the unit costs time the proxies' reduce kernel through it
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests" / "native"))
 
 from lab.placement import (  # noqa: E402
     Busy, Placement, PlacementModel, ProxySpec, cpu_times, measure_unit_costs, per_cpu_seconds, plan,

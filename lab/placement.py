@@ -1005,8 +1005,12 @@ def measure_unit_costs(cpu: Optional[int] = None, shard_bytes: int = 64 << 20,
 
     import numpy as np
 
-    import fasthorovod_testing
     from fasthorovod import _C
+    try:
+        import fasthorovod_testing  # the reduce kernel alone; built by make testing-module
+    except ImportError as e:
+        raise ImportError("measure_unit_costs needs the test-only module fasthorovod_testing: run "
+                          "make testing-module and put tests/native on sys.path") from e
 
     mib = 1 << 20
     old = os.sched_getaffinity(0)
