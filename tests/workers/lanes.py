@@ -48,11 +48,29 @@ def keep() -> None:
     ProxyGroup.close = close_keeping_counters
 
 
+def _settled_snapshot(group, timeout: float = 5.0) -> dict:
+    """The counters once the lanes are idle: a proxy counts a collective after the ring's last
+    frame, which can trail the worker's return by a moment (a joined rank's zero-filled part ends
+    with the others' allreduce, and its join may return first). Read until two reads 50 ms apart
+    agree, for at most `timeout` seconds; the claim is then checked against what the lanes did."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    snapshot = _snapshot(group)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        again = _snapshot(group)
+        if again == snapshot:
+            break
+        snapshot = again
+    return snapshot
+
+
 def planes(hvd=None) -> list:
     """The counters of the data planes closed so far and of the one `hvd` (a module with
     ``proxy_group()``; Horovod's own has none) still runs."""
     group = getattr(hvd, "proxy_group", lambda: None)() if hvd is not None else None
-    running = [_snapshot(group)] if group is not None and not group._closed else []
+    running = [_settled_snapshot(group)] if group is not None and not group._closed else []
     return _closed_planes + running
 
 
