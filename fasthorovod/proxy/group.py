@@ -517,11 +517,12 @@ class ProxyGroup:
             raise ValueError(f"lane weights must be {self.config.num_proxies} positive numbers, got {weights}")
         self.lane_weights = weights
 
-    def lane_boundaries(self, count: int) -> List[int]:
-        """Element boundaries of each lane's shard, proportional to the lane weights."""
-        total = sum(self.lane_weights)
+    def lane_boundaries(self, count: int, weights: Optional[Sequence[float]] = None) -> List[int]:
+        """Element boundaries of each lane's shard, proportional to `weights` (the lane weights)."""
+        weights = self.lane_weights if weights is None else weights
+        total = sum(weights)
         bounds, acc = [0], 0.0
-        for w in self.lane_weights[:-1]:
+        for w in weights[:-1]:
             acc += w
             bounds.append(int(count * acc / total))
         bounds.append(count)
@@ -597,7 +598,12 @@ class ProxyGroup:
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
         """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
         sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's row. wait()
-        fills ``request.output``, a (size, len) tensor whose row r is rank r's."""
+        fills ``request.output``, a (size, len) tensor whose row r is rank r's.
+
+        The lanes' shares are equal, whatever the lane weights: each rank lays its row out by the
+        boundaries before the collective is negotiated, so they must be the same on every rank,
+        and rebalancing leaves each rank its own weights (an allreduce runs with the lowest
+        submitter's boundaries instead, which needs no layout in advance)."""
         if self._closed or self.channel is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
         if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
@@ -606,7 +612,7 @@ class ProxyGroup:
         n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
         if self.layout is not None:
             return self._allgather_as_sum(tensor, name)
-        bounds = self.lane_boundaries(width)
+        bounds = self.lane_boundaries(width, [1.0] * len(self.lane_weights))
         output = torch.empty((n, width), dtype=tensor.dtype)
         buffer = self.pool.acquire(max(1, n * width * itemsize))
         own = _C.allgather_own_chunk(self.rank, n)

@@ -114,25 +114,30 @@ class Lanes:
 Claim = Union[None, bool, Lanes]
 
 
-def lane_reports(out: str) -> Dict[int, list]:
-    """rank -> its data planes, from the workers' FASTHOROVOD_LANES lines (one per rank)."""
+def lane_reports(out: str, scenario: Optional[str] = None) -> Dict[int, list]:
+    """rank -> its data planes, from the workers' FASTHOROVOD_LANES lines (one per rank): the job's
+    whole lines, or with `scenario` the lines of that scenario of a job that ran several."""
     reports: Dict[int, list] = {}
     for match in LANES_LINE.finditer(out):
         report = json.loads(match.group(1))
+        if report.get("scenario") != scenario:
+            continue
         assert report["rank"] not in reports, f"rank {report['rank']} reported its lanes twice"
         reports[report["rank"]] = report["planes"]
     return reports
 
 
-def check_lanes(out: str, claim: Claim, ranks: Iterable[int]) -> None:
+def check_lanes(out: str, claim: Claim, ranks: Iterable[int], scenario: Optional[str] = None) -> None:
     """Asserts the claimed path on each of `ranks` from the job's output `out`: a :class:`Lanes`
     (True: ``Lanes()``) for the proxies, False for Horovod's (no proxies, or lanes that ran
-    nothing). A rank without its line fails: the claim is proved on every rank or not at all."""
+    nothing). A rank without its line fails: the claim is proved on every rank or not at all.
+    `scenario`: the claim of one scenario of a job that ran several (:func:`run_scenarios`)."""
     if claim is None:
         return
-    reports = lane_reports(out)
+    reports = lane_reports(out, scenario)
     missing = sorted(set(ranks) - set(reports))
-    assert not missing, f"ranks {missing} printed no lane counters (tests/workers/lanes.py)\n{out[-3000:]}"
+    what = f"for scenario {scenario} " if scenario else ""
+    assert not missing, f"ranks {missing} printed no lane counters {what}(tests/workers/lanes.py)\n{out[-3000:]}"
     for rank in sorted(set(ranks)):
         planes = reports[rank]
         if claim is False:
@@ -148,7 +153,7 @@ def check_lanes(out: str, claim: Claim, ranks: Iterable[int]) -> None:
             for j, lane in enumerate(plane["lanes"]):
                 for key in total:
                     total[key][j] += lane[key]
-        summary = f"rank {rank}: lanes sent {total['bytes_sent']} B, received {total['bytes_received']} B, " \
+        summary = f"{what}rank {rank}: lanes sent {total['bytes_sent']} B, received {total['bytes_received']} B, " \
                   f"ran {total['collectives']} collectives"
         assert all(c >= lanes.min_collectives for c in total["collectives"]), \
             f"{summary}; every lane must run at least {lanes.min_collectives}"
@@ -205,3 +210,12 @@ def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, ti
         ranks = proxied.ranks if isinstance(proxied, Lanes) and proxied.ranks is not None else np
         check_lanes(out, proxied, range(ranks))
     return result
+
+
+def run_scenarios(np: int, scenarios: Sequence[str], *worker_args: str, **job_args) -> subprocess.CompletedProcess:
+    """One job that runs `scenarios` one after another in the same world (worker.py's
+    ``SCENARIO,SCENARIO``), for tests that need the same world and settings: the launch, the
+    imports and the proxies' start-up are paid once. Each test then checks its own scenario's
+    output and its path, ``check_lanes(job.stdout, claim, range(np), scenario=NAME)``, from the
+    lanes' counters of that scenario alone. The job itself claims no path (``proxied=None``)."""
+    return run_job(np, ",".join(scenarios), *worker_args, **job_args)

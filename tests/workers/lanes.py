@@ -12,7 +12,9 @@ are kept when it closes (``hvd.shutdown()``, ``hvd.restart_proxies()``, an elast
                        "bytes_received": .., "collectives": ..}, ...]}, ...]}
 
 ``planes`` is empty when no proxies ran (size 1, ``FASTHOROVOD_NUM_PROXIES=0``, or Horovod's own
-module).
+module). A job that runs several scenarios one after another (worker.py's ``SCENARIO,SCENARIO``)
+also prints one line per scenario, with ``"scenario": NAME`` and what the lanes did during it
+(:func:`since`), so that each test sharing the job checks its own scenario's claim.
 """
 import json
 import sys
@@ -74,11 +76,28 @@ def planes(hvd=None) -> list:
     return _closed_planes + running
 
 
+def since(before: list, after: list) -> list:
+    """What the lanes did between two :func:`planes` readings: data planes are listed in the order
+    they ran (closed ones first), so plane i of `before` is plane i of `after`, and a plane that
+    started in between counts whole."""
+    out = []
+    for i, plane in enumerate(after):
+        if i < len(before):
+            plane = dict(plane, lanes=[{k: lane[k] - old[k] for k in COUNTERS}
+                                       for lane, old in zip(plane["lanes"], before[i]["lanes"])])
+        out.append(plane)
+    return out
+
+
 def bytes_sent(hvd=None) -> int:
     """What this process's lanes have sent, over all its data planes."""
     return sum(lane["bytes_sent"] for plane in planes(hvd) for lane in plane["lanes"])
 
 
-def report(rank: int, hvd=None) -> None:
-    """Prints this rank's line (:func:`planes`)."""
-    print(PREFIX + json.dumps({"rank": rank, "planes": planes(hvd)}), flush=True)
+def report(rank: int, hvd=None, scenario: str = None, before: list = None) -> None:
+    """Prints this rank's line (:func:`planes`); with `scenario`, the line of that scenario: what
+    the lanes did since `before` (a :func:`planes` reading taken when it started)."""
+    line = {"rank": rank, "planes": planes(hvd)}
+    if scenario is not None:
+        line = {"rank": rank, "scenario": scenario, "planes": since(before or [], line["planes"])}
+    print(PREFIX + json.dumps(line), flush=True)

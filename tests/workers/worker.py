@@ -271,32 +271,35 @@ def train_once(passes: int, fp16: bool, predivide: float, horovod: bool) -> torc
 
 
 def scenario_mismatch(args):
-    """Ranks describe one tensor name differently (size, dtype, op or prescale factor): every rank
-    must raise a CollectiveMismatchError naming the tensor, the field and both ranks, never hang or
-    return a wrong sum; and the next allreduce must work (the lanes stay up)."""
+    """Ranks describe one tensor name differently (size, dtype, op or prescale factor; --variant,
+    several comma-separated run one after another): every rank must raise a CollectiveMismatchError
+    naming the tensor, the field and both ranks, never hang or return a wrong sum; and the next
+    allreduce must work (the lanes stay up)."""
     rank, size = hvd.rank(), hvd.size()
-    count, dtype, op, prescale = 300_000, torch.float32, hvd.Average, 1.0
-    if args.variant == "size" and rank == 1:
-        count += 1
-    if args.variant == "dtype" and rank == 1:
-        dtype = torch.float64
-    if args.variant == "op" and rank == 1:
-        op = hvd.Sum
-    if args.variant == "prescale" and rank == 1:
-        prescale = 2.0
-    field = {"size": "shape", "dtype": "dtype", "op": "op", "prescale": "prescale factor"}[args.variant]
-    try:
-        hvd.allreduce(torch.ones(count, dtype=dtype), op=op, prescale_factor=prescale, name="mismatch.tensor")
-    except hvd.FastHorovodError as e:
-        print(f"rank {rank}: raised {type(e).__name__}: {e}", flush=True)
-        assert type(e) is hvd.CollectiveMismatchError, type(e)  # exactly the class of its kind
-        message = str(e)
-        assert "rank 0" in message and "rank 1" in message and "'mismatch.tensor'" in message, message
-        assert f"disagree on its {field}" in message, message
-    else:
-        raise AssertionError(f"a {args.variant} mismatch must raise")
-    out = hvd.allreduce(torch.ones(400_000), op=hvd.Sum, name="after.mismatch")
-    assert torch.all(out == size), "the collective after a mismatch must work"
+    for variant in args.variant.split(","):
+        count, dtype, op, prescale = 300_000, torch.float32, hvd.Average, 1.0
+        if variant == "size" and rank == 1:
+            count += 1
+        if variant == "dtype" and rank == 1:
+            dtype = torch.float64
+        if variant == "op" and rank == 1:
+            op = hvd.Sum
+        if variant == "prescale" and rank == 1:
+            prescale = 2.0
+        field = {"size": "shape", "dtype": "dtype", "op": "op", "prescale": "prescale factor"}[variant]
+        name = f"mismatch.{variant}"
+        try:
+            hvd.allreduce(torch.ones(count, dtype=dtype), op=op, prescale_factor=prescale, name=name)
+        except hvd.FastHorovodError as e:
+            print(f"rank {rank}: {variant} mismatch raised {type(e).__name__}: {e}", flush=True)
+            assert type(e) is hvd.CollectiveMismatchError, type(e)  # exactly the class of its kind
+            message = str(e)
+            assert "rank 0" in message and "rank 1" in message and f"'{name}'" in message, message
+            assert f"disagree on its {field}" in message, message
+        else:
+            raise AssertionError(f"a {variant} mismatch must raise")
+        out = hvd.allreduce(torch.ones(400_000), op=hvd.Sum, name=f"after.{name}")
+        assert torch.all(out == size), "the collective after a mismatch must work"
 
 
 def scenario_sockets(args):
@@ -316,9 +319,11 @@ def scenario_sockets(args):
 
 def scenario_gather(args):
     """The proxies' sharded ring allgather (the scheduler's packed 2-bit payloads): every rank ends
-    with every rank's words, in rank order, bit for bit."""
+    with every rank's words, in rank order, bit for bit, also when the ranks' lane weights differ
+    (as rebalancing leaves them)."""
     rank, size = hvd.rank(), hvd.size()
     group = hvd.proxy_group()
+    group.set_lane_weights([1.0 + (rank + j) % 3 for j in range(len(group.lane_weights))])
     for width in (0, 1, 7, 16_385, 1_000_003):
         rows = [torch.randint(-2**31, 2**31 - 1, (width,), dtype=torch.int32,
                               generator=torch.Generator().manual_seed(1000 * r + width)) for r in range(size)]
@@ -551,18 +556,25 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ranks-per-host", type=int, default=0,
                         help="matrix: check the data plane runs hierarchically with this many (1: flat)")
-    parser.add_argument("--variant", default="size", choices=["size", "dtype", "op", "prescale"])
+    parser.add_argument("--variant", default="size", help="mismatch: size, dtype, op or prescale (or several, a,b)")
     run_scenario(globals(), parser.parse_args())
 
 
 def run_scenario(namespace: dict, args) -> None:
-    """hvd.init(), the scenario function ``scenario_<args.scenario>`` of `namespace`, the lanes'
-    counters once it has succeeded (lanes.py: what the harness checks the claimed path against),
-    and hvd.shutdown() whatever happened (shared with the other worker scripts)."""
+    """hvd.init(), the scenario function ``scenario_<name>`` of `namespace` for each name of
+    ``args.scenario`` (several, comma-separated, run one after another in the same world), the
+    lanes' counters once they have succeeded (lanes.py: what the harness checks the claimed path
+    against; per scenario when there are several), and hvd.shutdown() whatever happened (shared
+    with the other worker scripts)."""
     lanes.keep()
     hvd.init()
     try:
-        namespace[f"scenario_{args.scenario}"](args)
+        names = args.scenario.split(",")
+        for name in names:
+            before = lanes.planes(hvd) if len(names) > 1 else None
+            namespace[f"scenario_{name}"](args)
+            if before is not None:
+                lanes.report(hvd.rank(), hvd, scenario=name, before=before)
         lanes.report(hvd.rank(), hvd)
     finally:
         hvd.shutdown()
