@@ -109,7 +109,7 @@ def test_a_preempted_host_is_survived_and_the_job_grows_back_when_it_returns(tmp
     restore, re-form Horovod and the proxies for 3, and train; the host comes back and the job
     grows to 4 again. Every rank ends with the same weights; every data plane carried collectives;
     the cloud leaves nothing behind."""
-    timeout_s = 20.0
+    timeout_s = 10.0
     bench = _elastic_benchmark()
     result = bench.preemption_run("fasthorovod", "4:1gbit:200mbit", 4, model="mlp", algorithm=algorithm,
                                   timeout_s=timeout_s, job_timeout=600, log_path=tmp_path / "job.log")

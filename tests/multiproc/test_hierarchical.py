@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiproc.harness import REPO, Lanes, ring_allreduce_bytes, run_job
+from tests.multiproc.harness import REPO, Lanes, check_lanes, ring_allreduce_bytes, run_job, run_scenarios
 from tests.multiproc.test_broadcast import exact_broadcasts
 from tests.multiproc.test_dataplane import matrix_allreduces
 from tests.netns import skip_unless_usable
@@ -54,9 +54,13 @@ def test_one_host_exact_over_sizes_dtypes_and_ops(np_):
 
 def test_one_host_allgather_broadcast_join():
     # the allgathers of 4 non-empty widths, two each (run as sums); join's 3 steps and the allreduce
-    # after it; join_order's two allreduces per join
-    for scenario, extra, collectives in (("gather", (), 8), ("join", (), 4), ("join_order", ("--count", "60"), 120)):
-        run_job(3, scenario, "--proxies", "2", *extra, env=ON, proxied=in_shared_memory(collectives))
+    # after it; join_order's two allreduces per join: one job, each scenario's lanes checked
+    collectives = {"gather": 8, "join": 4, "join_order": 120}
+    job = run_scenarios(3, list(collectives), "--proxies", "2", "--count", "60", env=ON)
+    for scenario, count in collectives.items():
+        check_lanes(job.stdout, in_shared_memory(count), range(3), scenario=scenario)
+    assert job.stdout.count("gather ok") == 3 and job.stdout.count("join order ok over 60 joins") == 3, \
+        job.stdout[-3000:]
     # The harness's threshold (1 MiB): the worker checks which broadcasts take the proxies.
     result = run_job(3, "exact", worker=BROADCAST, env=dict(ON, FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576"),
                      timeout=300, proxied=in_shared_memory(exact_broadcasts(3).min_collectives))
