@@ -1,10 +1,12 @@
-"""Every FastHorovod knob, declared once.
+"""Every FastHorovod knob, declared once: what the user set.
 
 Each field of :class:`Config` is read from the environment variable ``FASTHOROVOD_<NAME>`` and
 documented in docs/env.md. A malformed or out-of-range value raises :class:`ConfigError` naming the
-variable; nothing is silently clamped. Settings that change what travels on the wire are folded
-into :meth:`Config.wire_hash`, which the proxies compare in their handshake, so ranks with
-different settings fail at start-up with a clear message instead of hanging later.
+variable; nothing is silently clamped. A setting the user left unset stays ``None`` here where the
+data plane decides it (the lanes, the sockets per lane, the threshold): what was decided, and why,
+is the data plane's plan (fasthorovod/proxy/plan.py). Settings that change what travels on the
+wire are folded into :meth:`Config.wire_hash`, which the proxies compare in their handshake, so
+ranks with different settings fail at start-up with a clear message instead of hanging later.
 """
 from __future__ import annotations
 
@@ -16,10 +18,6 @@ from typing import Mapping, Optional
 PREFIX = "FASTHOROVOD_"
 MAX_PROXIES = 64  # csrc/shm/channel.h kMaxLanes
 MAX_SOCKETS_PER_PROXY = 64  # csrc/shm/channel.h kMaxSocketsPerLane
-# FASTHOROVOD_PROXY_THRESHOLD_BYTES's default when every rank runs on one host (no network, so no
-# per-flow cap): from docs/results/allreduce-loopback-rounds-2026-11-30.json, where Horovod's ring
-# is as fast as (1-4 MiB) or faster than (1 MiB, 4 proxies) the proxies below 8 MiB.
-SINGLE_HOST_PROXY_THRESHOLD = 8 << 20
 
 
 class ConfigError(ValueError):
@@ -38,6 +36,11 @@ def _int(env: Mapping[str, str], name: str, default: int, low: int, high: Option
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ConfigError(f"{PREFIX}{name}={value} must be {bounds}")
     return value
+
+
+def _optional_int(env: Mapping[str, str], name: str, low: int, high: Optional[int] = None) -> Optional[int]:
+    """An integer setting that stays None when unset or blank."""
+    return _int(env, name, 0, low, high) if _text(env, name) is not None else None
 
 
 def _text(env: Mapping[str, str], name: str) -> Optional[str]:
@@ -86,15 +89,13 @@ def _seconds(env: Mapping[str, str], name: str, horovod_name: str, default: floa
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    num_proxies: int = 4
+    num_proxies: Optional[int] = None
     """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them.
-    Unset: 4, or more where the path probe measures a network faster than 4 proxies' CPU can carry
-    and every worker has the CPUs for them (fasthorovod/proxy/probe.py, choose_lanes)."""
-    num_proxies_from_env: bool = False
-    """Whether FASTHOROVOD_NUM_PROXIES was set (then the probe does not choose the lanes)."""
+    None (unset): 4, or more where the path probe measures a network faster than 4 proxies' CPU can
+    carry and every worker has the CPUs for them (fasthorovod/proxy/plan.py)."""
     sockets_per_proxy: Optional[int] = None
     """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour (None, unset:
-    chosen by the path probe, fasthorovod/proxy/probe.py, or 1 where the probe does not run)."""
+    chosen by the path probe, fasthorovod/proxy/plan.py, or 1 where the probe does not run)."""
     probe: str = "auto"
     """FASTHOROVOD_PROBE: measure the network at start-up to choose the sockets per proxy: ``auto``
     (when the ranks span several hosts), ``1`` (always), ``0`` (never). Ignored when
@@ -104,12 +105,9 @@ class Config:
     memory and run one ring across hosts per local rank (fasthorovod/proxy/hosts.py): ``auto`` (when
     every host runs the same number L > 1 of ranks and they can share memory), ``1`` (required: an
     error where it cannot run), ``0`` (one flat ring through every rank)."""
-    proxy_threshold_bytes: int = 1 << 20
+    proxy_threshold_bytes: Optional[int] = None
     """FASTHOROVOD_PROXY_THRESHOLD_BYTES: allreduces of at least this many bytes use the proxies
-    (unset: 1 MiB, or SINGLE_HOST_PROXY_THRESHOLD when every rank is on one host; see
-    :meth:`for_topology`)."""
-    proxy_threshold_from_env: bool = False
-    """Whether FASTHOROVOD_PROXY_THRESHOLD_BYTES was set (then it applies on one host too)."""
+    (None, unset: 1 MiB, or 8 MiB when every rank is on one host; fasthorovod/proxy/plan.py)."""
     rebalance_every: int = 1
     """FASTHOROVOD_REBALANCE_EVERY: consider re-weighing the lanes' shards from their measured rates
     before every N-th proxy request (fasthorovod/proxy/balance.py; 0 = keep equal shards)."""
@@ -129,8 +127,6 @@ class Config:
     HOROVOD_STALL_SHUTDOWN_TIME_SECONDS; 0, the default, waits for ever as Horovod does)."""
     iface: Optional[str] = None
     """FASTHOROVOD_IFACE: network interface the proxies bind to (else HOROVOD_GLOO_IFACE, else hostname)."""
-    single_host: bool = False
-    """Whether every rank runs on one host (set by :meth:`for_topology`, not from the environment)."""
     trace_dir: Optional[str] = None
     """FASTHOROVOD_TRACE_DIR: record the DLC trace into this directory from ``hvd.init()`` on
     (docs/trace.md); None when unset or blank."""
@@ -139,14 +135,11 @@ class Config:
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env
         return cls(
-            num_proxies=_int(env, "NUM_PROXIES", cls.num_proxies, 0, MAX_PROXIES),
-            num_proxies_from_env=bool(_text(env, "NUM_PROXIES")),
-            sockets_per_proxy=(_int(env, "SOCKETS_PER_PROXY", 1, 1, MAX_SOCKETS_PER_PROXY)
-                               if _text(env, "SOCKETS_PER_PROXY") else None),
+            num_proxies=_optional_int(env, "NUM_PROXIES", 0, MAX_PROXIES),
+            sockets_per_proxy=_optional_int(env, "SOCKETS_PER_PROXY", 1, MAX_SOCKETS_PER_PROXY),
             probe=_choice(env, "PROBE", cls.probe, ("auto", "0", "1")),
             hierarchical=_choice(env, "HIERARCHICAL", cls.hierarchical, ("auto", "0", "1")),
-            proxy_threshold_bytes=_int(env, "PROXY_THRESHOLD_BYTES", cls.proxy_threshold_bytes, 0),
-            proxy_threshold_from_env=bool((env.get(PREFIX + "PROXY_THRESHOLD_BYTES") or "").strip()),
+            proxy_threshold_bytes=_optional_int(env, "PROXY_THRESHOLD_BYTES", 0),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
@@ -162,29 +155,9 @@ class Config:
             trace_dir=_text(env, "TRACE_DIR"),
         )
 
-    def for_topology(self, single_host: bool) -> "Config":
-        """The settings for a job whose ranks all run on one host (``single_host``) or not.
-
-        On one host there is no network and no per-flow cap for the proxies' parallel flows to get
-        around, and below SINGLE_HOST_PROXY_THRESHOLD Horovod's own ring over loopback is as fast;
-        so, unless FASTHOROVOD_PROXY_THRESHOLD_BYTES was set, such a job sends only larger
-        allreduces through the proxies. Every rank sees the same topology, so they agree.
-        """
-        config = dataclasses.replace(self, single_host=single_host)
-        if single_host and not self.proxy_threshold_from_env:
-            return dataclasses.replace(config, proxy_threshold_bytes=SINGLE_HOST_PROXY_THRESHOLD)
-        return config
-
-    def probes(self) -> bool:
-        """Whether start-up measures the path to choose the sockets per proxy (every rank decides
-        alike: the settings are equal everywhere, checked by wire_hash, and so is the topology)."""
-        if self.sockets_per_proxy is not None or self.num_proxies == 0:
-            return False
-        return self.probe == "1" or (self.probe == "auto" and not self.single_host)
-
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
-        shared = (self.num_proxies, self.num_proxies_from_env, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
+        shared = (self.num_proxies, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
                   self.segment_bytes, self.rebalance_every, self.hierarchical)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

@@ -235,7 +235,7 @@ import torch, fasthorovod.torch as hvd
 hvd.init()
 group = hvd.proxy_group()
 # every rank on one host and no --proxy-threshold: only allreduces of 8 MiB and more use the proxies
-assert group.config.proxy_threshold_bytes == 8 << 20, group.config
+assert group.plan.threshold_bytes == 8 << 20, group.plan
 sent = lambda: sum(lane["collectives"] for lane in group.lane_stats())
 for count, through_proxies in ((1 << 20, False), (2 << 20, True)):
     before = sent()
@@ -266,7 +266,7 @@ EMULATED_SCRIPT = """
 import os, socket, psutil, torch
 import fasthorovod.torch as hvd
 from fasthorovod.config import Config
-from fasthorovod.proxy.group import bind_address
+from fasthorovod.proxy.startup import bind_address
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 mine = [a.address for a in psutil.net_if_addrs()["eth0"] if a.family == socket.AF_INET]
@@ -667,7 +667,7 @@ def test_elastic_job_shrinks_when_a_host_is_taken_away(tmp_path: Path) -> None:
 REUSE_SCRIPT = """
 import json, torch
 import fasthorovod.torch as hvd
-from fasthorovod.proxy import group as group_module
+from fasthorovod.proxy import startup
 
 def plane(tag):
     info = hvd.proxy_group().describe()
@@ -683,8 +683,8 @@ plane("first")
 hvd.restart_proxies()                                             # the same hosts: the curves are reused
 plane("same")
 if hvd.rank() == 0:                                               # as if rank 0 had measured other hosts
-    hosts, hops = group_module._last_probe
-    group_module._last_probe = (frozenset({"192.0.2.1"}), hops)
+    hosts, hops = startup.last_probe
+    startup.last_probe = (frozenset({"192.0.2.1"}), hops)
 hvd.restart_proxies()
 plane("other")
 hvd.shutdown()

@@ -42,7 +42,10 @@ from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compati
 
 from fasthorovod.config import Config
 from fasthorovod.proxy.balance import LaneBalancer
-from fasthorovod.proxy.group import BROADCAST_WORDS, ProxyGroup, Request
+from fasthorovod.proxy import plan as planner
+from fasthorovod.proxy.core import BROADCAST_WORDS
+from fasthorovod.proxy.group import ProxyGroup
+from fasthorovod.proxy.requests import Request
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
@@ -128,10 +131,11 @@ def shutdown(*args, **kwargs):
 
 
 def _start_proxies() -> Config:
-    config = Config.from_env().for_topology(single_host=_hvd.local_size() == _hvd.size())
-    if config.num_proxies > 0 and _hvd.size() > 1:
+    config = Config.from_env()
+    if planner.enabled(config, _hvd.size()):
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
-                                         _hvd_functions.broadcast_object, _hvd_functions.allgather_object))
+                                         _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
+                                         single_host=_hvd.local_size() == _hvd.size()))
     return config
 
 
@@ -178,7 +182,7 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[P
     if dtype in _BEYOND_HOROVOD:
         return group
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    return group if nbytes >= group.config.proxy_threshold_bytes else None
+    return group if nbytes >= group.plan.threshold_bytes else None
 
 
 # Reduced by the proxies but not by Horovod's torch CPU ops: always routed to the proxies.
@@ -405,7 +409,7 @@ def _broadcast_proxies_for(tensor: torch.Tensor, process_set) -> Optional[ProxyG
         return None
     if tensor.device.type not in ("cpu", "cuda") or tensor.element_size() not in BROADCAST_WORDS:
         return None
-    return group if tensor.numel() * tensor.element_size() >= group.config.proxy_threshold_bytes else None
+    return group if tensor.numel() * tensor.element_size() >= group.plan.threshold_bytes else None
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):

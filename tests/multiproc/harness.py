@@ -178,7 +178,7 @@ def run_job(np: int, *worker_args: str, env: Optional[Dict[str, str]] = None, ti
     full_env = dict(os.environ)
     full_env.setdefault("FASTHOROVOD_TIMEOUT_SECONDS", "60")
     # Every rank of these jobs runs on this one host, where the unset threshold would be 8 MiB
-    # (Config.for_topology); the tests are written against the across-hosts default of 1 MiB.
+    # (fasthorovod/proxy/plan.py); the tests are written against the across-hosts default of 1 MiB.
     full_env.setdefault("FASTHOROVOD_PROXY_THRESHOLD_BYTES", str(1 << 20))
     # ... and against the flat ring through every rank, whose TCP lanes (frames, traces, sockets,
     # rebalancing, hostile peers) they exercise; on one host the hierarchical allreduce would carry

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fasthorovod.proxy.group import _hash64
+from fasthorovod.proxy.core import hash64
 from fasthorovod.trace import analyze as an
 from fasthorovod.trace import format as fmt
 from tests.multiproc.harness import run_job

@@ -7,7 +7,9 @@ import torch
 from fasthorovod.config import Config
 from fasthorovod.proxy.balance import DEADBAND, MIN_BYTES, MIN_SHARE, SETTLE, LaneBalancer, rebalanced
 from fasthorovod.proxy.buffers import BufferPool
+from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.group import ProxyGroup
+from fasthorovod.proxy.plan import Peer
 
 
 class FakeLanes:
@@ -146,6 +148,7 @@ def test_rebalancing_off_only_counts():
 
 def test_proxy_group_alloc_and_supports():
     group = ProxyGroup(Config(num_proxies=2), 0, 2)
+    group.plan = planner.plan(group.config, [Peer("127.0.0.1", 2)] * 2, 0, single_host=True)
     assert group.supports(torch.bfloat16) and not group.supports(torch.complex64)
     group.pool = BufferPool()
     try:

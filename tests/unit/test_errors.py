@@ -11,7 +11,7 @@ import torch
 import fasthorovod_testing
 from fasthorovod import _C
 from fasthorovod import exceptions as ex
-from fasthorovod.proxy.group import DTYPE_CODES, request
+from fasthorovod.proxy.core import DTYPE_CODES, request
 
 
 def test_every_native_error_kind_has_its_class():

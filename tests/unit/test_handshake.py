@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import fasthorovod_testing
-from fasthorovod.proxy.group import DTYPE_CODES
+from fasthorovod.proxy.core import DTYPE_CODES
 
 JOB_TOKEN = bytes([7]) * 16  # the token the loopback test helper uses
 

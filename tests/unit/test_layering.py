@@ -16,6 +16,12 @@ FORBIDDEN = {
     "fasthorovod/scheduler": ("fasthorovod.torch", "horovod"),
     "fasthorovod/proxy": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch"),
     "fasthorovod/buckets.py": ("fasthorovod.torch", "fasthorovod.scheduler", "fasthorovod.proxy", "horovod"),
+    # the plan is decided by pure functions: nothing that starts a process, opens a socket or
+    # touches the core (fasthorovod/proxy/plan.py), so it is tested without any
+    "fasthorovod/proxy/plan.py": ("fasthorovod._C", "fasthorovod.proxy.startup", "fasthorovod.proxy.group",
+                                  "fasthorovod.proxy.core", "torch", "socket", "subprocess"),
+    # start-up builds the group's parts; it never posts a collective or reads a request
+    "fasthorovod/proxy/startup.py": ("fasthorovod.proxy.requests", "torch"),
     # the package is the product: the lab, the benchmarks and the tests import it, never the reverse
     "fasthorovod": ("lab", "benchmarks", "tests"),
     # the model runs anywhere, quickly: no torch, no facade, no scheduler

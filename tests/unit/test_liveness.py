@@ -21,7 +21,7 @@ pytestmark = skip_unless_usable(("ip",), "fhvdliveprobe")
 COORDINATOR = r"""
 import os, sys, time
 from fasthorovod import _C
-from fasthorovod.proxy.group import native
+from fasthorovod.proxy.core import native
 c = _C.Coordinator(native(_C.CoordinatorOptions, size=2, token=bytes.fromhex(os.environ["TOKEN"]),
                           bind_host=os.environ["ADDRESS"], timeout_seconds=float(os.environ["TIMEOUT"]),
                           stall_check_seconds=0, stall_shutdown_seconds=0))

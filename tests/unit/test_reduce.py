@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fasthorovod_testing
-from fasthorovod.proxy.group import DTYPE_CODES
+from fasthorovod.proxy.core import DTYPE_CODES
 
 F16, BF16, F32 = DTYPE_CODES[torch.float16], DTYPE_CODES[torch.bfloat16], DTYPE_CODES[torch.float32]
 

@@ -5,7 +5,7 @@ import torch
 
 import fasthorovod_testing
 from fasthorovod import _C
-from fasthorovod.proxy.group import DTYPE_CODES
+from fasthorovod.proxy.core import DTYPE_CODES
 
 
 @pytest.mark.parametrize("count,size", [(0, 3), (1, 4), (10, 3), (17, 4), (1000, 7)])

@@ -110,7 +110,10 @@ def test_size_classes():
 
 def test_config_defaults_and_errors():
     cfg = Config.from_env({})
-    assert cfg.num_proxies == 4 and cfg.sockets_per_proxy is None and cfg.probe == "auto"
+    # what the user did not set stays unset (the data plane's plan decides it: test_plan.py)
+    assert cfg.num_proxies is None and cfg.sockets_per_proxy is None and cfg.proxy_threshold_bytes is None
+    assert cfg.probe == "auto" and cfg.hierarchical == "auto"
+    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": " "}).num_proxies is None  # blank is unset
     assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "3"}).sockets_per_proxy == 3
     with pytest.raises(ConfigError, match="FASTHOROVOD_SOCKETS_PER_PROXY=65 must be in"):
         Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "65"})
@@ -126,30 +129,9 @@ def test_config_defaults_and_errors():
     a = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"})
     assert a.wire_hash() != Config.from_env({}).wire_hash()
     assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
-
-
-def test_the_probe_runs_only_where_it_can_choose_and_there_is_a_network():
-    auto = Config.from_env({})
-    assert auto.for_topology(single_host=False).probes()
-    assert not auto.for_topology(single_host=True).probes()
-    assert Config.from_env({"FASTHOROVOD_PROBE": "1"}).for_topology(single_host=True).probes()
-    assert not Config.from_env({"FASTHOROVOD_PROBE": "0"}).for_topology(single_host=False).probes()
-    told = Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "2", "FASTHOROVOD_PROBE": "1"})
-    assert not told.for_topology(single_host=False).probes()  # the user's setting wins
-    assert Config.from_env({"FASTHOROVOD_PROBE": "0"}).wire_hash() != auto.wire_hash()
-
-
-def test_single_host_jobs_send_only_large_allreduces_through_the_proxies_unless_told():
-    from fasthorovod.config import SINGLE_HOST_PROXY_THRESHOLD
-
-    default = Config.from_env({})
-    assert default.for_topology(single_host=False).proxy_threshold_bytes == 1 << 20
-    assert default.for_topology(single_host=True).proxy_threshold_bytes == SINGLE_HOST_PROXY_THRESHOLD
-    told = Config.from_env({"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "1048576"})
-    assert told.proxy_threshold_from_env
-    assert told.for_topology(single_host=True).proxy_threshold_bytes == 1 << 20
-    zero = Config.from_env({"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"})
-    assert zero.for_topology(single_host=True).proxy_threshold_bytes == 0
+    assert Config.from_env({"FASTHOROVOD_PROBE": "0"}).wire_hash() != Config.from_env({}).wire_hash()
+    # set to the default is not unset: a rank that set it and one that did not may plan differently
+    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "4"}).wire_hash() != Config.from_env({}).wire_hash()
 
 
 def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_path):
@@ -157,7 +139,7 @@ def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_p
     version) must not be what its proxies import."""
     import subprocess
 
-    from fasthorovod.proxy import group as pg
+    from fasthorovod.proxy import startup as pg
 
     shadow = tmp_path / "fasthorovod"
     shadow.mkdir()

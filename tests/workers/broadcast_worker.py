@@ -71,7 +71,7 @@ def scenario_exact(args):
     """Every dtype, large (proxies) and small (Horovod), roots 0 and size-1, out of place, in place,
     async with poll/synchronize; bit-exact against the root's bytes and against Horovod's result."""
     rank, size = hvd.rank(), hvd.size()
-    threshold = hvd.proxy_group().config.proxy_threshold_bytes
+    threshold = hvd.proxy_group().plan.threshold_bytes
     checked = 0
     for root in sorted({0, size - 1}):
         for salt, dtype in enumerate(DTYPES):
@@ -185,7 +185,7 @@ def scenario_errors(args):
     that disagree on the root rank or the dtype (a clean error on every rank, then the next broadcast
     works), and a broadcast while a rank has joined."""
     rank, size = hvd.rank(), hvd.size()
-    big = (hvd.proxy_group().config.proxy_threshold_bytes // 4 + 1)
+    big = (hvd.proxy_group().plan.threshold_bytes // 4 + 1)
     for bad, text in ((size, f"invalid root rank {size}"), (-1, "invalid root rank -1")):
         for module in (hvd, horovod):
             expect(ValueError, text, lambda: module.broadcast(torch.ones(big), bad, name="bad.root"), "root")

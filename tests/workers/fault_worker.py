@@ -37,7 +37,7 @@ def run_until_error(deadline_s: float) -> tuple:
 
 def trial(kind: str, rng: random.Random, timeout: float) -> dict:
     rank = hvd.rank()
-    lane = rng.randrange(hvd.proxy_group().config.num_proxies)
+    lane = rng.randrange(hvd.proxy_group().lanes)
     delay = rng.uniform(0.05, 0.8)
     injected_at = None
     if rank == VICTIM:

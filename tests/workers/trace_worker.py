@@ -55,7 +55,7 @@ def scenario_allreduce(args):
     group = hvd.proxy_group()
     assert group is not None, "proxies must be running"
     assert capture.tracer is not None, "FASTHOROVOD_TRACE_DIR must make hvd.init() start the trace"
-    manifest = {"rank": rank, "size": size, "lanes": group.config.num_proxies, "tensors": []}
+    manifest = {"rank": rank, "size": size, "lanes": group.lanes, "tensors": []}
     for name, count, dtype in TENSORS:
         itemsize = torch.empty(0, dtype=dtype).element_size()
         manifest["tensors"].append({"name": name, "count": count, "itemsize": itemsize,

@@ -69,7 +69,7 @@ def scenario_matrix(args):
         outs = hvd.grouped_allreduce(g, op=hvd.Sum, name=f"grouped.same.{count}")
         for out, c in zip(outs, (count, count + 3, 2 * count + 1)):
             assert torch.equal(out, expected_sum(c, torch.float32, size)), f"grouped same-dtype {count}"
-        if group.config.proxy_threshold_bytes == 0:
+        if group.plan.threshold_bytes == 0:
             after = [s["collectives"] for s in group.lane_stats()]
             assert all(a == b + 1 for a, b in zip(after, before)), f"grouped {count}: lanes ran {before} -> {after}"
     stats = group.lane_stats()
