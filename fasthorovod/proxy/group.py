@@ -58,6 +58,9 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights: List[float] = []
+        # Called before each collective is cut into shards and submitted: where the policies above
+        # steer the data plane (the lane balancer, balance.py, may set new weights).
+        self.before_submit: List[Callable[[], None]] = []
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -81,14 +84,8 @@ class ProxyGroup:
     def lanes(self) -> int:
         return self.plan.lanes if self.plan is not None else 0
 
-    @property
-    def layout(self):
-        """The hierarchical allreduce's host layout, or None (the flat ring)."""
-        return self.plan.layout if self.plan is not None else None
-
     def describe(self) -> dict:
-        """What the data plane runs with and why (the plan: lanes, sockets per lane and where that
-        number came from, the probe's curve, the layout, the threshold) and the lane weights."""
+        """The plan (what the data plane runs with, and why: plan.py) and the lane weights."""
         info = self.plan.describe() if self.plan is not None else {}
         info.update(lane_weights=list(self.lane_weights), rebalance_every=self.config.rebalance_every)
         return info
@@ -96,6 +93,11 @@ class ProxyGroup:
     def _require_running(self) -> None:
         if self._closed or self.pool is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
+
+    def _begin_collective(self) -> None:
+        self._require_running()
+        for hook in self.before_submit:
+            hook()
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -160,7 +162,7 @@ class ProxyGroup:
                 prescale: float, postscale: float, description: str, contribute: bool = True) -> Request:
         """Stages `tensors` (zeros instead when not `contribute`) unless the one tensor already lies in
         a shared-memory buffer, and submits the collective (`description`: what the ranks compare)."""
-        self._require_running()
+        self._begin_collective()
         dtype = tensors[0].dtype
         count = sum(t.numel() for t in tensors)
         itemsize = tensors[0].element_size()
@@ -205,12 +207,12 @@ class ProxyGroup:
         boundaries before the collective is negotiated, so they must be the same on every rank,
         and rebalancing leaves each rank its own weights (an allreduce runs with the lowest
         submitter's boundaries instead, which needs no layout in advance)."""
-        self._require_running()
+        self._begin_collective()
         if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
             raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
                              f"{tensor.dtype} on {tensor.device}")
         n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
-        if self.layout is not None:
+        if self.plan.layout is not None:  # the hierarchical allreduce
             return self._allgather_as_sum(tensor, name)
         bounds = shard_boundaries(width, [1.0] * self.lanes)
         output = torch.empty((n, width), dtype=tensor.dtype)
@@ -266,11 +268,8 @@ class ProxyGroup:
             self.channel.set_trace("", 0, self.config.timeout_seconds)
 
     def lane_stats(self) -> List[dict]:
-        """Per lane: its counters (``bytes_sent``, ``busy_ns``, ``collectives``, ``zero_filled``,
-        ``state``, ``port``, ...), as the proxies report them."""
+        """Per lane, the proxies' counters: ``bytes_sent``, ``busy_ns``, ``collectives``, ``port``, ..."""
         return [self.channel.lane(j) for j in range(self.lanes)] if self.channel else []
-
-    # -- shutdown ---------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Aborts collectives in flight, stops the proxies and reaps them (killed after

@@ -73,6 +73,7 @@ class _Runtime:
     def attach(self, group: ProxyGroup) -> None:
         self.group = group
         self.balancer = LaneBalancer(group, group.config.rebalance_every)
+        group.before_submit.append(self.balancer.before_request)
 
     def detach(self) -> Optional[ProxyGroup]:
         """Forgets the data plane and every proxy handle; returns the group for the caller to close."""
@@ -222,7 +223,6 @@ def _register(requests, result, name: str, nbytes: int) -> int:
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
           name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
     name = _reserve(name, "allreduce")
-    balancer = _runtime.balancer
     requests = []
     try:
         for dtype in dict.fromkeys(t.dtype for t in tensors):
@@ -231,8 +231,6 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
             outs = [outputs[i] for i in idx]
             host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype)
                          for o in outs]
-            if balancer is not None:
-                balancer.before_request()  # may switch the lane weights for this request
             req = group.allreduce(ins, host_outs, name, op == Average, prescale_factor, postscale_factor)
             requests.append((req, outs, host_outs))
     except BaseException:
@@ -433,9 +431,6 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         host_out = output if output.device.type == "cpu" else torch.empty(output.shape, dtype=output.dtype)
         if root and output is tensor and host_in is not tensor:
             host_out = host_in  # an in-place broadcast of a GPU tensor: one host copy, in and out
-        balancer = _runtime.balancer
-        if balancer is not None:
-            balancer.before_request()
         req = group.broadcast(host_in, host_out, name, root_rank)
     except BaseException:
         with _runtime.lock:
