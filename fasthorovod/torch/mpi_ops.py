@@ -227,12 +227,13 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
     try:
         for dtype in dict.fromkeys(t.dtype for t in tensors):
             idx = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-            ins = [_host(tensors[i]) for i in idx]
+            # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses
+            # devices); only a non-contiguous output lands in a host tensor first.
+            ins = [tensors[i] for i in idx]
             outs = [outputs[i] for i in idx]
-            host_outs = [o if o.device.type == "cpu" and o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype)
-                         for o in outs]
-            req = group.allreduce(ins, host_outs, name, op == Average, prescale_factor, postscale_factor)
-            requests.append((req, outs, host_outs))
+            landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outs]
+            req = group.allreduce(ins, landing, name, op == Average, prescale_factor, postscale_factor)
+            requests.append((req, outs, landing))
     except BaseException:
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
@@ -240,18 +241,14 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
     return _register(requests, result, name, sum(t.numel() * t.element_size() for t in tensors))
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    return t if t.device.type == "cpu" else t.detach().to("cpu")
-
-
 def _finish(handle: int):
     entry = _runtime.handles.pop(handle)
     try:
-        for req, outs, host_outs in entry.requests:
+        for req, outs, landing in entry.requests:
             req.wait()
-            for out, host in zip(outs, host_outs):
-                if out is not host:
-                    out.copy_(host)
+            for out, landed in zip(outs, landing):
+                if out is not landed:
+                    out.copy_(landed)
     finally:
         with _runtime.lock:
             _runtime.in_flight_names.discard(entry.name)
@@ -426,17 +423,14 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         raise ValueError(f"broadcast received invalid root rank {root_rank} for provided process set")
     name = _reserve(name, "broadcast")
     try:
-        root = group.rank == root_rank
-        host_in = _host(tensor) if root else tensor  # only the root's tensor is read
-        host_out = output if output.device.type == "cpu" else torch.empty(output.shape, dtype=output.dtype)
-        if root and output is tensor and host_in is not tensor:
-            host_out = host_in  # an in-place broadcast of a GPU tensor: one host copy, in and out
-        req = group.broadcast(host_in, host_out, name, root_rank)
+        # Horovod's checks made both contiguous; a CUDA tensor is copied into shared memory (the
+        # root's only) and back, as an allreduce's.
+        req = group.broadcast(tensor, output, name, root_rank)
     except BaseException:
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    return _register([(req, [output], [host_out])], output, name, tensor.numel() * tensor.element_size())
+    return _register([(req, [output], [output])], output, name, tensor.numel() * tensor.element_size())
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
