@@ -250,6 +250,7 @@ def test_train_driver_end_to_end(tmp_path):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_convergence_driver_end_to_end(tmp_path):
     pytest.importorskip("sklearn", reason="scikit-learn is not installed")
     _require_horovod()
@@ -358,6 +359,7 @@ def test_repeat_train_summary(capsys):
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_repeat_train_driver_end_to_end(tmp_path):
     _require_horovod()
     report, plot, stdout = _run_driver(

@@ -276,7 +276,7 @@ assert socket.gethostbyname(socket.gethostname()) == me        # what Gloo resol
 assert socket.gethostbyname(os.environ["HOROVOD_HOSTNAME"]) == me
 assert bind_address(Config.from_env()) == me                    # where the proxies listen
 assert len(hvd.proxy_group().processes) == 2
-assert hvd.proxy_group().config.proxy_threshold_bytes == 1 << 20  # hosts apart: the default
+assert hvd.proxy_group().plan.threshold_bytes == 1 << 20  # hosts apart: the default
 pattern = torch.arange(1 << 20, dtype=torch.int32) % 1021 + 1   # 4 MiB of float32, exact sums
 x = pattern.float() * (rank + 1)
 hvd.allreduce_(x, op=hvd.Sum, name="x")

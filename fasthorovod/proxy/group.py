@@ -278,6 +278,7 @@ class ProxyGroup:
             if self._closed:
                 return
             self._closed = True
+        self.before_submit.clear()  # the policies hold the group: no cycle keeps its channel alive
         started = time.monotonic()
         if self.channel is not None:
             if self.channel.in_flight():

@@ -13,6 +13,7 @@ result that is right but came through Horovod fails a test that claims the proxi
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 import threading
-from typing import Dict, Iterable, Optional, Sequence, Set, Union
+from typing import Callable, Dict, Iterable, Optional, Sequence, Set, Union
 
 import psutil
 
@@ -219,3 +220,18 @@ def run_scenarios(np: int, scenarios: Sequence[str], *worker_args: str, **job_ar
     output and its path, ``check_lanes(job.stdout, claim, range(np), scenario=NAME)``, from the
     lanes' counters of that scenario alone. The job itself claims no path (``proxied=None``)."""
     return run_job(np, ",".join(scenarios), *worker_args, **job_args)
+
+
+def run_concurrently(jobs: Dict[str, Callable[[], object]]) -> Dict[str, tuple]:
+    """Runs the jobs (name -> a function that runs one) at the same time, for jobs that spend most
+    of their time waiting (for a timeout, a dying process, Horovod's elastic driver) rather than
+    computing. Returns name -> (what it returned, None) or (None, the exception it raised), so
+    that each test sharing them reports its own job's failure."""
+    def run(name):
+        try:
+            return jobs[name](), None
+        except Exception as exc:
+            return None, exc
+
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(zip(jobs, pool.map(run, jobs)))

@@ -113,16 +113,17 @@ def test_proxies_own_their_tcp_connections():
 TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1"
 OURS = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
 HOROVODS = {"FASTHOROVOD_NUM_PROXIES": "0"}
-# worker.py's train_once: 64-512-512-10 MLP, 20 optimizer steps (each allreduces every gradient once,
-# whatever backward_passes_per_step), fp16 compression halving the bytes.
+# worker.py's train_once: 64-512-512-10 MLP, TRAIN_STEPS optimizer steps (each allreduces every
+# gradient once, whatever backward_passes_per_step), fp16 compression halving the bytes.
 PARAMETERS = (64 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)
+TRAIN_STEPS = 10
 
 
 def training(np_: int, *itemsizes: int) -> Lanes:
     """The claim of trainings whose gradients (`itemsizes`: 4 for float32, 2 for fp16) go through
-    the proxies: at least the gradients' bytes of 20 steps each (fused into buckets)."""
-    return Lanes(min_bytes=ring_allreduce_bytes(np_, *(20 * PARAMETERS * size for size in itemsizes)),
-                 min_collectives=20 * len(itemsizes))
+    the proxies: at least the gradients' bytes of TRAIN_STEPS steps each (fused into buckets)."""
+    return Lanes(min_bytes=ring_allreduce_bytes(np_, *(TRAIN_STEPS * PARAMETERS * size for size in itemsizes)),
+                 min_collectives=TRAIN_STEPS * len(itemsizes))
 
 
 PREDIVIDE = f"predivide={2.0 ** 18}"
@@ -143,8 +144,8 @@ def trained(tmp_path_factory):
 @pytest.mark.parametrize("name", ["p1", "p2", "p1fp16"])
 def test_distributed_optimizer_matches_horovod(trained, name):
     # The ring through the proxies adds each element's partial sums in another order than
-    # Horovod's ring, so fp32 results differ in their last bits at every step, and 20 steps of SGD
-    # with momentum carry that forward: up to 4e-5 was seen on parameters of order 0.1.
+    # Horovod's ring, so fp32 results differ in their last bits at every step, and steps of SGD with
+    # momentum carry that forward: up to 4e-5 was seen after 20 steps on parameters of order 0.1.
     a, b = trained("ours", name), trained("theirs", name)
     tol = 1e-3 if name.endswith("fp16") else 1e-4
     assert torch.allclose(a, b, rtol=tol, atol=tol), (name, (a - b).abs().max())

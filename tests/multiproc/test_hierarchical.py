@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.multiproc.harness import REPO, Lanes, check_lanes, ring_allreduce_bytes, run_job, run_scenarios
+from tests.multiproc.harness import (REPO, Lanes, check_lanes, ring_allreduce_bytes, run_concurrently, run_job,
+                                     run_scenarios)
 from tests.multiproc.test_broadcast import exact_broadcasts
 from tests.multiproc.test_dataplane import matrix_allreduces
 from tests.netns import skip_unless_usable
@@ -75,15 +76,29 @@ def test_one_host_negotiated_order_and_mismatch():
     assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
 
 
-def test_one_host_proxy_killed_at_random_points():
-    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
-    result = run_job(3, "kill", "--trials", "6", "--seed", "11", worker=FAULT, env=env, timeout=600)
+FAULTS = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
+
+
+@pytest.fixture(scope="module")
+def one_host_faults():
+    """The two one-host failure jobs, run at the same time (both mostly wait out the timeout):
+    {name: (CompletedProcess or None, error or None)}."""
+    return run_concurrently({
+        "kill": lambda: run_job(3, "kill", "--trials", "6", "--seed", "11", worker=FAULT, env=FAULTS, timeout=600),
+        "stop": lambda: run_job(3, "stop", "--trials", "1", "--seed", "3", worker=FAULT, env=FAULTS, timeout=300)})
+
+
+@pytest.mark.slow
+def test_one_host_proxy_killed_at_random_points(one_host_faults):
+    result, error = one_host_faults["kill"]
+    assert error is None, str(error)
     assert "DETECTION trials=6" in result.stdout, result.stdout[-3000:]
 
 
-def test_one_host_stopped_proxy_times_out():
-    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
-    result = run_job(3, "stop", "--trials", "1", "--seed", "3", worker=FAULT, env=env, timeout=300)
+@pytest.mark.slow
+def test_one_host_stopped_proxy_times_out(one_host_faults):
+    result, error = one_host_faults["stop"]
+    assert error is None, str(error)
     assert "DETECTION trials=1" in result.stdout, result.stdout[-3000:]
 
 
@@ -95,6 +110,7 @@ def _cloud(spec: str):
 @pytest.mark.netem
 @pytest.mark.parametrize("spec,np_,per_host", [("2:1gbit:200mbit", 2, 1), ("2:1gbit:200mbit", 4, 2),
                                                ("2:1gbit:200mbit", 6, 3), ("3:1gbit:200mbit", 6, 2)])
+@pytest.mark.slow
 def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
     counts, dtypes = "0,7,65537,1000003", "float32,float16,bfloat16,int64,uint8"
     result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(per_host),
@@ -108,8 +124,8 @@ def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
 
 @netem
 @pytest.mark.netem
+@pytest.mark.slow
 def test_emulated_cloud_proxy_killed_every_host_raises():
-    env = dict(ON, FASTHOROVOD_TIMEOUT_SECONDS="5", FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576")
-    result = run_job(4, "kill", "--trials", "3", "--seed", "5", worker=FAULT, env=env, timeout=600,
+    result = run_job(4, "kill", "--trials", "3", "--seed", "5", worker=FAULT, env=FAULTS, timeout=600,
                      launcher=_cloud("2:1gbit:200mbit"))
     assert "DETECTION trials=3" in result.stdout, result.stdout[-3000:]

@@ -46,8 +46,9 @@ def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_returns_
         assert "256 MiB allreduce correct" in line and "with a 64 MiB /dev/shm" in line, line
         assert "in flight (True)" in line and "proxies gone True" in line, line
         # under a second on a quiet machine (0.05-0.35 s); the bug this guards against is a shutdown
-        # that waits for the collective (FASTHOROVOD_TIMEOUT_SECONDS, 60 s here)
-        assert float(re.search(r"took ([\d.]+) s", line).group(1)) < 2.0, line
+        # that waits for the collective (FASTHOROVOD_TIMEOUT_SECONDS, 60 s here): 10 s tells them
+        # apart on a loaded machine too
+        assert float(re.search(r"took ([\d.]+) s", line).group(1)) < 10.0, line
     print(*lines, sep="\n")
 
 
@@ -75,6 +76,7 @@ def test_init_waits_for_a_slow_rank_before_anyone_can_restart_the_data_plane():
     print(*lines, sep="\n")
 
 
+@pytest.mark.slow
 def test_workers_sigkilled_in_a_training_loop_leave_nothing_behind():
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "workers" / "worker_kill_driver.py"),
                            "--trials", "20", "--seed", "15"], capture_output=True, text=True, timeout=420,

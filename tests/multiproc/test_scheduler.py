@@ -21,6 +21,7 @@ def test_sync_weights_leaves_every_rank_with_identical_parameters():
     assert result.stdout.count("identical after sync_weights") == 4 * 5, result.stdout[-3000:]
 
 
+@pytest.mark.slow
 def test_every_variant_converges_within_one_point_of_ssgd_on_digits(tmp_path):
     """30 epochs of a 64-64-10 MLP on scikit-learn's digits (lr 0.05, momentum 0.9, decay x0.1 at
     epoch 20, batch 16 per rank, 20 warm-up steps): test accuracy of each variant within 1

@@ -90,8 +90,8 @@ def test_two_rank_trace_byte_totals_match_what_was_allreduced(tmp_path, np_=2):
             assert int(recvs["bytes"].sum()) + fmt.FRAME_HEADER_BYTES * len(recvs) == stats["bytes_received"]
             assert len(set(sends["seq"].tolist())) == stats["collectives"]
             for t in man["tensors"]:
-                mine = sends[sends["name_hash"] == _hash64(t["name"])]
-                theirs = recvs[recvs["name_hash"] == _hash64(t["name"])]
+                mine = sends[sends["name_hash"] == hash64(t["name"])]
+                theirs = recvs[recvs["name_hash"] == hash64(t["name"])]
                 seqs = sorted(set(mine["seq"].tolist()))
                 assert len(seqs) == t["repeats"], (t, seqs)
                 for seq in seqs:

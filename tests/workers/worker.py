@@ -215,6 +215,7 @@ def _flag(value: str) -> bool:
     return value == "1"
 
 
+TRAIN_STEPS = 10  # tests/multiproc/test_dataplane.py counts the gradients' bytes from it
 TRAIN_KEYS = {"passes": int, "fp16": _flag, "predivide": float, "horovod": _flag}
 
 
@@ -235,8 +236,8 @@ def parse_train_runs(spec: str) -> list:
 
 
 def scenario_train(args):
-    """For each of --runs: 20 steps of a small MLP with DistributedOptimizer (horovod=1: Horovod's
-    own, the reference); rank 0 writes the final parameters to OUT/NAME.pt."""
+    """For each of --runs: TRAIN_STEPS steps of a small MLP with DistributedOptimizer (horovod=1:
+    Horovod's own, the reference); rank 0 writes the final parameters to OUT/NAME.pt."""
     for name, options in parse_train_runs(args.runs):
         flat = train_once(**options)
         if hvd.rank() == 0:
@@ -257,7 +258,7 @@ def train_once(passes: int, fp16: bool, predivide: float, horovod: bool) -> torc
                                    gradient_predivide_factor=predivide)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     data_gen = torch.Generator().manual_seed(100 + rank)
-    for step in range(20):
+    for step in range(TRAIN_STEPS):
         opt.zero_grad()
         for _ in range(passes):
             x = torch.randn(32, 64, generator=data_gen)
