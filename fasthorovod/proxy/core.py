@@ -36,5 +36,3 @@ def native(cls, **fields):
 def request(**fields) -> "_C.Request":
     """A ``_C.Request`` with `fields` set."""
     return native(_C.Request, **fields)
-
-

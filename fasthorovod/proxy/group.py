@@ -5,24 +5,21 @@ the channel, the proxies, the rings, the negotiation); the group then holds what
 its plan (fasthorovod/proxy/plan.py: lanes, sockets, layout, threshold, and why), posts collectives,
 joins, traces and closes.
 
-``close()`` (``hvd.shutdown()`` or interpreter exit) aborts collectives still in flight, stops the
-proxies, gives them :data:`SHUTDOWN_GRACE_SECONDS` to exit, kills any that have not, and reaps them
-all. If the worker process dies, whichever thread started the proxies, each proxy sees it at once
-(a pidfd of the worker, or getppid() polling) and exits; a proxy that was stopped (SIGSTOP) then
-gets SIGHUP and SIGCONT from the kernel, since the worker's death orphans its process group. No
-shared memory has a name, so nothing is left in /dev/shm by any crash.
+``close()`` (``hvd.shutdown()`` or interpreter exit) aborts collectives in flight and stops, kills
+after :data:`SHUTDOWN_GRACE_SECONDS` and reaps the proxies. A worker that dies takes its proxies
+with it (they watch it; a stopped one gets SIGHUP and SIGCONT from its orphaned process group); no
+shared memory has a name, so no crash leaves anything in /dev/shm (docs/reliability.md).
 
-What callers above use (the data plane's public API): :meth:`ProxyGroup.supports` (dtypes the
-proxies carry), :meth:`ProxyGroup.alloc` (a zero-copy shared-memory tensor), :meth:`ProxyGroup.allreduce`,
-:meth:`ProxyGroup.broadcast` and :meth:`ProxyGroup.allgather` (asynchronous requests), and the
-mechanisms that policies above steer: :meth:`ProxyGroup.lane_stats`, :meth:`ProxyGroup.set_lane_weights`
-(lane rebalancing, fasthorovod/proxy/balance.py) and :meth:`ProxyGroup.begin_join`/:meth:`ProxyGroup.end_join`
-(``hvd.join()``, through the negotiation). Nothing here blocks on another rank except a wait on
-a request or on the join; nothing here talks to Horovod after start-up.
+The public API: ``supports``, ``alloc`` (a zero-copy shared-memory tensor), ``allreduce``,
+``broadcast``, ``allgather`` (asynchronous requests), ``begin_join``/``end_join``, and what the
+policies above steer: ``before_submit`` hooks, ``lane_stats``, ``set_lane_weights`` (balance.py).
+Nothing here blocks on another rank except a wait on a request or on the join, and nothing talks
+to Horovod after start-up.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import subprocess
 import threading
@@ -41,9 +38,7 @@ from fasthorovod.proxy.core import (BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP
 from fasthorovod.proxy.plan import DataPlanePlan, shard_boundaries
 from fasthorovod.proxy.requests import GatherRequest, Request
 
-# At shutdown, how long the proxies get to exit on their own before they are killed (a proxy that
-# is aborting a collective may spend seconds telling its neighbours; hvd.shutdown() must not).
-SHUTDOWN_GRACE_SECONDS = 0.3
+SHUTDOWN_GRACE_SECONDS = 0.3  # at shutdown, before the proxies are killed (aborting can take seconds)
 
 
 class ProxyGroup:
@@ -94,12 +89,15 @@ class ProxyGroup:
         if self._closed or self.pool is None:
             raise FastHorovodError("FastHorovod proxies are shut down (call hvd.init() first)")
 
-    def _begin_collective(self) -> None:
-        self._require_running()
-        for hook in self.before_submit:
-            hook()
-
-    # -- requests ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _releasing_on_failure(self, buffer: Buffer, release: bool = True):
+        """Gives `buffer` back to the pool (when `release`) if staging or submitting fails."""
+        try:
+            yield
+        except BaseException:
+            if release:
+                self.pool.release(buffer)
+            raise
 
     @staticmethod
     def supports(dtype: torch.dtype) -> bool:
@@ -162,55 +160,55 @@ class ProxyGroup:
                 prescale: float, postscale: float, description: str, contribute: bool = True) -> Request:
         """Stages `tensors` (zeros instead when not `contribute`) unless the one tensor already lies in
         a shared-memory buffer, and submits the collective (`description`: what the ranks compare)."""
-        self._begin_collective()
-        dtype = tensors[0].dtype
+        self._require_running()
+        for hook in self.before_submit:
+            hook()
+        dtype, itemsize = tensors[0].dtype, tensors[0].element_size()
         count = sum(t.numel() for t in tensors)
-        itemsize = tensors[0].element_size()
         located = (self.pool.locate(tensors[0]) if contribute and len(tensors) == 1 and outputs[0] is tensors[0]
                    else None)
-        if located is not None:
-            buffer, offset = located
-            staged, offsets = False, [offset]
-        else:
-            buffer = self.pool.acquire(count * itemsize)
-            staged, offsets, offset = True, [], 0
-            for t in tensors:
-                offsets.append(offset)
-                staging = buffer.view(dtype, offset, t.numel())
-                if contribute:
-                    copy_tensor(staging, t.reshape(-1))
-                else:
-                    zero_tensor(staging)
-                offset += t.numel() * itemsize
-        ticket = self._submit(buffer, staged, name, description, buffer_offset=offsets[0], count=count,
-                              dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale,
-                              lane_begin=self.lane_boundaries(count))
+        staged = located is None
+        buffer, offset = located if located is not None else (self.pool.acquire(count * itemsize), 0)
+        with self._releasing_on_failure(buffer, staged):
+            offsets = self._stage(buffer, tensors, contribute) if staged else [offset]
+            ticket = self._submit(buffer, name, description, buffer_offset=offsets[0], count=count,
+                                  dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale,
+                                  lane_begin=self.lane_boundaries(count))
         return Request(self, ticket, buffer, staged, tensors, outputs, offsets)
 
-    def _submit(self, buffer: Buffer, release: bool, name: str, description: str, **fields) -> int:
-        """Submits a request on `buffer` to the negotiation (`description`: what the ranks compare);
-        the buffer goes back to the pool if it cannot be submitted and `release`."""
-        try:
-            return self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
-                                              shape_hash=hash64(description), **fields), description)
-        except BaseException:
-            if release:
-                self.pool.release(buffer)
-            raise
+    @staticmethod
+    def _stage(buffer: Buffer, tensors: Sequence[torch.Tensor], contribute: bool) -> List[int]:
+        """Copies `tensors` (zeros instead when not `contribute`) one after another into `buffer`;
+        returns their byte offsets."""
+        offsets, offset = [], 0
+        for t in tensors:
+            offsets.append(offset)
+            staging = buffer.view(t.dtype, offset, t.numel())
+            if contribute:
+                copy_tensor(staging, t.reshape(-1))
+            else:
+                zero_tensor(staging)
+            offset += t.numel() * t.element_size()
+        return offsets
+
+    def _submit(self, buffer: Buffer, name: str, description: str, **fields) -> int:
+        """Submits a request on `buffer` to the negotiation (`description`: what the ranks compare)."""
+        return self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
+                                          shape_hash=hash64(description), **fields), description)
 
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
         """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
         sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's row. wait()
         fills ``request.output``, a (size, len) tensor whose row r is rank r's.
 
-        The lanes' shares are equal, whatever the lane weights: each rank lays its row out by the
-        boundaries before the collective is negotiated, so they must be the same on every rank,
-        and rebalancing leaves each rank its own weights (an allreduce runs with the lowest
-        submitter's boundaries instead, which needs no layout in advance)."""
-        self._begin_collective()
+        The lanes' shares are equal whatever the lane weights, which rebalancing sets per rank: each
+        rank lays its row out by the boundaries before the collective is negotiated."""
+        self._require_running()
         if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
             raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
                              f"{tensor.dtype} on {tensor.device}")
+        for hook in self.before_submit:
+            hook()
         n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
         if self.plan.layout is not None:  # the hierarchical allreduce
             return self._allgather_as_sum(tensor, name)
@@ -218,11 +216,12 @@ class ProxyGroup:
         output = torch.empty((n, width), dtype=tensor.dtype)
         buffer = self.pool.acquire(max(1, n * width * itemsize))
         own = _C.allgather_own_chunk(self.rank, n)
-        for begin, end in zip(bounds[:-1], bounds[1:]):
-            m = end - begin
-            copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
-        ticket = self._submit(buffer, True, name, str(width), buffer_offset=0, count=n * width,
-                              dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER, lane_begin=[n * b for b in bounds])
+        with self._releasing_on_failure(buffer):
+            for begin, end in zip(bounds[:-1], bounds[1:]):
+                m = end - begin
+                copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
+            ticket = self._submit(buffer, name, str(width), buffer_offset=0, count=n * width,
+                                  dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER, lane_begin=[n * b for b in bounds])
         return GatherRequest(self, ticket, buffer, output, bounds)
 
     def _allgather_as_sum(self, tensor: torch.Tensor, name: str) -> "GatherRequest":
@@ -237,10 +236,11 @@ class ProxyGroup:
         output = torch.empty((n, width), dtype=tensor.dtype)
         buffer = self.pool.acquire(max(1, n * width * itemsize))
         count = n * width
-        zero_tensor(buffer.view(words, 0, count))
-        copy_tensor(buffer.view(tensor.dtype, self.rank * width * itemsize, width), tensor)
-        ticket = self._submit(buffer, True, name, str(width), buffer_offset=0, count=count,
-                              dtype=DTYPE_CODES[words], op=OP_SUM, lane_begin=self.lane_boundaries(count))
+        with self._releasing_on_failure(buffer):
+            zero_tensor(buffer.view(words, 0, count))
+            copy_tensor(buffer.view(tensor.dtype, self.rank * width * itemsize, width), tensor)
+            ticket = self._submit(buffer, name, str(width), buffer_offset=0, count=count,
+                                  dtype=DTYPE_CODES[words], op=OP_SUM, lane_begin=self.lane_boundaries(count))
         return GatherRequest(self, ticket, buffer, output, None)
 
     def begin_join(self) -> None:

@@ -148,7 +148,8 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
             plan = planner.plan(cfg, peer_list, rank, single_host, hops=known[1])
             plan = dataclasses.replace(plan, probe_run=planner.ProbeRun(runs=0, reused_hosts=len(known[0])))
         else:
-            hops, run = _probe(plan, cfg, path_probe, _new_probe(plan, host, token, cfg), peers, allgather_object)
+            again = _placed(_C.PathProbe(host, token, rank, size, cfg.wire_hash()), plan)
+            hops, run = _probe(plan, cfg, _placed(path_probe, plan), again, peers, allgather_object)
             plan = dataclasses.replace(planner.plan(cfg, peer_list, rank, single_host, hops=hops), probe_run=run)
             known = (hosts, plan.flow_choice.hops)
         last_probe = known
@@ -178,7 +179,7 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
         _C.MemberOptions, rank=rank, size=size, token=token, coordinator_host=peers[0]["host"],
         coordinator_port=peers[0]["coordinator"], timeout_seconds=cfg.timeout_seconds))
     mark("negotiation")
-    plan.startup_seconds.update(timings)
+    group.plan = dataclasses.replace(plan, startup_seconds=timings)
 
 
 def _clock(timings: Dict[str, float]) -> Callable[[str], None]:
@@ -192,8 +193,8 @@ def _clock(timings: Dict[str, float]) -> Callable[[str], None]:
     return mark
 
 
-def _new_probe(plan: planner.DataPlanePlan, host: str, token: bytes, cfg: Config) -> "_C.PathProbe":
-    path_probe = _C.PathProbe(host, token, plan.rank, plan.size, cfg.wire_hash())
+def _placed(path_probe: "_C.PathProbe", plan: planner.DataPlanePlan) -> "_C.PathProbe":
+    """`path_probe`, told its host's place when the probe measures the hierarchical layout's ring."""
     if plan.layout is not None:
         path_probe.set_place(plan.layout.host_index, plan.layout.num_hosts)
     return path_probe
@@ -207,8 +208,6 @@ def _probe(plan: planner.DataPlanePlan, cfg: Config, path_probe: "_C.PathProbe",
     options = native(_C.ProbeOptions, max_flows=probe.MAX_FLOWS)
     started = time.monotonic()
     nxt = peers[plan.ring_next()]
-    if plan.layout is not None:
-        path_probe.set_place(plan.layout.host_index, plan.layout.num_hosts)
     # With the hierarchical allreduce, local rank 0 of each host measures the hop between hosts
     # alone (the host's link uncontended); the others wait. Each local rank then gets enough flows
     # to fill the link by itself, as in the flat ring: its rings are not balanced against the

@@ -58,3 +58,39 @@ def test_the_planes_of_a_rank_add_up_lane_by_lane():
     check_lanes(text, Lanes(min_bytes=1100), range(2))
     check_lanes(out(line(0), line(1, [(0, 0, 0)])), False, range(2))  # no proxies, idle lanes: Horovod's path
     check_lanes(out(line(0, [(0, 0, 3)]), line(1, [(0, 0, 3)])), Lanes(min_collectives=3, tcp=False), range(2))
+
+
+def scenario_line(rank: int, scenario: str, *planes) -> str:
+    report = json.loads(line(rank, *planes).split("FASTHOROVOD_LANES ", 1)[1])
+    return f"[{rank}]<stdout>:FASTHOROVOD_LANES {json.dumps(dict(report, scenario=scenario))}"
+
+
+def test_a_shared_job_checks_each_scenario_on_its_own_lines():
+    # "a" moved 1100 B, "b" nothing; the job's whole lines hold both
+    text = out(scenario_line(0, "a", [(600, 600, 1), (500, 500, 1)]), scenario_line(1, "a", [(600, 600, 1), (500, 500, 1)]),
+               scenario_line(0, "b", [(0, 0, 0), (0, 0, 0)]), scenario_line(1, "b", [(0, 0, 0), (0, 0, 0)]),
+               line(0, [(600, 600, 1), (500, 500, 1)]), line(1, [(600, 600, 1), (500, 500, 1)]))
+    check_lanes(text, Lanes(min_bytes=1100), range(2), scenario="a")
+    check_lanes(text, False, range(2), scenario="b")
+    check_lanes(text, Lanes(min_bytes=1100), range(2))
+    with pytest.raises(AssertionError, match="for scenario b .*every lane must run at least 1"):
+        check_lanes(text, True, range(2), scenario="b")
+    with pytest.raises(AssertionError, match=r"ranks \[0, 1\] printed no lane counters for scenario c"):
+        check_lanes(text, True, range(2), scenario="c")
+
+
+def test_lanes_since_counts_what_each_plane_did_in_between():
+    import sys
+
+    from tests.multiproc.harness import REPO
+    sys.path.insert(0, str(REPO / "tests" / "workers"))
+    try:
+        import lanes
+    finally:
+        sys.path.remove(str(REPO / "tests" / "workers"))
+
+    def plane(*counters):
+        return {"rank": 0, "size": 2, "lanes": [dict(zip(lanes.COUNTERS, c)) for c in counters]}
+    before = [plane((100, 100, 1))]
+    after = [plane((300, 250, 3)), plane((40, 40, 1))]  # the first plane closed, a second started
+    assert lanes.since(before, after) == [plane((200, 150, 2)), plane((40, 40, 1))]
