@@ -1,5 +1,6 @@
 # FastHorovod: the two commands of the README, and a few helpers.
 #   make test   installs everything (apt, .venv, torch, horovod, fasthorovod) and runs the suite
+#               (scripts/run_tests.sh: the C++ tests and the waiting tests alongside the rest)
 #   make bench  installs everything and runs the main benchmark
 #   make test-fast  the C++ tests, the unit tests and a 2-rank smoke job through the proxies
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
@@ -11,13 +12,14 @@ TEST_BUILD := build/tests
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup test test-fast lab-test cpp-test testing-module test-build bench clean
+.PHONY: setup test test-fast lab-test cpp-build cpp-test testing-module test-build bench clean
 
 setup:
 	@scripts/setup_env.sh
 
-test: cpp-test testing-module
-	$(PY) -m pytest -q --durations=60 tests
+# The C++ tests and the tests marked `background` (they mostly wait) run alongside the rest.
+test: cpp-build testing-module
+	scripts/run_tests.sh $(PY) $(TEST_BUILD)/fasthorovod_cpp_tests
 
 # The lab's own tests (lab/: the scale model and the placement planner, which no user runs).
 lab-test: testing-module
@@ -29,8 +31,10 @@ test-build: setup
 	    -DPython_EXECUTABLE=$(abspath $(PY)) -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir)
 
 # The C++ core's own tests (no Python): one executable over loopback TCP.
-cpp-test: test-build
+cpp-build: test-build
 	/usr/bin/cmake --build $(TEST_BUILD) --target fasthorovod_cpp_tests -j $$(nproc)
+
+cpp-test: cpp-build
 	$(TEST_BUILD)/fasthorovod_cpp_tests
 
 testing-module: test-build

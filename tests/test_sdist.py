@@ -1,9 +1,12 @@
 """The README's install into one's own environment, step by step, from an sdist: a fresh virtualenv
-gets the project's torch, then Horovod from scripts/install_horovod.sh (built as C++17; the wheel
-cached by the project's set-up makes this take seconds), then the sdist built with
+gets the project's pip and torch (hard links to the installed files of those this suite runs and
+of their dependencies, which pip then accepts as installed: what ``pip install torch`` would
+unpack, without unpacking it again), then Horovod from scripts/install_horovod.sh (built as C++17; the
+wheel cached by the project's set-up makes this take seconds), then the sdist built with
 ``python -m build``, whose pip install builds fasthorovod._C from csrc/. The installed
 ``fasthorovodrun`` then runs a 2-rank allreduce whose bytes cross the proxies' lanes.
 """
+import importlib.metadata
 import os
 import signal
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[1]
 ELEMENTS = 1 << 20  # 4 MiB of float32: above the 1 MiB proxy threshold set below
@@ -58,6 +62,31 @@ def _run(cmd, timeout, **kwargs):
     return out
 
 
+def _normalised(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _link_distribution(name: str, site: Path, seen: set) -> None:
+    """Hard-links the installed files of distribution ``name`` and of what it requires (markers
+    evaluated for this interpreter) into the site-packages directory ``site``, but for those
+    ``seen`` (normalised names, updated)."""
+    dist = importlib.metadata.distribution(name)
+    key = _normalised(dist.metadata["Name"])
+    if key in seen:
+        return
+    seen.add(key)
+    for file in dist.files or ():
+        if file.parts[0] == "..":  # console scripts in bin/: the test never runs torch's
+            continue
+        target = site / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(dist.locate_file(file), target)
+    for spec in dist.requires or ():
+        requirement = Requirement(spec)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            _link_distribution(requirement.name, site, seen)
+
+
 @pytest.mark.slow
 def test_the_sdist_builds_installs_and_runs_an_allreduce_through_the_proxies(tmp_path):
     pytest.importorskip("build", reason="python -m build is needed: pip install build")
@@ -72,10 +101,15 @@ def test_the_sdist_builds_installs_and_runs_an_allreduce_through_the_proxies(tmp
     assert not [n for n in names if n.startswith(("tests/", "lab/", "benchmarks/")) or n.endswith(".so")]
 
     target = tmp_path / "venv"
-    venv.create(target, with_pip=True)
+    venv.create(target, with_pip=False)  # pip comes linked with torch below, as ensurepip's is too old for it
     python = target / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    _run([*pip, f"torch=={torch.__version__.split('+')[0]}"], timeout=600, env=env, cwd=tmp_path)
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                     timeout=60, env=env, cwd=tmp_path).strip())
+    linked = set()
+    for name in ("pip", "torch"):
+        _link_distribution(name, site, linked)
+    _run([*pip, "--no-index", f"torch=={torch.__version__.split('+')[0]}"], timeout=60, env=env, cwd=tmp_path)
     _run([str(REPO / "scripts" / "install_horovod.sh")], timeout=1200, env=dict(env, PYTHON=str(python)),
          cwd=tmp_path)
     _run([*pip, "--no-cache-dir", str(sdist)],

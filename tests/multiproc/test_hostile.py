@@ -8,7 +8,7 @@ import pytest
 
 from tests.multiproc.harness import REPO, run_job
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.background]
 HOSTILE = str(REPO / "tests" / "workers" / "hostile_worker.py")
 
 

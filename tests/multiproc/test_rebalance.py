@@ -8,7 +8,7 @@ import pytest
 from tests.multiproc.harness import Lanes, ring_allreduce_bytes, run_job
 from tests.netns import skip_unless_usable
 
-pytestmark = [pytest.mark.slow, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
+pytestmark = [pytest.mark.slow, pytest.mark.background, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
 
 
 @pytest.fixture
