@@ -35,7 +35,7 @@ from fasthorovod.netem import cloud as cloud_module
 from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
 from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp, ring_flows
-from fasthorovod.netem.shaping import FIRST_PORT_TABLE, flow_bucket, leaf_classid, shaping_commands
+from fasthorovod.netem.shaping import FIRST_PORT_TABLE, FlowHash, flow_bucket, leaf_classid, shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState, process_running, process_start_ticks
 
 PREFIX = "fhvdtest"
@@ -165,6 +165,47 @@ def test_cloud_spec_with_overrides_validates_direct_construction() -> None:
 
 
 # --- shaping commands and privileges -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, buckets, low_bit, canonical", [
+    ("4:1gbit:200mbit,buckets=64", 64, 1, "4:1gbit:200mbit,buckets=64"),
+    ("4:1gbit:200mbit, Buckets = 16 ,hashbit=0", 16, 0, "4:1gbit:200mbit,buckets=16,hashbit=0"),
+    ("3:1gbit:200mbit,hashbit=2,host1=50mbit", 256, 2, "3:1gbit:200mbit,host1=50mbit,hashbit=2"),
+    ("2:1gbit:200mbit,buckets=256,hashbit=1", 256, 1, "2:1gbit:200mbit"),
+])
+def test_spec_options_choose_the_flow_hash_and_round_trip(text: str, buckets: int, low_bit: int,
+                                                          canonical: str) -> None:
+    spec = parse_spec(text)
+    assert (spec.flow_hash.buckets, spec.flow_hash.low_bit) == (buckets, low_bit)
+    assert str(spec) == canonical and parse_spec(str(spec)) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4:1gbit:200mbit,buckets=50", "buckets must be a power of 4 from 4 to 1024"),
+    ("4:1gbit:200mbit,buckets=4096", "got 4096"),
+    ("4:1gbit:200mbit,buckets=sixteen", "buckets= in spec .* takes an integer, got 'sixteen'"),
+    ("4:1gbit:200mbit,hashbit=13", r"lowest hashed port bit must be 0..12 with 4 bits per port, got 13"),
+    ("4:1gbit:200mbit,buckets=16,buckets=64", "sets buckets= twice"),
+])
+def test_spec_options_errors_name_the_option(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_spec(text)
+
+
+def test_fewer_buckets_hash_fewer_bits_and_the_shaper_follows() -> None:
+    flow_hash = FlowHash.with_buckets(64)  # 3 bits of each port, from bit 1
+    assert (flow_hash.source_mask, flow_hash.dest_mask) == (0x000E0000, 0x0000000E)
+    assert flow_hash.bucket(0b1010_1, 0b0111_0) == (0b010, 0b111)
+    assert flow_hash.bucket(0b1_1010_1, 0b0111_0) == flow_hash.bucket(0b1010_1, 0b0111_0)  # bit 4: not hashed
+    lines = shaping_commands("eth0", 1e9, 2e8, flow_hash)
+    leaves = {line.split("classid ")[1].split()[0] for line in lines if "ceil 200000000bit" in line}
+    assert len(leaves) == 64 and {line.split("flowid ")[1] for line in lines if "flowid" in line} == leaves
+    assert any("hashkey mask 0x000e0000 at 20 link 2:" in line for line in lines)
+    assert sum("u32 divisor 8" in line for line in lines) == 1 + 8
+    # Linux gives connect() even ports: hashing from bit 0 leaves three quarters of the buckets empty
+    even_pairs = [(source, dest) for source in range(40000, 40064, 2) for dest in range(5200, 5264, 2)]
+    assert len({FlowHash.with_buckets(16).bucket(*pair) for pair in even_pairs}) == 16
+    assert len({FlowHash.with_buckets(16, low_bit=0).bucket(*pair) for pair in even_pairs}) == 4
 
 
 def test_shaper_has_one_capped_leaf_per_bucket() -> None:
@@ -475,6 +516,22 @@ def test_the_kernel_puts_a_flow_in_the_bucket_flow_bucket_names(uneven_cloud: Em
     after = _class_bytes(sender.name, "eth0")
     busiest = max(after, key=lambda classid: (after[classid] - before.get(classid, 0)) if classid != "1:1" else -1)
     assert busiest == leaf_classid(*flow_bucket(source_port, dest_port)), (source_port, dest_port)
+
+
+@netem
+@pytest.mark.netem
+def test_a_cloud_with_16_buckets_puts_each_flow_where_its_hash_says() -> None:
+    """buckets=16 in the spec: 16 capped leaves per host, and each of 8 flows' bytes land in the
+    leaf that FlowHash names for its port pair (so flows collide as the hash predicts)."""
+    spec = parse_spec("2:1gbit:200mbit,buckets=16")
+    with EmulatedCloud(spec, prefix=PREFIX) as cloud:
+        sender, receiver = cloud.hosts
+        before = _class_bytes(sender.name, "eth0")
+        assert len([c for c in before if c not in ("1:1", "1:2")]) == 16
+        ((_, pairs),) = _measure_pairs([(sender, receiver)], flows=8, seconds=1)
+        after = _class_bytes(sender.name, "eth0")
+    moved = {c for c in after if c not in ("1:1", "1:2") and after[c] - before.get(c, 0) > 100_000}
+    assert moved == {spec.flow_hash.classid(*spec.flow_hash.bucket(*ports)) for ports in pairs}, pairs
 
 
 @netem

@@ -14,15 +14,17 @@ from .spec import format_rate, parse_spec
 from .state import InstanceState, list_instances
 
 SPEC_HELP = (
-    "HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]..., e.g. "
-    "4:1gbit:200mbit, or 5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit for hosts on slower paths "
+    "HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]...[,buckets=N][,hashbit=K], "
+    "e.g. 4:1gbit:200mbit, 5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit for hosts on slower paths, "
+    "or 4:1gbit:200mbit,buckets=16 for a cloud where flows often share a per-flow cap "
     "(rates in bit/s with tc units bit, kbit, mbit, gbit; a plain number is bit/s)"
 )
 DESCRIPTION = """\
 Emulate a public-cloud network on this machine: HOSTS network namespaces joined by a bridge (in a
 namespace of its own), each host's link capped at LINK_RATE in and out, and each TCP flow capped at
-PER_FLOW_RATE (flows are hashed into 256 buckets by port, so unlucky flows share a cap). No latency
-or loss is added. Needs root. Run a command in a host with `ip netns exec NAMESPACE COMMAND`.
+PER_FLOW_RATE (flows are hashed into 256 buckets by port, so unlucky flows share a cap; `,buckets=N`
+sets N, a power of 4 from 4 to 1024, and `,hashbit=K` the lowest port bit hashed, 1 by default). No
+latency or loss is added. Needs root. Run a command in a host with `ip netns exec NAMESPACE COMMAND`.
 Every namespace resolves the hosts as host0, host1, ... and the launcher namespace (the bridge's,
 with an eth0 of its own) as launcher. With `up --ssh` every host runs an sshd, so that
 `ip netns exec BRIDGE_NAMESPACE horovodrun -H host0:1,host1:1 ...` starts ranks over ssh as on a

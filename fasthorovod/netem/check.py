@@ -16,7 +16,7 @@ into it: the bridge's port toward it). Hosts without overrides are all alike; tw
 there are two, stand for the rest. Each path is judged against its own expected caps,
 ``CloudSpec.path_rates``: one flow against the smaller per-flow cap of its two ends, 8 flows
 against the smaller of the path's link and one per-flow cap per flow bucket the 8 flows hashed into
-(``shaping.flow_bucket`` of the ports iperf3 reports; flows in one bucket share its cap, and when
+(``CloudSpec.flow_hash`` of the ports iperf3 reports; flows in one bucket share its cap, and when
 per-flow caps rather than the link limit a path, as on a slow host, that decides what 8 flows get).
 """
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .cloud import DEFAULT_PREFIX, EmulatedCloud, exec_prefix, run_in_host
 from .errors import NetemError
-from .shaping import flow_bucket
+from .shaping import DEFAULT_HASH, FlowHash
 from .spec import CloudSpec
 from .state import Host
 
@@ -189,11 +189,13 @@ def measure_tcp(client: Host, server: Host, flows: int = 1, seconds: float = 2.0
     return goodput
 
 
-def measure_tcp_buckets(client: Host, server: Host, flows: int = 1, seconds: float = 2.0) -> tuple[float, int]:
-    """``measure_tcp``, and into how many of the shaper's flow buckets the flows hashed (each bucket
-    has one per-flow cap, so ``flows`` flows can carry at most that many caps' worth)."""
+def measure_tcp_buckets(client: Host, server: Host, flows: int = 1, seconds: float = 2.0,
+                        flow_hash: FlowHash = DEFAULT_HASH) -> tuple[float, int]:
+    """``measure_tcp``, and into how many of the shaper's flow buckets (hashed by `flow_hash`, the
+    cloud's) the flows went: each bucket has one per-flow cap, so ``flows`` flows can carry at
+    most that many caps' worth."""
     ((goodput, port_pairs),) = _measure_pairs([(client, server)], flows, seconds)
-    return goodput, len({flow_bucket(*ports) for ports in port_pairs})
+    return goodput, len({flow_hash.bucket(*ports) for ports in port_pairs})
 
 
 def ring_flows(spec: CloudSpec) -> int:
@@ -264,7 +266,7 @@ def run_check(spec: CloudSpec, prefix: str = DEFAULT_PREFIX, seconds: float = 3.
         for sender, receiver in paths:
             client, server = cloud.hosts[sender], cloud.hosts[receiver]
             one_flow = measure_tcp(client, server, flows=1, seconds=seconds)
-            many_flows, buckets = measure_tcp_buckets(client, server, flows=MANY_FLOWS, seconds=seconds)
+            many_flows, buckets = measure_tcp_buckets(client, server, MANY_FLOWS, seconds, spec.flow_hash)
             results.append(PathResult(spec, sender, receiver, one_flow, many_flows, buckets))
         flows = ring_flows(spec)
         ring_goodput = tuple(measure_ring(cloud.hosts, flows, seconds)) if ring else ()

@@ -453,11 +453,11 @@ class EmulatedCloud:
         gets min(A's per-flow cap, B's per-flow cap), within A's link out and B's link in; a host on
         a slow path is slow in both directions and to every other host (``spec.path_rates``)."""
         for index, host in enumerate(self.state.hosts):
-            _batch(["tc", "-n", host.name], shaping_commands(HOST_DEVICE, *self.spec.host_rates(index)))
+            _batch(["tc", "-n", host.name], shaping_commands(HOST_DEVICE, *self.spec.host_rates(index), self.spec.flow_hash))
         bridge_lines = [
             line
             for index in range(len(self.state.hosts))
-            for line in shaping_commands(_bridge_port(index), *self.spec.host_rates(index))
+            for line in shaping_commands(_bridge_port(index), *self.spec.host_rates(index), self.spec.flow_hash)
         ]
         timeout = DEFAULT_TIMEOUT_S + 0.5 * len(self.state.hosts)
         _batch(["tc", "-n", self.bridge_namespace], bridge_lines, timeout=timeout)

@@ -14,6 +14,12 @@ host, counted from 0: the one whose namespace ends in ``-hI`` (``EmulatedCloud.h
 rate overrides the host's per-flow cap only; two rates override its link and its per-flow cap. A
 host's rates cap both what it sends and what it receives, so a flow between two hosts gets the
 smaller of their per-flow caps (``CloudSpec.path_rates``; the shaping that does it is in ``cloud``).
+
+Two options, after commas too, say how flows are hashed onto the per-flow caps (``shaping``):
+``buckets=N`` (default 256; a power of 4 from 4 to 1024) is how many per-flow buckets each host's
+shaper has, and ``hashbit=K`` (default 1) the lowest bit of each port the hash reads. Flows whose
+ports hash alike share one bucket's cap, as unlucky flows do on real networks (ECMP paths, a
+shaper's buckets): ``4:1gbit:200mbit,buckets=16`` is a cloud where collisions are frequent.
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from typing import NamedTuple
 
 from fasthorovod.units import format_rate, parse_rate
 
+from .shaping import DEFAULT_HASH, FlowHash
+
 MAX_HOSTS = 254  # host addresses are .1 ... .254 of one /24
 
 _HOST_NAME_RE = re.compile(r"^\s*host(0|[1-9]\d*)\s*$", re.IGNORECASE)
-GRAMMAR = "HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]..."
+GRAMMAR = ("HOSTS:LINK_RATE:PER_FLOW_RATE[,hostI=PER_FLOW_RATE | ,hostI=LINK_RATE:PER_FLOW_RATE]..."
+           "[,buckets=N][,hashbit=K]")
 EXAMPLE = "5:1gbit:200mbit,host1=100mbit,host3=500mbit:150mbit"
 
 
@@ -64,6 +73,7 @@ class CloudSpec:
     link_bits_per_s: float
     per_flow_bits_per_s: float
     overrides: tuple[HostRates, ...] = field(default=())
+    flow_hash: FlowHash = DEFAULT_HASH  # how each host's shaper hashes flows onto per-flow buckets
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -108,6 +118,10 @@ class CloudSpec:
         for index, link, per_flow in self.overrides:
             link_part = "" if link == self.link_bits_per_s else f"{format_rate(link)}:"  # one rate: per-flow only
             parts.append(f"host{index}={link_part}{format_rate(per_flow)}")
+        if self.flow_hash.buckets != DEFAULT_HASH.buckets:
+            parts.append(f"buckets={self.flow_hash.buckets}")
+        if self.flow_hash.low_bit != DEFAULT_HASH.low_bit:
+            parts.append(f"hashbit={self.flow_hash.low_bit}")
         return ",".join(parts)
 
 
@@ -177,9 +191,20 @@ def parse_spec(text: str) -> CloudSpec:
     if per_flow > link:
         raise ValueError(f"per-flow rate {per_flow_text.strip()} exceeds link rate {link_text.strip()}")
     overrides: dict[int, tuple[str, HostRates]] = {}
+    options: dict[str, int] = {}
     for part in override_texts:
         if not part.strip():
             raise ValueError(f"spec {text!r} has an empty part between commas (or a trailing comma)")
+        key, _, value = part.partition("=")
+        if key.strip().lower() in _OPTIONS:
+            key = key.strip().lower()
+            if key in options:
+                raise ValueError(f"spec {text!r} sets {key}= twice")
+            try:
+                options[key] = int(value.strip())
+            except ValueError:
+                raise ValueError(f"{key}= in spec {text!r} takes an integer, got {value.strip()!r}") from None
+            continue
         override = _parse_override(part, text, hosts, link)
         if override.index in overrides:
             raise ValueError(
@@ -187,9 +212,18 @@ def parse_spec(text: str) -> CloudSpec:
                 f"{overrides[override.index][0]!r}; give each host at most one override"
             )
         overrides[override.index] = (part.strip(), override)
+    try:
+        flow_hash = FlowHash.with_buckets(options.get("buckets", DEFAULT_HASH.buckets),
+                                          options.get("hashbit", DEFAULT_HASH.low_bit))
+    except ValueError as err:
+        raise ValueError(f"spec {text!r}: {err}") from None
     return CloudSpec(
         hosts=hosts,
         link_bits_per_s=link,
         per_flow_bits_per_s=per_flow,
         overrides=tuple(override for _, override in overrides.values()),
+        flow_hash=flow_hash,
     )
+
+
+_OPTIONS = ("buckets", "hashbit")
