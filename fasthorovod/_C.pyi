@@ -3,7 +3,7 @@
 Every failure raises the fasthorovod.exceptions class of its kind (fasthorovod.exceptions.error_for);
 blocking calls release the GIL.
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from typing_extensions import Buffer
 
@@ -87,6 +87,7 @@ class ProxyChannel:
     def terminate(self, grace_seconds: float) -> None: ...
     def exit_code(self, lane: int) -> Optional[int]: ...
     def lane(self, lane: int) -> Dict[str, object]: ...
+    def lane_progress(self) -> Tuple[Tuple[int, int], ...]: ...
 
 class ProbeOptions:
     min_flows: int

@@ -286,6 +286,18 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              return py::int_(code);
            },
            py::arg("lane"), R"pbdoc(The lane's proxy's exit code as Popen has it (-signal), or None while it runs.)pbdoc")
+      .def(
+          "lane_progress",
+          [](const ProxyChannel& c) {
+            py::tuple out(c.num_lanes());
+            for (uint32_t lane = 0; lane < c.num_lanes(); ++lane) {
+              uint64_t bytes_sent = 0, busy_ns = 0;
+              c.LaneProgress(lane, &bytes_sent, &busy_ns);
+              out[lane] = py::make_tuple(bytes_sent, busy_ns);
+            }
+            return out;
+          },
+          R"pbdoc(Per lane, (bytes_sent, busy_ns): the two counters a rebalancing policy reads before each request.)pbdoc")
       .def("lane", [](const ProxyChannel& c, uint32_t lane) {
         LaneSnapshot s = c.Lane(lane);
         py::dict d;

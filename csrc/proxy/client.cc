@@ -403,4 +403,12 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   return s;
 }
 
+void ProxyChannel::LaneProgress(uint32_t lane, uint64_t* bytes_sent, uint64_t* busy_ns) const {
+  *bytes_sent = *busy_ns = 0;
+  if (lane >= header_->num_lanes) return;
+  const LaneInfo& info = header_->lanes[lane];
+  *bytes_sent = info.bytes_sent.load();
+  *busy_ns = info.busy_ns.load();
+}
+
 }  // namespace fasthorovod

@@ -1,4 +1,5 @@
-"""Lane rebalancing: a policy on top of ProxyGroup's mechanisms (lane counters, lane weights).
+"""Lane rebalancing: a policy on top of ProxyGroup's mechanisms (a ``before_submit`` hook, the
+lanes' progress counters, lane weights).
 
 A striped transfer finishes when its slowest lane does, and real flows are uneven: per-flow caps,
 two flows hashed onto one bucket of a shaper or one ECMP path (docs/benchmarks.md),
@@ -69,11 +70,11 @@ class LaneBalancer:
         self.requests += 1
         if not self.every or self.requests % self.every:
             return
-        stats = self.group.lane_stats()
-        deltas = [(s["bytes_sent"] - sent, s["busy_ns"] - busy) for s, (sent, busy) in zip(stats, self._since)]
+        progress = self.group.lane_progress()  # per lane (bytes_sent, busy_ns)
+        deltas = [(sent - sent0, busy - busy0) for (sent, busy), (sent0, busy0) in zip(progress, self._since)]
         if min(d_bytes for d_bytes, _ in deltas) < MIN_BYTES or min(d_busy for _, d_busy in deltas) <= 0:
             return  # not enough since the last decision: keep counting
-        self._since = [(s["bytes_sent"], s["busy_ns"]) for s in stats]
+        self._since = list(progress)
         self.decisions += 1
         busy = [d_busy for _, d_busy in deltas]
         self.last_spread = max(busy) / min(busy) - 1.0

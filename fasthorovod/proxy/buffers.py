@@ -17,7 +17,7 @@ view.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -85,6 +85,21 @@ def zero_tensor(dst: torch.Tensor) -> None:
 def unshared(buffer_id: int, nbytes: int) -> "_C.ShmBuffer":
     """A segment no proxy sees (for a pool without a channel, e.g. in unit tests)."""
     return _C.ShmBuffer(nbytes)
+
+
+def stage(buffer: "Buffer", tensors: Sequence[torch.Tensor], contribute: bool = True) -> List[int]:
+    """Copies `tensors` (zeros instead when not `contribute`) one after another into `buffer`;
+    returns their byte offsets."""
+    offsets, offset = [], 0
+    for t in tensors:
+        offsets.append(offset)
+        staging = buffer.view(t.dtype, offset, t.numel())
+        if contribute:
+            copy_tensor(staging, t.reshape(-1))
+        else:
+            zero_tensor(staging)
+        offset += t.numel() * t.element_size()
+    return offsets
 
 
 class BufferPool:

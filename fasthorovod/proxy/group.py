@@ -12,7 +12,8 @@ shared memory has a name, so no crash leaves anything in /dev/shm (docs/reliabil
 
 The public API: ``supports``, ``alloc`` (a zero-copy shared-memory tensor), ``allreduce``,
 ``broadcast``, ``allgather`` (asynchronous requests), ``begin_join``/``end_join``, and what the
-policies above steer: ``before_submit`` hooks, ``lane_stats``, ``set_lane_weights`` (balance.py).
+policies and observers above use: ``before_submit``/``after_submit`` hooks (every collective passes
+them on its one submit path), ``lane_stats``, ``lane_progress``, ``set_lane_weights`` (balance.py).
 Nothing here blocks on another rank except a wait on a request or on the join, and nothing talks
 to Horovod after start-up.
 """
@@ -24,7 +25,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -32,7 +33,7 @@ from fasthorovod import _C
 from fasthorovod.config import Config
 from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy import startup
-from fasthorovod.proxy.buffers import Buffer, BufferPool, copy_tensor, zero_tensor
+from fasthorovod.proxy.buffers import Buffer, BufferPool, copy_tensor, stage, zero_tensor
 from fasthorovod.proxy.core import (BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_GATHER, OP_SUM,
                                     hash64, request)
 from fasthorovod.proxy.plan import DataPlanePlan, shard_boundaries
@@ -53,9 +54,12 @@ class ProxyGroup:
         self.pool: Optional[BufferPool] = None
         self.processes: List[subprocess.Popen] = []
         self.lane_weights: List[float] = []
-        # Called before each collective is cut into shards and submitted: where the policies above
-        # steer the data plane (the lane balancer, balance.py, may set new weights).
+        # The one submit path (_submit) calls these for every collective, whatever its kind:
+        # before_submit() just before it is cut into lane shards (where the policies above steer
+        # the data plane: the lane balancer, balance.py, may set new weights), and
+        # after_submit(name, nbytes, ticket) once it is posted (where observers see it: the trace).
         self.before_submit: List[Callable[[], None]] = []
+        self.after_submit: List[Callable[[str, int, int], None]] = []
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -161,8 +165,6 @@ class ProxyGroup:
         """Stages `tensors` (zeros instead when not `contribute`) unless the one tensor already lies in
         a shared-memory buffer, and submits the collective (`description`: what the ranks compare)."""
         self._require_running()
-        for hook in self.before_submit:
-            hook()
         dtype, itemsize = tensors[0].dtype, tensors[0].element_size()
         count = sum(t.numel() for t in tensors)
         located = (self.pool.locate(tensors[0]) if contribute and len(tensors) == 1 and outputs[0] is tensors[0]
@@ -170,31 +172,25 @@ class ProxyGroup:
         staged = located is None
         buffer, offset = located if located is not None else (self.pool.acquire(count * itemsize), 0)
         with self._releasing_on_failure(buffer, staged):
-            offsets = self._stage(buffer, tensors, contribute) if staged else [offset]
-            ticket = self._submit(buffer, name, description, buffer_offset=offsets[0], count=count,
-                                  dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale,
-                                  lane_begin=self.lane_boundaries(count))
+            offsets = stage(buffer, tensors, contribute) if staged else [offset]
+            ticket = self._submit(buffer, name, description, count * itemsize, buffer_offset=offsets[0], count=count,
+                                  dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale)
         return Request(self, ticket, buffer, staged, tensors, outputs, offsets)
 
-    @staticmethod
-    def _stage(buffer: Buffer, tensors: Sequence[torch.Tensor], contribute: bool) -> List[int]:
-        """Copies `tensors` (zeros instead when not `contribute`) one after another into `buffer`;
-        returns their byte offsets."""
-        offsets, offset = [], 0
-        for t in tensors:
-            offsets.append(offset)
-            staging = buffer.view(t.dtype, offset, t.numel())
-            if contribute:
-                copy_tensor(staging, t.reshape(-1))
-            else:
-                zero_tensor(staging)
-            offset += t.numel() * t.element_size()
-        return offsets
-
-    def _submit(self, buffer: Buffer, name: str, description: str, **fields) -> int:
-        """Submits a request on `buffer` to the negotiation (`description`: what the ranks compare)."""
-        return self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
-                                          shape_hash=hash64(description), **fields), description)
+    def _submit(self, buffer: Buffer, name: str, description: str, nbytes: int, **fields) -> int:
+        """The one way a collective reaches the negotiation: runs the ``before_submit`` hooks, cuts
+        the collective into lane shards by the weights they leave (unless the caller laid out its
+        own, ``lane_begin``), submits the request on `buffer` (`description`: what the ranks
+        compare) and runs the ``after_submit`` hooks with `nbytes`, what the caller contributed."""
+        for hook in self.before_submit:
+            hook()
+        if "lane_begin" not in fields:
+            fields["lane_begin"] = self.lane_boundaries(fields["count"])
+        ticket = self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
+                                            shape_hash=hash64(description), **fields), description)
+        for hook in self.after_submit:
+            hook(name, nbytes, ticket)
+        return ticket
 
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
         """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
@@ -207,8 +203,6 @@ class ProxyGroup:
         if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
             raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
                              f"{tensor.dtype} on {tensor.device}")
-        for hook in self.before_submit:
-            hook()
         n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
         if self.plan.layout is not None:  # the hierarchical allreduce
             return self._allgather_as_sum(tensor, name)
@@ -220,7 +214,7 @@ class ProxyGroup:
             for begin, end in zip(bounds[:-1], bounds[1:]):
                 m = end - begin
                 copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
-            ticket = self._submit(buffer, name, str(width), buffer_offset=0, count=n * width,
+            ticket = self._submit(buffer, name, str(width), width * itemsize, buffer_offset=0, count=n * width,
                                   dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER, lane_begin=[n * b for b in bounds])
         return GatherRequest(self, ticket, buffer, output, bounds)
 
@@ -239,8 +233,8 @@ class ProxyGroup:
         with self._releasing_on_failure(buffer):
             zero_tensor(buffer.view(words, 0, count))
             copy_tensor(buffer.view(tensor.dtype, self.rank * width * itemsize, width), tensor)
-            ticket = self._submit(buffer, name, str(width), buffer_offset=0, count=count,
-                                  dtype=DTYPE_CODES[words], op=OP_SUM, lane_begin=self.lane_boundaries(count))
+            ticket = self._submit(buffer, name, str(width), width * itemsize, buffer_offset=0, count=count,
+                                  dtype=DTYPE_CODES[words], op=OP_SUM)
         return GatherRequest(self, ticket, buffer, output, None)
 
     def begin_join(self) -> None:
@@ -271,6 +265,11 @@ class ProxyGroup:
         """Per lane, the proxies' counters: ``bytes_sent``, ``busy_ns``, ``collectives``, ``port``, ..."""
         return [self.channel.lane(j) for j in range(self.lanes)] if self.channel else []
 
+    def lane_progress(self) -> Tuple[Tuple[int, int], ...]:
+        """Per lane, (bytes_sent, busy_ns): what a policy reads before every request, without the
+        rest of :meth:`lane_stats`."""
+        return self.channel.lane_progress() if self.channel else ()
+
     def close(self) -> None:
         """Aborts collectives in flight, stops the proxies and reaps them (killed after
         :data:`SHUTDOWN_GRACE_SECONDS`). Returns in well under a second. Idempotent."""
@@ -279,6 +278,7 @@ class ProxyGroup:
                 return
             self._closed = True
         self.before_submit.clear()  # the policies hold the group: no cycle keeps its channel alive
+        self.after_submit.clear()
         started = time.monotonic()
         if self.channel is not None:
             if self.channel.in_flight():

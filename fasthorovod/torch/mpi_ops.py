@@ -71,9 +71,11 @@ class _Runtime:
         self.epoch = 0  # hvd.init() calls so far: buffers and requests of an older epoch are void
 
     def attach(self, group: ProxyGroup) -> None:
+        """Runs `group` with the facade's policy (the lane balancer) and observer (the trace)."""
         self.group = group
         self.balancer = LaneBalancer(group, group.config.rebalance_every)
         group.before_submit.append(self.balancer.before_request)
+        group.after_submit.append(_trace_request)
 
     def detach(self) -> Optional[ProxyGroup]:
         """Forgets the data plane and every proxy handle; returns the group for the caller to close."""
@@ -210,13 +212,17 @@ def _reserve(name: Optional[str], verb: str) -> str:
     return name
 
 
-def _register(requests, result, name: str, nbytes: int) -> int:
-    """A new handle for posted proxy requests (traced as one request)."""
-    handle = next(_runtime.handle_ids)
-    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
+def _trace_request(name: str, nbytes: int, ticket: int) -> None:
+    """The data plane's ``after_submit`` hook: every collective it posts is a trace event."""
     tracer = _trace.tracer
     if tracer is not None:
-        tracer.event("request", name, bytes=nbytes, requests=[req.ticket for req, _, _ in requests], proxied=True)
+        tracer.event("request", name, bytes=nbytes, requests=[ticket], proxied=True)
+
+
+def _register(requests, result, name: str) -> int:
+    """A new handle for posted proxy requests."""
+    handle = next(_runtime.handle_ids)
+    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
     return handle
 
 
@@ -238,7 +244,7 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    return _register(requests, result, name, sum(t.numel() * t.element_size() for t in tensors))
+    return _register(requests, result, name)
 
 
 def _finish(handle: int):
@@ -430,7 +436,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    return _register([(req, [output], [output])], output, name, tensor.numel() * tensor.element_size())
+    return _register([(req, [output], [output])], output, name)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):

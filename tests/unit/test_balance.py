@@ -25,8 +25,8 @@ class FakeLanes:
         self.switches = []  # (number of the request the new weights apply to, weights)
         self.requests = 0
 
-    def lane_stats(self):
-        return [{"bytes_sent": s, "busy_ns": b} for s, b in zip(self.sent, self.busy)]
+    def lane_progress(self):
+        return tuple(zip(self.sent, self.busy))
 
     def set_lane_weights(self, weights):
         self.switches.append((self.requests + 1, list(weights)))
@@ -164,3 +164,40 @@ def test_proxy_group_alloc_and_supports():
             group.set_lane_weights([1.0, 0.0])
     finally:
         group.pool.close()
+
+
+class RecordingMember:
+    """The negotiation member's submit, recorded: (request, description) per call."""
+
+    def __init__(self):
+        self.submitted = []
+
+    def submit(self, request, description):
+        self.submitted.append((request, description))
+        return 100 + len(self.submitted)
+
+
+def test_every_collective_passes_the_hooks_once_on_the_one_submit_path():
+    """allreduce, broadcast and allgather all run the before_submit hooks before they are cut into
+    lane shards (so a policy's new weights apply to that very collective; the allgather keeps
+    equal shares) and the after_submit hooks with what the rank contributed, once each."""
+    group = ProxyGroup(Config(num_proxies=2), 0, 2)
+    # two hosts: the flat ring, whose allgather has its own schedule (one host: a sum, plan.py)
+    group.plan = planner.plan(group.config, [Peer("10.0.0.1", 2), Peer("10.0.0.2", 2)], 0, single_host=False)
+    assert group.plan.layout is None
+    group.pool, group.member = BufferPool(), RecordingMember()
+    group.set_lane_weights([1.0, 1.0])
+    calls = []
+    group.before_submit.append(lambda: (calls.append("before"), group.set_lane_weights([1.0, 3.0])))
+    group.after_submit.append(lambda name, nbytes, ticket: calls.append((name, nbytes, ticket)))
+    try:
+        x = torch.arange(8, dtype=torch.float32)
+        group.allreduce([x], [torch.empty(8)], "sum", average=False, prescale=1.0, postscale=1.0)
+        group.broadcast(x, torch.empty(8), "bcast", root=0)
+        group.allgather(torch.arange(6, dtype=torch.int32), "gather")
+    finally:
+        group.pool.close()
+    assert calls == ["before", ("sum", 32, 101), "before", ("bcast", 32, 102), "before", ("gather", 24, 103)]
+    (reduce, _), (bcast, _), (gather, _) = group.member.submitted
+    assert list(reduce.lane_begin) == [0, 2, 8] and list(bcast.lane_begin) == [0, 2, 8]
+    assert list(gather.lane_begin) == [0, 6, 12]  # 2 ranks x equal halves of 6 columns
