@@ -686,9 +686,9 @@ def test_elastic_job_shrinks_when_a_host_is_taken_away(tmp_path: Path) -> None:
 
 
 REUSE_SCRIPT = """
-import json, torch
+import dataclasses, json, torch
 import fasthorovod.torch as hvd
-from fasthorovod.proxy import startup
+from fasthorovod.torch.mpi_ops import _runtime
 
 def plane(tag):
     info = hvd.proxy_group().describe()
@@ -704,8 +704,8 @@ plane("first")
 hvd.restart_proxies()                                             # the same hosts: the curves are reused
 plane("same")
 if hvd.rank() == 0:                                               # as if rank 0 had measured other hosts
-    hosts, hops = startup.last_probe
-    startup.last_probe = (frozenset({"192.0.2.1"}), hops)
+    plan = _runtime.plan
+    _runtime.plan = dataclasses.replace(plan, probe_run=dataclasses.replace(plan.probe_run, hosts=frozenset({"192.0.2.1"})))
 hvd.restart_proxies()
 plane("other")
 hvd.shutdown()

@@ -67,13 +67,14 @@ class ProxyGroup:
 
     @classmethod
     def start(cls, config: Config, rank: int, size: int, broadcast_object: Callable, allgather_object: Callable,
-              single_host: bool = False) -> "ProxyGroup":
+              single_host: bool = False, previous: Optional[DataPlanePlan] = None) -> "ProxyGroup":
         """Starts a data plane for `rank` of `size` (collective: every rank calls it), with Horovod's
         ``broadcast_object``/``allgather_object`` (or any that behave alike) for start-up's
-        exchanges; `single_host`: every rank runs on this host (Horovod's local_size == size)."""
+        exchanges; `single_host`: every rank runs on this host (Horovod's local_size == size);
+        `previous`: this process's last plan, whose probe curves may be reused (startup.run)."""
         group = cls(config, rank, size)
         try:
-            startup.run(group, single_host, broadcast_object, allgather_object)
+            startup.run(group, single_host, broadcast_object, allgather_object, previous)
         except BaseException:
             group.close()
             raise

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Dict, Optional, Sequence
+from typing import Dict, FrozenSet, Optional, Sequence
 
 from fasthorovod.config import Config, ConfigError
 from fasthorovod.proxy import hosts as host_layout
@@ -61,6 +61,9 @@ class ProbeRun:
     run_seconds: Sequence[float] = ()
     rechecked_flows: Optional[Sequence[int]] = None
     reused_hosts: Optional[int] = None  # reused: how many hosts the earlier probe measured
+    # the hosts whose hops the plan's curves (flow_choice.hops) measured: a later start-up of this
+    # process among them reuses the curves (startup.run)
+    hosts: FrozenSet[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,12 +48,6 @@ from fasthorovod.proxy.core import native
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
 
-# What this process's last path probe measured: the addresses of that world's hosts and every hop's
-# curve. A later data plane of the same process (an elastic reset, restart_proxies()) whose hosts
-# are all among them takes the choice from these curves instead of measuring again; rank 0's memory
-# decides, so every rank agrees. A new process (a new job, a worker that joins) has none.
-last_probe: Optional[Tuple[FrozenSet[str], List[Dict[int, float]]]] = None
-
 
 def channel_config(cfg: Config, plan: planner.DataPlanePlan, token: bytes, bind_host: str) -> "_C.ChannelConfig":
     """The settings the proxies read from the channel (the wire settings, the plan's lanes, this
@@ -107,10 +101,22 @@ def proxy_environment() -> dict:
     return env
 
 
-def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allgather_object: Callable) -> None:
+def _known_curves(plan: Optional[planner.DataPlanePlan]) -> Optional[Tuple[FrozenSet[str], List[Dict[int, float]]]]:
+    """What `plan`'s path probe measured: the addresses of that world's hosts and every hop's curve."""
+    if plan is None or plan.flow_choice is None or plan.probe_run is None:
+        return None
+    return plan.probe_run.hosts, [dict(hop) for hop in plan.flow_choice.hops]
+
+
+def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allgather_object: Callable,
+        previous: Optional[planner.DataPlanePlan] = None) -> None:
     """Starts `group`'s data plane (the steps above), setting its plan, coordinator, channel, pool,
-    processes and member as each comes to exist."""
-    global last_probe
+    processes and member as each comes to exist.
+
+    `previous`: the plan of this process's last data plane. A data plane of the same process (an
+    elastic reset, restart_proxies()) whose hosts are all among those that plan probed takes the
+    choice from its curves instead of measuring again; rank 0's decides, so every rank agrees. A new
+    process (a new job, a worker that joins) has none."""
     cfg, rank, size = group.config, group.rank, group.size
     timings: Dict[str, float] = {}
     mark = _clock(timings)
@@ -130,7 +136,7 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
     me = {"host": host, "config": cfg.wire_hash(), "pid": os.getpid(), "cpus": cpus,
           "coordinator": group.coordinator.port if group.coordinator is not None else None,
           "probe": path_probe.port if path_probe is not None else None,
-          "probed": last_probe if rank == 0 and path_probe is not None else None}
+          "probed": _known_curves(previous) if rank == 0 and path_probe is not None else None}
     peers = allgather_object(me, name="fasthorovod.peers")
     mark("peers")
     after = (rank + 1) % size
@@ -146,13 +152,13 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
         known = peers[0]["probed"]
         if known is not None and hosts <= known[0]:
             plan = planner.plan(cfg, peer_list, rank, single_host, hops=known[1])
-            plan = dataclasses.replace(plan, probe_run=planner.ProbeRun(runs=0, reused_hosts=len(known[0])))
+            plan = dataclasses.replace(plan, probe_run=planner.ProbeRun(runs=0, reused_hosts=len(known[0]),
+                                                                        hosts=known[0]))
         else:
             again = _placed(_C.PathProbe(host, token, rank, size, cfg.wire_hash()), plan)
             hops, run = _probe(plan, cfg, _placed(path_probe, plan), again, peers, allgather_object)
-            plan = dataclasses.replace(planner.plan(cfg, peer_list, rank, single_host, hops=hops), probe_run=run)
-            known = (hosts, plan.flow_choice.hops)
-        last_probe = known
+            plan = dataclasses.replace(planner.plan(cfg, peer_list, rank, single_host, hops=hops),
+                                       probe_run=dataclasses.replace(run, hosts=hosts))
         if rank == 0:
             print(f"[fasthorovod] {plan.summary()}", file=sys.stderr, flush=True)
         mark("probe")

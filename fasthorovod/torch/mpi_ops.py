@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from horovod.common.process_sets import global_process_set
@@ -53,7 +53,8 @@ class _Runtime:
     """Everything the facade keeps between calls; one instance, :data:`_runtime`.
 
     ``group`` and ``balancer`` are the running data plane and its lane-rebalancing policy (None
-    without proxies). ``handles`` maps the int handles of proxy allreduces in flight to what
+    without proxies); ``plan`` is the last data plane's plan, whose probe curves a later one among
+    the same hosts reuses. ``handles`` maps the int handles of proxy allreduces in flight to what
     ``synchronize`` needs, ``in_flight_names`` keeps two proxy allreduces of one name from being in
     flight together (Horovod's rule), ``horovod_names`` names traced Horovod-path handles. Handle
     ids and unnamed-tensor numbers only ever grow, so a stale handle never aliases a new one.
@@ -63,6 +64,7 @@ class _Runtime:
         self.lock = threading.Lock()
         self.group: Optional[ProxyGroup] = None
         self.balancer: Optional[LaneBalancer] = None
+        self.plan: Optional[planner.DataPlanePlan] = None
         self.handles: Dict[int, "_ProxyHandle"] = {}
         self.handle_ids = itertools.count(1 << 48)
         self.names = itertools.count()
@@ -72,7 +74,7 @@ class _Runtime:
 
     def attach(self, group: ProxyGroup) -> None:
         """Runs `group` with the facade's policy (the lane balancer) and observer (the trace)."""
-        self.group = group
+        self.group, self.plan = group, group.plan
         self.balancer = LaneBalancer(group, group.config.rebalance_every)
         group.before_submit.append(self.balancer.before_request)
         group.after_submit.append(_trace_request)
@@ -138,7 +140,7 @@ def _start_proxies() -> Config:
     if planner.enabled(config, _hvd.size()):
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
-                                         single_host=_hvd.local_size() == _hvd.size()))
+                                         single_host=_hvd.local_size() == _hvd.size(), previous=_runtime.plan))
     return config
 
 
@@ -192,9 +194,15 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[P
 _BEYOND_HOROVOD = (torch.uint8, torch.int8, torch.int16, torch.bfloat16)
 
 class _ProxyHandle:
-    def __init__(self, requests: List[Tuple[Request, List[torch.Tensor], List[torch.Tensor]]],
+    """What ``synchronize`` needs of a proxy collective: its one data-plane request, the outputs it
+    fills, where it lands them first (the same tensors, or contiguous stand-ins for
+    non-contiguous outputs), the result to return and the name it holds in flight."""
+
+    def __init__(self, request: Request, outputs: List[torch.Tensor], landing: List[torch.Tensor],
                  result, name: str) -> None:
-        self.requests = requests
+        self.request = request
+        self.outputs = outputs
+        self.landing = landing
         self.result = result
         self.name = name
 
@@ -219,42 +227,36 @@ def _trace_request(name: str, nbytes: int, ticket: int) -> None:
         tracer.event("request", name, bytes=nbytes, requests=[ticket], proxied=True)
 
 
-def _register(requests, result, name: str) -> int:
-    """A new handle for posted proxy requests."""
+def _register(request: Request, outputs, landing, result, name: str) -> int:
+    """A new handle for a posted proxy request."""
     handle = next(_runtime.handle_ids)
-    _runtime.handles[handle] = _ProxyHandle(requests, result, name)
+    _runtime.handles[handle] = _ProxyHandle(request, list(outputs), list(landing), result, name)
     return handle
 
 
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
           name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
+    """Posts one fused allreduce of `tensors` (one dtype: ``_proxies_for`` routes nothing else)."""
     name = _reserve(name, "allreduce")
-    requests = []
     try:
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            idx = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-            # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses
-            # devices); only a non-contiguous output lands in a host tensor first.
-            ins = [tensors[i] for i in idx]
-            outs = [outputs[i] for i in idx]
-            landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outs]
-            req = group.allreduce(ins, landing, name, op == Average, prescale_factor, postscale_factor)
-            requests.append((req, outs, landing))
+        # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
+        # only a non-contiguous output lands in a host tensor first.
+        landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
+        request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor)
     except BaseException:
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    return _register(requests, result, name)
+    return _register(request, outputs, landing, result, name)
 
 
 def _finish(handle: int):
     entry = _runtime.handles.pop(handle)
     try:
-        for req, outs, landing in entry.requests:
-            req.wait()
-            for out, landed in zip(outs, landing):
-                if out is not landed:
-                    out.copy_(landed)
+        entry.request.wait()
+        for out, landed in zip(entry.outputs, entry.landing):
+            if out is not landed:
+                out.copy_(landed)
     finally:
         with _runtime.lock:
             _runtime.in_flight_names.discard(entry.name)
@@ -266,7 +268,7 @@ def poll(handle):
     entry = _runtime.handles.get(handle)
     if entry is None:
         return _hvd.poll(handle)
-    return all(req.poll() for req, _, _ in entry.requests)
+    return entry.request.poll()
 
 
 def synchronize(handle):
@@ -436,7 +438,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
         raise
-    return _register([(req, [output], [output])], output, name)
+    return _register(req, [output], [output], output, name)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
