@@ -94,11 +94,13 @@ class Backend:
     sockets: int = None    # fasthorovod: TCP connections per proxy (spec 'fasthorovod:KxS')
     flat: bool = False     # fasthorovod: FASTHOROVOD_HIERARCHICAL=0 (spec suffix '+flat')
     hierarchical: bool = False  # horovod-*: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (suffix '+hierarchical')
+    fp16: bool = False     # horovod-*, fasthorovod: Compression.fp16 (suffix '+fp16')
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
-    """Parse 'kind[:count[xsockets]][:algorithm][+trace][@DIR]' (xsockets, algorithm, +trace and @DIR
-    only for fasthorovod; algorithm only if with_algorithm). 'fasthorovod:4x2' is 4 proxies with 2
+    """Parse 'kind[:count[xsockets]][:algorithm][+trace][+fp16][@DIR]' (xsockets, algorithm, +trace and
+    @DIR only for fasthorovod; algorithm only if with_algorithm; +fp16, Horovod's Compression.fp16,
+    for horovod and fasthorovod). 'fasthorovod:4x2' is 4 proxies with 2
     TCP connections each; plain 'fasthorovod' sets neither (FastHorovod's defaults), and so do
     'fasthorovod:ssd-sgd' and 'fasthorovod::ssd-sgd' (defaults, one algorithm). @DIR runs the fasthorovod of another
     checkout (its extension built in place: ``setup.py build_ext --inplace``), so that two versions
@@ -111,10 +113,12 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         if not os.path.isfile(os.path.join(source, "fasthorovod", "__init__.py")):
             raise ValueError(f"backend {spec!r}: {source} is not a fasthorovod checkout")
     body, *suffixes = body.split("+")
-    unknown = set(suffixes) - {"trace", "flat", "hierarchical"}
+    unknown = set(suffixes) - {"trace", "flat", "hierarchical", "fp16"}
     if unknown:
-        raise ValueError(f"backend {spec!r}: unknown suffix '+{sorted(unknown)[0]}' (+trace, +flat, +hierarchical)")
+        raise ValueError(f"backend {spec!r}: unknown suffix '+{sorted(unknown)[0]}' "
+                         "(+trace, +flat, +hierarchical, +fp16)")
     trace, flat, hierarchical = ("trace" in suffixes), ("flat" in suffixes), ("hierarchical" in suffixes)
+    fp16 = "fp16" in suffixes
     parts = body.split(":")
     kind = _ALIASES.get(parts[0], parts[0])
     if kind not in kinds:
@@ -149,7 +153,9 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     if hierarchical and kind not in ("horovod-gloo", "horovod-mpi"):
         raise ValueError(f"backend {spec!r}: only horovod backends take +hierarchical "
                          "(FastHorovod's is on by default; +flat turns it off)")
-    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical)
+    if fp16 and kind not in HVD_MODULES:
+        raise ValueError(f"backend {spec!r}: only horovod and fasthorovod backends take +fp16 (Compression.fp16)")
+    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical, fp16)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):

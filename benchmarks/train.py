@@ -346,6 +346,8 @@ def worker(args):
     model, train_step, compute_step = synthetic_problem(args, rank)
 
     kwargs = optimizer_kwargs(backend, args.algorithm, args.algorithm_warmup)
+    if backend.fp16:
+        kwargs["compression"] = hvd.Compression.fp16
     try:
         optimizer = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
                                              **kwargs)

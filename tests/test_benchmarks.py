@@ -108,6 +108,17 @@ def test_backend_specs():
             common.parse_backend(bad)
 
 
+def test_fp16_suffix_is_horovods_compressor_for_both_apis():
+    assert common.parse_backend("fasthorovod+fp16").fp16 and common.parse_backend("horovod+fp16").fp16
+    assert not common.parse_backend("fasthorovod").fp16
+    with pytest.raises(ValueError, match="only horovod and fasthorovod backends take \\+fp16"):
+        common.parse_backend("torch-gloo+fp16")
+    expected = torch.full((8,), 10000.0)  # 10000 is not a float16 value: 9999.9 would not be either
+    allreduce.check(torch.full((8,), 10000.0 * (1 + 2.0 ** -9)), expected, "sum", 0, 32, 0, fp16=True)
+    with pytest.raises(RuntimeError, match="wrong sum allreduce"):
+        allreduce.check(torch.full((8,), 10100.0), expected, "sum", 0, 32, 0, fp16=True)
+
+
 def test_flat_and_hierarchical_suffixes():
     flat = common.parse_backend("fasthorovod:4x2+flat")
     assert (flat.count, flat.sockets, flat.flat) == (4, 2, True)
