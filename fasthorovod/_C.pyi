@@ -15,6 +15,7 @@ OP_GATHER: int
 OP_BROADCAST: int
 REQUEST_ALLREDUCE: int
 DTYPES: Dict[str, int]       # torch dtype name -> the core's dtype code
+WIRE_DTYPES: Dict[Tuple[str, str], int]  # (dtype in memory, dtype on the wire) -> compressed code
 ERROR_CODES: Dict[str, int]  # error kind name -> code (keys of fasthorovod.exceptions.error_for)
 TRACE_HEADER_BYTES: int
 TRACE_RECORD_BYTES: int

@@ -410,8 +410,17 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
   m.attr("OP_BROADCAST") = static_cast<uint32_t>(ReduceOp::kBroadcast);
   m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
   py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
-  for (uint32_t d = 0; d < kNumDTypes; ++d) dtypes[DTypeName(static_cast<DType>(d))] = d;
+  py::dict wire;    // (torch's name in memory, on the wire) -> the compressed codes
+  for (uint32_t d = 0; d < kNumDTypes; ++d) {
+    const DType dtype = static_cast<DType>(d);
+    if (WireCompressed(dtype)) {
+      wire[py::make_tuple(DTypeName(DType::kFloat32), DTypeName(WireDType(dtype)))] = d;
+    } else {
+      dtypes[DTypeName(dtype)] = d;
+    }
+  }
   m.attr("DTYPES") = dtypes;
+  m.attr("WIRE_DTYPES") = wire;
   py::dict codes;  // error kinds ("timeout", ...) -> codes; fasthorovod.exceptions maps them to classes
   for (uint32_t c = 1; c < kNumCodes; ++c) codes[CodeName(static_cast<Code>(c))] = c;
   m.attr("ERROR_CODES") = codes;

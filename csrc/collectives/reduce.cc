@@ -114,7 +114,9 @@ void ReduceSum(DType dtype, void* dst, const void* src, size_t count) {
     case DType::kInt64: return SumWrapping<int64_t, uint64_t>(dst, src, count);
     case DType::kFloat16: return SumHalfLike<HalfToFloat, FloatToHalf>(dst, src, count);
     case DType::kBFloat16: return SumHalfLike<BFloat16ToFloat, FloatToBFloat16>(dst, src, count);
-    case DType::kFloat32: return SumPlain<float>(dst, src, count);
+    case DType::kFloat32:
+    case DType::kFloat32WireFloat16:
+    case DType::kFloat32WireBFloat16: return SumPlain<float>(dst, src, count);
     case DType::kFloat64: return SumPlain<double>(dst, src, count);
   }
 }
@@ -129,8 +131,37 @@ void Scale(DType dtype, void* data, size_t count, double factor) {
     case DType::kInt64: return ScaleInteger<int64_t>(data, count, factor);
     case DType::kFloat16: return ScaleHalfLike<HalfToFloat, FloatToHalf>(data, count, factor);
     case DType::kBFloat16: return ScaleHalfLike<BFloat16ToFloat, FloatToBFloat16>(data, count, factor);
-    case DType::kFloat32: return ScaleFloating<float>(data, count, factor);
+    case DType::kFloat32:
+    case DType::kFloat32WireFloat16:
+    case DType::kFloat32WireBFloat16: return ScaleFloating<float>(data, count, factor);
     case DType::kFloat64: return ScaleFloating<double>(data, count, factor);
+  }
+}
+
+void ToWire(DType wire, void* dst, const float* src, size_t count) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (wire == DType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(src[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) d[i] = FloatToHalf(src[i]);
+  }
+}
+
+void FromWire(DType wire, float* dst, const void* src, size_t count) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (wire == DType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(s[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) dst[i] = HalfToFloat(s[i]);
+  }
+}
+
+void AddFromWire(DType wire, float* dst, const void* src, size_t count) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  if (wire == DType::kBFloat16) {
+    for (size_t i = 0; i < count; ++i) dst[i] += BFloat16ToFloat(s[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) dst[i] += HalfToFloat(s[i]);
   }
 }
 

@@ -8,7 +8,8 @@
 // adds, and rounds the sum back to the wire type (round to nearest, ties to even). After a ring of
 // n ranks an element has been rounded n-1 times, so its error against the exact sum is bounded by
 // (n-1) * 2^-p * sum(|x_i|) with p = 11 (float16) or 8 (bfloat16) significand bits; see
-// docs/dataplane.md. Integer sums wrap around like the integer types themselves; integer scaling
+// docs/dataplane.md. The compressed codes hold float32 in memory and are reduced and scaled as
+// float32 here; only their wire is 16-bit (ToWire and friends). Integer sums wrap around like the integer types themselves; integer scaling
 // multiplies in double and truncates toward zero.
 #pragma once
 
@@ -25,6 +26,13 @@ void ReduceSum(DType dtype, void* dst, const void* src, size_t count);
 
 // data[i] = data[i] * factor for i < count (see the rounding rules above).
 void Scale(DType dtype, void* data, size_t count, double factor);
+
+// The wire side of the compressed codes (kFloat32WireFloat16, kFloat32WireBFloat16; `wire` is their
+// WireDType): float32 rounded to the 16-bit wire type (to nearest, ties to even), float32 from it,
+// and float32 plus the wire values (the sum in float32).
+void ToWire(DType wire, void* dst, const float* src, size_t count);
+void FromWire(DType wire, float* dst, const void* src, size_t count);
+void AddFromWire(DType wire, float* dst, const void* src, size_t count);
 
 // IEEE half and bfloat16 conversions (exposed for tests).
 float HalfToFloat(uint16_t h);

@@ -36,6 +36,13 @@
 // reduce-scatter step, or when it arrives in the allgather). The shared-memory work thus overlaps
 // the network's instead of preceding and following it.
 //
+// Compression on the wire (the dtypes kFloat32WireFloat16/BFloat16: float32 in memory). Every frame
+// carries the segment rounded to the 16-bit wire type, converted into a wire copy of the shard just
+// before it is queued; a reduce-scatter payload is added into the float32 shard in float32, and an
+// allgather payload lands in the wire copy and is converted into the shard. The owner of a chunk
+// rounds its final values to the wire type too before it sends them, so that every rank ends with
+// the same values (what the wire can carry). Frame offsets and lengths count wire bytes.
+//
 // Reduce-scatter payloads land in a per-socket temporary of one segment and are added into the
 // shard (the lane reads one frame per socket at a time); allgather payloads land in place. The
 // ring checks that every received frame is one the schedule expects (step, segment and bounds,
@@ -55,8 +62,9 @@ namespace {
 class RingRun : public FrameSink {
  public:
   RingRun(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work, const RingOptions& opt)
-      : lane_(links, opt), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)) {
-    seg_elems_ = RingSegmentElements(work.count, opt.size, links.to_next.size(), opt.segment_bytes, elem_);
+      : lane_(links, opt), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)),
+        wire_(WireDType(work.dtype)), compressed_(WireCompressed(work.dtype)), unit_(DTypeSize(wire_)) {
+    seg_elems_ = RingSegmentElements(work.count, opt.size, links.to_next.size(), opt.segment_bytes, unit_);
     steps_ = 2 * (opt.size - 1);
     first_step_ = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? opt.size - 1 : 0;
     temp_.resize(links.from_prev.size());
@@ -82,10 +90,10 @@ class RingRun : public FrameSink {
     }
     size_t begin, end;
     SegmentRange(RecvChunk(f.step), f.segment, &begin, &end);
-    if (f.offset != begin * elem_ || f.length != (end - begin) * elem_) {
+    if (f.offset != begin * unit_ || f.length != (end - begin) * unit_) {
       return Status::Error(Code::kIoError, Str("frame of step ", f.step, " segment ", f.segment, " with offset ",
                                                f.offset, " and length ", f.length, " (the schedule says offset ",
-                                               begin * elem_, ", length ", (end - begin) * elem_, ")"));
+                                               begin * unit_, ", length ", (end - begin) * unit_, ")"));
     }
     // Each frame of the schedule arrives once: a repeat would be reduced twice and release a send twice.
     const size_t index = step_base_[f.step - first_step_] + f.segment;
@@ -93,17 +101,29 @@ class RingRun : public FrameSink {
       return Status::Error(Code::kIoError, Str("frame of step ", f.step, " segment ", f.segment, " sent twice"));
     }
     received_[index] = true;
-    *payload = f.step < opt_.size - 1 ? temp_[socket].data() : Bytes(begin);
+    *payload = f.step < opt_.size - 1 ? temp_[socket].data() : compressed_ ? Wire(begin) : Bytes(begin);
     return Status::Ok();
   }
 
   // FrameSink: segment f.segment of step f.step is in: reduce it and release the next step's.
   void Received(const Frame& f, size_t socket) override {
-    const size_t begin = f.offset / elem_, count = f.length / elem_;
+    const size_t begin = f.offset / unit_, count = f.length / unit_;
     if (f.step < opt_.size - 1 && count > 0) {
       if (work_.host != nullptr) work_.host->ReduceIn(begin, count);
-      ReduceSum(work_.dtype, Bytes(begin), temp_[socket].data(), count);
-      if (f.step == opt_.size - 2) Scale(work_.dtype, Bytes(begin), count, work_.postscale);
+      if (compressed_) {
+        AddFromWire(wire_, Floats(begin), temp_[socket].data(), count);
+      } else {
+        ReduceSum(work_.dtype, Bytes(begin), temp_[socket].data(), count);
+      }
+      if (f.step == opt_.size - 2) {
+        Scale(work_.dtype, Bytes(begin), count, work_.postscale);
+        if (compressed_) {  // the owner keeps what the others will receive
+          ToWire(wire_, Wire(begin), Floats(begin), count);
+          FromWire(wire_, Floats(begin), Wire(begin), count);
+        }
+      }
+    } else if (compressed_ && count > 0) {
+      FromWire(wire_, Floats(begin), Wire(begin), count);
     }
     if (f.step + 1 < steps_) QueueSend(f.step + 1, f.segment);
     if (work_.host != nullptr && f.step >= opt_.size - 2 && count > 0) work_.host->CopyOut(begin, count);
@@ -129,6 +149,8 @@ class RingRun : public FrameSink {
     *end = std::min(chunk_end, *begin + seg_elems_);
   }
   char* Bytes(size_t element) const { return static_cast<char*>(work_.data) + element * elem_; }
+  float* Floats(size_t element) const { return reinterpret_cast<float*>(Bytes(element)); }
+  char* Wire(size_t element) { return wire_copy_.data() + element * unit_; }
 
   void QueueSend(uint32_t step, size_t segment) {
     size_t begin, end;
@@ -136,13 +158,21 @@ class RingRun : public FrameSink {
     Frame f;
     f.step = step;
     f.segment = static_cast<uint32_t>(segment);
-    f.offset = begin * elem_;
-    f.length = (end - begin) * elem_;
-    lane_.Send(f, Bytes(begin));
+    f.offset = begin * unit_;
+    f.length = (end - begin) * unit_;
+    if (compressed_) {
+      ToWire(wire_, Wire(begin), Floats(begin), end - begin);
+      lane_.Send(f, Wire(begin));
+    } else {
+      lane_.Send(f, Bytes(begin));
+    }
   }
 
   Status Execute(RingStats* stats) {
     const bool gather = desc_.op == static_cast<uint32_t>(ReduceOp::kGather);
+    if (compressed_ && (gather || desc_.op == static_cast<uint32_t>(ReduceOp::kBroadcast))) {
+      return Status::Error(Code::kInvalidArgument, Str(DTypeName(work_.dtype), " is a compression of sums only"));
+    }
     if (work_.host != nullptr && (gather || work_.prescale != 1.0)) {
       return Status::Error(Code::kInvalidArgument, "a host's contributions are summed (not gathered) and prescaled "
                                                    "by their owners");
@@ -160,7 +190,8 @@ class RingRun : public FrameSink {
       frames_out += Segments(SendChunk(t));
     }
     received_.assign(frames_in, false);
-    for (auto& temp : temp_) temp.resize(seg_elems_ * elem_);
+    for (auto& temp : temp_) temp.resize(seg_elems_ * unit_);
+    if (compressed_) wire_copy_.resize(work_.count * unit_);
     lane_.Begin(desc_, frames_out, frames_in);
     for (size_t i = 0; i < Segments(SendChunk(first_step_)); ++i) {
       if (work_.host != nullptr) {
@@ -177,13 +208,17 @@ class RingRun : public FrameSink {
   const CollectiveDesc& desc_;
   const ShardWork& work_;
   const RingOptions& opt_;
-  const size_t elem_;
+  const size_t elem_;        // bytes per element in memory
+  const DType wire_;         // the elements' type on the wire
+  const bool compressed_;    // wire_ is narrower than the memory type (compression on the wire)
+  const size_t unit_;        // bytes per element on the wire: frame offsets and lengths count these
   size_t seg_elems_ = 1;
   uint32_t steps_ = 0;
   uint32_t first_step_ = 0;  // size-1 for an allgather (kGather): its steps are the allgather phase's
   std::vector<std::vector<char>> temp_;  // per receive socket: one reduce-scatter segment
   std::vector<uint64_t> step_base_;      // index of step (first_step_ + i)'s first frame in received_
   std::vector<bool> received_;           // per frame of the schedule: it has arrived
+  std::vector<char> wire_copy_;          // compressed: the shard on the wire (what each frame carries)
 };
 
 }  // namespace
@@ -191,10 +226,17 @@ class RingRun : public FrameSink {
 void ReduceWithoutRing(const ShardWork& work, size_t block_bytes) {
   const size_t elem = DTypeSize(work.dtype);
   const size_t block = std::max<size_t>(1, block_bytes / elem);
+  const bool compressed = WireCompressed(work.dtype);
+  std::vector<uint16_t> wire(compressed ? std::min(block, work.count) : 0);
   for (size_t at = 0; at < work.count; at += block) {
     const size_t len = std::min(block, work.count - at);
     if (work.host != nullptr) work.host->ReduceIn(at, len);
-    Scale(work.dtype, static_cast<char*>(work.data) + at * elem, len, work.postscale);
+    char* data = static_cast<char*>(work.data) + at * elem;
+    Scale(work.dtype, data, len, work.postscale);
+    if (compressed) {  // no wire here, but the same values as a ring's: each a value of the wire type
+      ToWire(WireDType(work.dtype), wire.data(), reinterpret_cast<float*>(data), len);
+      FromWire(WireDType(work.dtype), reinterpret_cast<float*>(data), wire.data(), len);
+    }
     if (work.host != nullptr) work.host->CopyOut(at, len);
   }
 }

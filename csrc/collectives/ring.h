@@ -58,7 +58,8 @@ Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWo
 // What a ring of one rank does to a sum's shard after its prescale: the host's other contributions
 // added in (work.host), the postscale applied and the result copied out to the host, block by block
 // of `block_bytes` (a block is still in cache when it is scaled and copied out). The hierarchical
-// allreduce on a single host runs this instead of a ring.
+// allreduce on a single host runs this instead of a ring. A compressed dtype's results are rounded
+// to its wire type, as a ring's are (every rank gets the same kind of values, whatever the layout).
 void ReduceWithoutRing(const ShardWork& work, size_t block_bytes);
 
 // A chunk is cut into at least one segment per socket, but not below this (frames of less would

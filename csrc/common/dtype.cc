@@ -12,7 +12,9 @@ size_t DTypeSize(DType dtype) {
     case DType::kFloat16:
     case DType::kBFloat16: return 2;
     case DType::kInt32:
-    case DType::kFloat32: return 4;
+    case DType::kFloat32:
+    case DType::kFloat32WireFloat16:
+    case DType::kFloat32WireBFloat16: return 4;
     case DType::kInt64:
     case DType::kFloat64: return 8;
   }
@@ -30,8 +32,18 @@ const char* DTypeName(DType dtype) {
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat32: return "float32";
     case DType::kFloat64: return "float64";
+    case DType::kFloat32WireFloat16: return "float32 as float16 on the wire";
+    case DType::kFloat32WireBFloat16: return "float32 as bfloat16 on the wire";
   }
   return "invalid";
+}
+
+DType WireDType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32WireFloat16: return DType::kFloat16;
+    case DType::kFloat32WireBFloat16: return DType::kBFloat16;
+    default: return dtype;
+  }
 }
 
 }  // namespace fasthorovod

@@ -35,7 +35,7 @@ from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy import startup
 from fasthorovod.proxy.buffers import Buffer, BufferPool, copy_tensor, stage, zero_tensor
 from fasthorovod.proxy.core import (BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_GATHER, OP_SUM,
-                                    hash64, request)
+                                    WIRE_CODES, hash64, request)
 from fasthorovod.proxy.plan import DataPlanePlan, shard_boundaries
 from fasthorovod.proxy.requests import GatherRequest, Request
 
@@ -80,9 +80,7 @@ class ProxyGroup:
             raise
         return group
 
-    @property
-    def lanes(self) -> int:
-        return self.plan.lanes if self.plan is not None else 0
+    lanes = property(lambda self: self.plan.lanes if self.plan is not None else 0)
 
     def describe(self) -> dict:
         """The plan (what the data plane runs with, and why: plan.py) and the lane weights."""
@@ -137,21 +135,19 @@ class ProxyGroup:
         return shard_boundaries(count, self.lane_weights)
 
     def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str,
-                  average: bool, prescale: float, postscale: float) -> Request:
-        """Posts one fused allreduce of same-dtype tensors; results land in `outputs` on wait()."""
+                  average: bool, prescale: float, postscale: float, wire: Optional[torch.dtype] = None) -> Request:
+        """Posts one fused allreduce of same-dtype tensors into `outputs`; `wire` (float16 or bfloat16,
+        for float32 tensors): what the proxies put on the wire instead (docs/dataplane.md)."""
         shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
+        code = DTYPE_CODES[tensors[0].dtype] if wire is None else WIRE_CODES[(tensors[0].dtype, wire)]
         return self._reduce(tensors, outputs, name, OP_AVERAGE if average else OP_SUM, prescale,
-                            postscale / self.size if average else postscale, shapes)
+                            postscale / self.size if average else postscale, shapes, code=code)
 
     def broadcast(self, tensor: torch.Tensor, output: torch.Tensor, name: str, root: int) -> Request:
-        """Posts a broadcast of rank `root`'s `tensor`; on wait() every rank's `output` holds it.
-        Both are contiguous CPU tensors of one shape and dtype (`output` may be `tensor`); only the
-        root reads `tensor`.
-
-        A ring allreduce (OP_BROADCAST, a sum) of the tensor's bytes read as integers: the root
-        contributes its tensor, the others zeros, and adding integer zeros changes no bit, so every
-        rank receives the root's bytes exactly, whatever the values (docs/dataplane.md). The ranks
-        negotiate the root, dtype and shape (a disagreement raises CollectiveMismatchError)."""
+        """Posts a broadcast of rank `root`'s `tensor` into every rank's `output` (contiguous, one shape
+        and dtype; `output` may be `tensor`; only the root reads `tensor`): a ring sum (OP_BROADCAST)
+        of the bytes as integers, to which only the root contributes, so every rank receives them
+        exactly (docs/dataplane.md). The ranks negotiate the root, dtype and shape."""
         words = BROADCAST_WORDS.get(tensor.element_size())
         if words is None or output.element_size() != tensor.element_size():
             raise ValueError(f"the proxies cannot broadcast {tensor.dtype} (element size {tensor.element_size()})")
@@ -162,9 +158,11 @@ class ProxyGroup:
                             contribute=self.rank == root)
 
     def _reduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str, op: int,
-                prescale: float, postscale: float, description: str, contribute: bool = True) -> Request:
+                prescale: float, postscale: float, description: str, contribute: bool = True,
+                code: Optional[int] = None) -> Request:
         """Stages `tensors` (zeros instead when not `contribute`) unless the one tensor already lies in
-        a shared-memory buffer, and submits the collective (`description`: what the ranks compare)."""
+        a shared-memory buffer, and submits the collective (`description`: what the ranks compare;
+        `code`: the core's dtype code, by default the tensors' own)."""
         self._require_running()
         dtype, itemsize = tensors[0].dtype, tensors[0].element_size()
         count = sum(t.numel() for t in tensors)
@@ -175,7 +173,8 @@ class ProxyGroup:
         with self._releasing_on_failure(buffer, staged):
             offsets = stage(buffer, tensors, contribute) if staged else [offset]
             ticket = self._submit(buffer, name, description, count * itemsize, buffer_offset=offsets[0], count=count,
-                                  dtype=DTYPE_CODES[dtype], op=op, prescale=prescale, postscale=postscale)
+                                  dtype=DTYPE_CODES[dtype] if code is None else code, op=op, prescale=prescale,
+                                  postscale=postscale)
         return Request(self, ticket, buffer, staged, tensors, outputs, offsets)
 
     def _submit(self, buffer: Buffer, name: str, description: str, nbytes: int, **fields) -> int:

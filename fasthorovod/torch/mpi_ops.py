@@ -9,7 +9,9 @@ unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, 
 * op is Sum or Average and the process set is the global one;
 * the dtype is one the proxies reduce (uint8, int8, int16, int32, int64, float16, bfloat16,
   float32, float64) and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES — or, for
-  uint8, int8, int16 and bfloat16, which Horovod's CPU allreduce rejects, any size.
+  uint8, int8, int16 and bfloat16, which Horovod's CPU allreduce rejects, any size; and for float32
+  tensors compressed with ``Compression.fp16``, any size too: the proxies then put float16 on the
+  wire themselves and the tensor stays float32 (``wire_for``, docs/dataplane.md).
 
 The proxy path stages tensors through shared memory, so it also accepts non-contiguous tensors
 (out-of-place allreduces of small non-contiguous tensors are made contiguous before Horovod sees
@@ -175,7 +177,8 @@ def proxy_group() -> Optional[ProxyGroup]:
 
 # -- routing ------------------------------------------------------------------------------------------
 
-def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[ProxyGroup]:
+def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set,
+                 wire: Optional[torch.dtype] = None) -> Optional[ProxyGroup]:
     group = _runtime.group
     if group is None or op not in (Sum, Average) or process_set.process_set_id != global_process_set.process_set_id:
         return None
@@ -184,7 +187,7 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[P
         return None
     if any(t.device.type not in ("cpu", "cuda") for t in tensors):
         return None
-    if dtype in _BEYOND_HOROVOD:
+    if dtype in _BEYOND_HOROVOD or wire is not None:
         return group
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     return group if nbytes >= group.plan.threshold_bytes else None
@@ -192,6 +195,22 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set) -> Optional[P
 
 # Reduced by the proxies but not by Horovod's torch CPU ops: always routed to the proxies.
 _BEYOND_HOROVOD = (torch.uint8, torch.int8, torch.int16, torch.bfloat16)
+
+# Horovod's compressors the proxies do themselves, on the wire: the type each hop carries.
+_WIRE = {Compression.fp16: torch.float16}
+
+
+def wire_for(compression, tensors: Sequence[torch.Tensor], op=Average,
+             process_set=global_process_set) -> Optional[torch.dtype]:
+    """What the proxies put on the wire for `tensors` compressed with `compression`: float16 for
+    Horovod's ``Compression.fp16`` of float32 tensors that go through the proxies (at any size: the
+    proxies then take the place of the compressor, whose rounding they reproduce), else None (the
+    compressor runs as in Horovod)."""
+    wire = _WIRE.get(compression)
+    if wire is None or not tensors or any(t.dtype != torch.float32 for t in tensors):
+        return None
+    return wire if _proxies_for(tensors, op, process_set, wire) is not None else None
+
 
 class _ProxyHandle:
     """What ``synchronize`` needs of a proxy collective: its one data-plane request, the outputs it
@@ -235,14 +254,15 @@ def _register(request: Request, outputs, landing, result, name: str) -> int:
 
 
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result) -> int:
+          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result,
+          wire: Optional[torch.dtype] = None) -> int:
     """Posts one fused allreduce of `tensors` (one dtype: ``_proxies_for`` routes nothing else)."""
     name = _reserve(name, "allreduce")
     try:
         # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
         # only a non-contiguous output lands in a host tensor first.
         landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
-        request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor)
+        request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
     except BaseException:
         with _runtime.lock:
             _runtime.in_flight_names.discard(name)
@@ -285,8 +305,8 @@ def synchronize(handle):
 
 # -- allreduce ----------------------------------------------------------------------------------------
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
-    group = _proxies_for([tensor], op, process_set)
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set, wire=None):
+    group = _proxies_for([tensor], op, process_set, wire)
     if group is None:
         if output is not tensor and not tensor.is_contiguous():
             tensor = tensor.contiguous()  # out of place: Horovod needs contiguous input, the caller does not
@@ -296,7 +316,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
             _runtime.horovod_names[handle] = name
             tracer.event("request", name, bytes=tensor.numel() * tensor.element_size(), proxied=False)
         return handle
-    return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output)
+    return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output, wire)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -325,36 +345,48 @@ class _Allreduce(torch.autograd.Function):
     """allreduce as an autograd function: the gradient is allreduced with the same op."""
 
     @staticmethod
-    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set, wire):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                           process_set))
+        op = handle_average_backwards_compatibility(op, average)
+        return synchronize(_allreduce_async(tensor, tensor.new(tensor.shape), name, op, prescale_factor,
+                                            postscale_factor, process_set, wire))
 
     @staticmethod
     def backward(ctx, grad_output):
         average, op, prescale_factor, postscale_factor, process_set = ctx.args
         grad = allreduce(grad_output, average=average, op=op, prescale_factor=prescale_factor,
                          postscale_factor=postscale_factor, process_set=process_set)
-        return (grad,) + (None,) * 6
+        return (grad,) + (None,) * 7
+
+
+def _resolved(op, average):
+    """The op an allreduce runs (handle_average_backwards_compatibility's answer, without its warning)."""
+    return op if op is not None else (Sum if average is False else Average)
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
-    """Averages or sums `tensor` over all ranks (differentiable). See ``horovod.torch.allreduce``."""
+    """Averages or sums `tensor` over all ranks (differentiable). See ``horovod.torch.allreduce``.
+    With ``Compression.fp16`` a float32 tensor that the proxies carry stays float32 on this rank:
+    the proxies put float16 on the wire and add in float32 (``wire_for``)."""
+    wire = wire_for(compression, [tensor], _resolved(op, average), process_set)
+    if wire is not None:
+        return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, process_set, wire)
     compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    reduced = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set, None)
     return compression.decompress(reduced, ctx)
 
 
 # -- grouped allreduce --------------------------------------------------------------------------------
 
-def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set):
-    group = _proxies_for(tensors, op, process_set) if tensors else None
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
+                             wire=None):
+    group = _proxies_for(tensors, op, process_set, wire) if tensors else None
     if group is None:
         return _hvd._grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
                                              process_set)
     return _post(group, list(tensors), list(outputs), name, op, prescale_factor, postscale_factor,
-                 tuple(outputs))
+                 tuple(outputs), wire)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -381,10 +413,11 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, wire, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        handle = grouped_allreduce_async(list(tensors), average, name, op, prescale_factor, postscale_factor,
-                                         process_set)
+        op = handle_average_backwards_compatibility(op, average)
+        handle = _grouped_allreduce_async(list(tensors), [t.new(t.shape) for t in tensors], name, op,
+                                          prescale_factor, postscale_factor, process_set, wire)
         return synchronize(handle)
 
     @staticmethod
@@ -392,14 +425,19 @@ class _GroupedAllreduce(torch.autograd.Function):
         average, op, prescale_factor, postscale_factor, process_set = ctx.args
         grads = grouped_allreduce(list(grad_output), average=average, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, process_set=process_set)
-        return (None,) * 6 + tuple(grads)
+        return (None,) * 7 + tuple(grads)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    """Averages or sums a list of tensors over all ranks as one group (differentiable). See Horovod's."""
+    """Averages or sums a list of tensors over all ranks as one group (differentiable). See Horovod's;
+    ``Compression.fp16`` of float32 tensors as in :func:`allreduce`."""
+    wire = wire_for(compression, list(tensors), _resolved(op, average), process_set)
+    if wire is not None:
+        return list(_GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+                                            wire, *tensors))
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+    reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, None,
                                       *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
 

@@ -13,7 +13,9 @@ checks and their errors, ``step``, ``skip_synchronize``, ``load_state_dict``,
 * A hook after each gradient's accumulation counts down ``backward_passes_per_step``; when every
   gradient of a bucket is ready, the bucket's allreduce starts, so communication overlaps the rest
   of backward (``fasthorovod.buckets.GradientBuckets``, the engine OD-SGD's overlap uses too).
-* With a compressor (e.g. ``Compression.fp16``), or for gradients on a GPU, the bucket's gradients
+* With ``Compression.fp16``, float32 gradients on the CPU stay zero-copy: the proxies put float16
+  on the wire and add in float32, in place of the compressor (``mpi_ops.wire_for``,
+  docs/dataplane.md). With any other compressor, or for gradients on a GPU, the bucket's gradients
   are compressed and sent as one grouped allreduce (staged through shared memory), then
   decompressed into ``p.grad``.
 
@@ -44,11 +46,13 @@ from fasthorovod.trace import capture as _trace
 class _Bucket(GradientBucket):
     """Parameters whose gradients are allreduced together."""
 
-    def __init__(self, index: int, params: List[torch.Tensor], name: str, zero_copy: bool) -> None:
+    def __init__(self, index: int, params: List[torch.Tensor], name: str, zero_copy: bool,
+                 wire: Optional[torch.dtype] = None) -> None:
         super().__init__(index, params)
         self.params = params
         self.name = name
         self.zero_copy = zero_copy
+        self.wire = wire  # what the proxies put on the wire instead of the compressor (zero-copy only)
         self.flat: Optional[torch.Tensor] = None
         self.views: Dict[torch.Tensor, torch.Tensor] = {}
         self.ctxs = None
@@ -80,10 +84,13 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
         group = mpi_ops.proxy_group()
         self._data_plane = group
         for index, plist in enumerate(self._plan_buckets(params, group.config.bucket_bytes)):
-            zero_copy = (self._compression is Compression.none and group.supports(plist[0].dtype)
-                         and all(p.device.type == "cpu" for p in plist))
+            on_cpu = all(p.device.type == "cpu" for p in plist)
+            # Compression.fp16 of float32 gradients is the proxies' job: they stay zero-copy
+            wire = mpi_ops.wire_for(self._compression, plist, self.op, self.process_set) if on_cpu else None
+            zero_copy = ((self._compression is Compression.none or wire is not None)
+                         and group.supports(plist[0].dtype) and on_cpu)
             name = f"fasthorovod.bucket.{index}.{self._parameter_names.get(plist[0])}"
-            bucket = _Bucket(index, plist, name, zero_copy)
+            bucket = _Bucket(index, plist, name, zero_copy, wire)
             if zero_copy:
                 self._place_in_shared_memory(bucket, group)
             buckets.append(bucket)
@@ -191,9 +198,8 @@ class _BucketedOptimizerMethods(torch.optim.Optimizer):
                 if p.grad is not view:  # e.g. model.zero_grad(set_to_none=True) dropped the view
                     view.copy_(p.grad)
                     p.grad = view
-            bucket.handle = mpi_ops.allreduce_async_(bucket.flat, name=bucket.name, op=self.op,
-                                                     prescale_factor=prescale, postscale_factor=postscale,
-                                                     process_set=self.process_set)
+            bucket.handle = mpi_ops._allreduce_async(bucket.flat, bucket.flat, bucket.name, self.op, prescale,
+                                                     postscale, self.process_set, bucket.wire)
         else:
             compressed, bucket.ctxs = zip(*[self._compression.compress(p.grad) for p in bucket.params])
             bucket.handle = mpi_ops.grouped_allreduce_async_(list(compressed), name=bucket.name, op=self.op,

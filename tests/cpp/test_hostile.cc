@@ -301,6 +301,9 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
   bad_dtype.dtype = 99;
   WireDesc bad_op = Good("o", 10);
   bad_op.op = 7;
+  WireDesc compressed_gather = Good("g", 10);
+  compressed_gather.dtype = static_cast<uint32_t>(DType::kFloat32WireFloat16);
+  compressed_gather.op = static_cast<uint32_t>(ReduceOp::kGather);
   WireDesc long_name = Good(std::string(300, 'n'), 10);
   WireWriter unknown_id;
   unknown_id.U32(1);
@@ -320,6 +323,7 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
       {Announcement({{huge, {0, huge.count}}}), "tensor 'huge' with count 2305843009213693952"},
       {Announcement({{bad_dtype, {0, 10}}}), "with dtype code 99 (not a dtype)"},
       {Announcement({{bad_op, {0, 10}}}), "with op code 7 (not an op)"},
+      {Announcement({{compressed_gather, {0, 10}}}), "op code 2 for dtype code 9 (a compression of sums only)"},
       {Announcement({{long_name, {0, 10}}}), "a name of 300 bytes"},
       {Announcement({{Good("b", 10), {0, 4, 11}}}), "end at 11, not at its count 10"},
       {Announcement({{Good("b", 10), {0, 6, 4, 10}}}), "decrease (entry 2: 4 < 6)"},

@@ -16,7 +16,7 @@ MISMATCHES = ("size", "dtype", "op", "prescale")
 @pytest.fixture(scope="session")
 def three_ranks_two_proxies():
     """3 ranks, 2 proxies, 64 KiB segments, the harness's 1 MiB threshold."""
-    return run_scenarios(3, ("async", "join", "gather", "bad_input"), "--inflight", "40",
+    return run_scenarios(3, ("async", "join", "gather", "bad_input", "wire"), "--inflight", "40",
                          env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 
 

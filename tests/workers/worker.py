@@ -4,6 +4,7 @@ Every scenario verifies its own results and exits non-zero on the first wrong va
 passes only if every rank computed exactly what it should.
 """
 import argparse
+import hashlib
 import math
 import os
 import time
@@ -216,16 +217,18 @@ def _flag(value: str) -> bool:
 
 
 TRAIN_STEPS = 10  # tests/multiproc/test_dataplane.py counts the gradients' bytes from it
-TRAIN_KEYS = {"passes": int, "fp16": _flag, "predivide": float, "horovod": _flag}
+TRAIN_KEYS = {"passes": int, "fp16": _flag, "staged": _flag, "predivide": float, "horovod": _flag}
 
 
 def parse_train_runs(spec: str) -> list:
-    """--runs "NAME:KEY=VALUE,...;NAME:..." (keys: passes, fp16, predivide, horovod) into a list of
-    (name, options): several trainings in one job, each from the same seed, instead of one job each."""
+    """--runs "NAME:KEY=VALUE,...;NAME:..." (keys: passes, fp16, staged, predivide, horovod) into a
+    list of (name, options): several trainings in one job, each from the same seed, instead of one
+    job each. staged=1 with fp16=1: a subclass of Horovod's fp16 compressor, which the proxies do not
+    take over (the worker compresses, as Horovod does), instead of Compression.fp16 itself."""
     runs = []
     for item in filter(None, spec.split(";")):
         name, _, options = item.partition(":")
-        parsed = {"passes": 1, "fp16": False, "predivide": 1.0, "horovod": False}
+        parsed = {"passes": 1, "fp16": False, "staged": False, "predivide": 1.0, "horovod": False}
         for pair in filter(None, options.split(",")):
             key, _, value = pair.partition("=")
             if key not in TRAIN_KEYS:
@@ -245,7 +248,7 @@ def scenario_train(args):
     print(f"rank {hvd.rank()}: train ok, proxies={hvd.proxy_group() is not None}", flush=True)
 
 
-def train_once(passes: int, fp16: bool, predivide: float, horovod: bool) -> torch.Tensor:
+def train_once(passes: int, fp16: bool, staged: bool, predivide: float, horovod: bool) -> torch.Tensor:
     rank = hvd.rank()
     torch.manual_seed(1234)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
@@ -253,6 +256,8 @@ def train_once(passes: int, fp16: bool, predivide: float, horovod: bool) -> torc
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     api = __import__("horovod.torch", fromlist=["torch"]) if horovod else hvd
     compression = api.Compression.fp16 if fp16 else api.Compression.none
+    if fp16 and staged:
+        compression = type("StagedFP16Compressor", (api.Compression.fp16,), {})
     opt = api.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression,
                                    backward_passes_per_step=passes, op=api.Average,
                                    gradient_predivide_factor=predivide)
@@ -334,6 +339,57 @@ def scenario_gather(args):
             assert request.output.shape == (size, width)
             assert torch.equal(request.output, torch.stack(rows)), (width, rank)
     print(f"rank {rank}: gather ok", flush=True)
+
+
+def scenario_wire(args):
+    """Compression.fp16 done by the proxies: hvd.allreduce and grouped_allreduce of float32 tensors
+    (4 MiB, and one of 300 KiB, below the threshold: compression takes the proxies at any size)
+    return float32 values that every rank holds alike, each a float16 value; the lanes send about
+    half of what float32 needs; the error against the exact (float64) average is no larger than
+    that of Horovod's own fp16 compression of the same inputs; a DistributedOptimizer with
+    Compression.fp16 keeps its float32 gradients zero-copy in shared memory."""
+    import horovod.torch as horovod
+    rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+
+    def inputs(count, seed):
+        return [torch.randn(count, generator=torch.Generator().manual_seed(seed + r)) * (1 + r) for r in range(size)]
+
+    for count in (1 << 20, 75_000):
+        xs = inputs(count, 7 * count)
+        exact = torch.stack([x.double() for x in xs]).sum(0) / size
+        sent = sum(s["bytes_sent"] for s in group.lane_stats())
+        ours = hvd.allreduce(xs[rank], name=f"wire.{count}", compression=hvd.Compression.fp16)
+        sent = sum(s["bytes_sent"] for s in group.lane_stats()) - sent
+        theirs = horovod.allreduce(xs[rank], name=f"horovod.{count}", compression=horovod.Compression.fp16)
+        assert ours.dtype == torch.float32 and torch.equal(ours.half().float(), ours), "not float16 values"
+        digests = hvd.allgather_object(hashlib.sha256(ours.numpy().tobytes()).hexdigest())
+        assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+        float32_bytes = 2 * (size - 1) * count * 4 // size
+        assert float32_bytes // 2 <= sent < 0.6 * float32_bytes, (count, sent, float32_bytes)
+        ours_error, their_error = ((t.double() - exact).abs() for t in (ours, theirs))
+        # docs/dataplane.md: each hop rounds a partial sum (scaled by 1/n afterwards), then the average once
+        magnitude = torch.stack([x.double().abs() for x in xs]).sum(0)
+        bound = (size - 1) / size * 2.0 ** -11 * magnitude + 2.0 ** -11 * exact.abs() + 1e-7
+        assert bool((ours_error <= bound).all()), (ours_error - bound).max().item()
+        # and no worse than Horovod's own fp16 compression of the same (seeded) inputs
+        assert ours_error.max() <= their_error.max() and ours_error.mean() <= their_error.mean(), \
+            (ours_error.max().item(), their_error.max().item(), ours_error.mean().item(), their_error.mean().item())
+        print(f"WIRE rank {rank} count {count}: error max {ours_error.max().item():.3g} mean "
+              f"{ours_error.mean().item():.3g}; Horovod's fp16 max {their_error.max().item():.3g} mean "
+              f"{their_error.mean().item():.3g}; {sent} bytes sent (float32: {float32_bytes})", flush=True)
+    grouped = hvd.grouped_allreduce([torch.full((1000,), 0.1 * (rank + 1)), torch.full((3000,), 1.0 / 3)],
+                                    op=hvd.Sum, name="wire.grouped", compression=hvd.Compression.fp16)
+    expected = [torch.tensor(0.1 * size * (size + 1) / 2).half().float(), torch.tensor(size / 3).half().float()]
+    for out, value in zip(grouped, expected):
+        assert out.dtype == torch.float32 and torch.allclose(out, value.expand_as(out), rtol=2e-3), (out[:3], value)
+    model = torch.nn.Linear(512, 1024)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.fp16)
+    model(torch.randn(8, 512)).sum().backward()
+    opt.step()
+    assert all(group.pool.locate(p.grad) is not None for p in model.parameters()), "gradients are not zero-copy"
+    print(f"rank {rank}: wire ok", flush=True)
 
 
 def scenario_salted(args):
