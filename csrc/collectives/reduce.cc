@@ -138,31 +138,50 @@ void Scale(DType dtype, void* data, size_t count, double factor) {
   }
 }
 
+namespace {
+
+// The wire types' conversions as types, so that each loop below is compiled once per wire type
+// with the conversion inlined.
+struct Half {
+  static float ToFloat(uint16_t h) { return HalfToFloat(h); }
+  static uint16_t FromFloat(float f) { return FloatToHalf(f); }
+};
+struct BFloat16 {
+  static float ToFloat(uint16_t b) { return BFloat16ToFloat(b); }
+  static uint16_t FromFloat(float f) { return FloatToBFloat16(f); }
+};
+
+// Runs `loop` with the conversions of the 16-bit `wire` type.
+template <typename Loop>
+void WithConversions(DType wire, Loop loop) {
+  if (wire == DType::kBFloat16) {
+    loop(BFloat16{});
+  } else {
+    loop(Half{});
+  }
+}
+
+}  // namespace
+
 void ToWire(DType wire, void* dst, const float* src, size_t count) {
   uint16_t* d = static_cast<uint16_t*>(dst);
-  if (wire == DType::kBFloat16) {
-    for (size_t i = 0; i < count; ++i) d[i] = FloatToBFloat16(src[i]);
-  } else {
-    for (size_t i = 0; i < count; ++i) d[i] = FloatToHalf(src[i]);
-  }
+  WithConversions(wire, [&](auto type) {
+    for (size_t i = 0; i < count; ++i) d[i] = type.FromFloat(src[i]);
+  });
 }
 
 void FromWire(DType wire, float* dst, const void* src, size_t count) {
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (wire == DType::kBFloat16) {
-    for (size_t i = 0; i < count; ++i) dst[i] = BFloat16ToFloat(s[i]);
-  } else {
-    for (size_t i = 0; i < count; ++i) dst[i] = HalfToFloat(s[i]);
-  }
+  WithConversions(wire, [&](auto type) {
+    for (size_t i = 0; i < count; ++i) dst[i] = type.ToFloat(s[i]);
+  });
 }
 
 void AddFromWire(DType wire, float* dst, const void* src, size_t count) {
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (wire == DType::kBFloat16) {
-    for (size_t i = 0; i < count; ++i) dst[i] += BFloat16ToFloat(s[i]);
-  } else {
-    for (size_t i = 0; i < count; ++i) dst[i] += HalfToFloat(s[i]);
-  }
+  WithConversions(wire, [&](auto type) {
+    for (size_t i = 0; i < count; ++i) dst[i] += type.ToFloat(s[i]);
+  });
 }
 
 }  // namespace fasthorovod
