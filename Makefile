@@ -1,6 +1,5 @@
 # FastHorovod: the two commands of the README, and a few helpers.
 #   make test   installs everything (apt, .venv, torch, horovod, fasthorovod) and runs the suite
-#               (scripts/run_tests.sh: the C++ tests and the waiting tests alongside the rest)
 #   make bench  installs everything and runs the main benchmark
 #   make test-fast  the C++ tests, the unit tests and a 2-rank smoke job through the proxies
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
@@ -17,9 +16,8 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 setup:
 	@scripts/setup_env.sh
 
-# The C++ tests and the tests marked `background` (they mostly wait) run alongside the rest.
-test: cpp-build testing-module
-	scripts/run_tests.sh $(PY) $(TEST_BUILD)/fasthorovod_cpp_tests
+test: cpp-test testing-module
+	$(PY) -m pytest -q --durations=60 tests
 
 # The lab's own tests (lab/: the scale model and the placement planner, which no user runs).
 lab-test: testing-module
