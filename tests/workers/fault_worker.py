@@ -120,7 +120,7 @@ def main():
             assert r["type"] == expected_class(args.kind, r["rank"]), (expected_class(args.kind, r["rank"]), r)
             took = r["raised_at"] - injected
             # Raised by this timeout, not by a later timer (the job's 60 s): on a quiet machine it
-            # takes timeout + 0.1-1.7 s; with two busy loops competing with both streams of make test
+            # takes timeout + 0.1-1.7 s; with two busy loops and other test jobs competing
             # for the two cores, timeout + 8.4 s was seen (a starved rank polls its lanes late).
             assert took <= 3 * timeout, f"trial {t}: rank {r['rank']} raised after {took:.1f} s: {r}"
             detections.append(took)

@@ -512,7 +512,7 @@ def scenario_restart(args):
         # re-initializes before that can read a peer's stale address and abort (Horovod's race,
         # not ours), so every rank waits until every rank's shutdown has returned (files in
         # --sync-dir; Horovod's collectives are down), then a little for the server to clear it
-        # (0.3 s was not always enough with both streams of make test loading the machine).
+        # (0.3 s was not always enough on a machine loaded by other test jobs).
         file_barrier(args.sync_dir, f"shutdown.{cycle}", rank, size)
         time.sleep(1.5)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
