@@ -18,6 +18,8 @@ Backends, as written on the command line (``--backends a,b,c``):
                                   a '+trace' suffix also records its DLC trace (--trace-root),
                                   a '+flat' suffix sets FASTHOROVOD_HIERARCHICAL=0 (one ring
                                   through every rank even with several ranks per host),
+                                  a '+norehash' suffix sets FASTHOROVOD_REHASH=0 (slow flows
+                                  keep their connections),
                                   an '@DIR' suffix runs the checkout DIR instead of this one
     torch-gloo                    N processes started here, torch.distributed gloo (env://)
     mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
@@ -95,6 +97,7 @@ class Backend:
     flat: bool = False     # fasthorovod: FASTHOROVOD_HIERARCHICAL=0 (spec suffix '+flat')
     hierarchical: bool = False  # horovod-*: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (suffix '+hierarchical')
     fp16: bool = False     # horovod-*, fasthorovod: Compression.fp16 (suffix '+fp16')
+    norehash: bool = False  # fasthorovod: FASTHOROVOD_REHASH=0 (suffix '+norehash')
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
@@ -113,10 +116,10 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         if not os.path.isfile(os.path.join(source, "fasthorovod", "__init__.py")):
             raise ValueError(f"backend {spec!r}: {source} is not a fasthorovod checkout")
     body, *suffixes = body.split("+")
-    unknown = set(suffixes) - {"trace", "flat", "hierarchical", "fp16"}
+    unknown = set(suffixes) - {"trace", "flat", "hierarchical", "fp16", "norehash"}
     if unknown:
         raise ValueError(f"backend {spec!r}: unknown suffix '+{sorted(unknown)[0]}' "
-                         "(+trace, +flat, +hierarchical, +fp16)")
+                         "(+trace, +flat, +hierarchical, +fp16, +norehash)")
     trace, flat, hierarchical = ("trace" in suffixes), ("flat" in suffixes), ("hierarchical" in suffixes)
     fp16 = "fp16" in suffixes
     parts = body.split(":")
@@ -150,12 +153,15 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         raise ValueError(f"backend {spec!r}: only fasthorovod backends take a checkout (@DIR)")
     if flat and kind != "fasthorovod":
         raise ValueError(f"backend {spec!r}: only fasthorovod backends take +flat")
+    norehash = "norehash" in suffixes
+    if norehash and kind != "fasthorovod":
+        raise ValueError(f"backend {spec!r}: only fasthorovod backends take +norehash")
     if hierarchical and kind not in ("horovod-gloo", "horovod-mpi"):
         raise ValueError(f"backend {spec!r}: only horovod backends take +hierarchical "
                          "(FastHorovod's is on by default; +flat turns it off)")
     if fp16 and kind not in HVD_MODULES:
         raise ValueError(f"backend {spec!r}: only horovod and fasthorovod backends take +fp16 (Compression.fp16)")
-    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical, fp16)
+    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical, fp16, norehash)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):
@@ -247,6 +253,8 @@ def backend_env(backend, proxy_threshold=None, trace_root="traces"):
             env["FASTHOROVOD_PROXY_THRESHOLD_BYTES"] = str(proxy_threshold)
         if backend.flat:
             env["FASTHOROVOD_HIERARCHICAL"] = "0"
+        if backend.norehash:
+            env["FASTHOROVOD_REHASH"] = "0"
     if backend.hierarchical:
         env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
     return env
@@ -863,14 +871,16 @@ def data_plane(hvd):
 
 def data_plane_label(info):
     """'4x2 (probe)' from a ``data_plane`` record: lanes x sockets per lane (where S came from);
-    with the hierarchical allreduce also ', hier 2x2' (hosts x ranks per host)."""
+    with the hierarchical allreduce also ', hier 2x2' (hosts x ranks per host); with connections
+    the re-hashing policy replaced on rank 0, ', 3 re-hashed'."""
     if not info:
         return "-"
     source = info.get("sockets_source") or "?"
     source = "set" if source == "FASTHOROVOD_SOCKETS_PER_PROXY" else source.split(" (")[0]
     hierarchical = info.get("hierarchical")
     where = f", hier {hierarchical['hosts']}x{hierarchical['ranks_per_host']}" if hierarchical else ""
-    return f"{info['lanes']}x{info['sockets_per_lane']} ({source}){where}"
+    rehashed = f", {info['rehashes']} re-hashed" if info.get("rehashes") else ""
+    return f"{info['lanes']}x{info['sockets_per_lane']} ({source}){where}{rehashed}"
 
 
 def relevant_env():

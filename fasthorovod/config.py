@@ -111,6 +111,10 @@ class Config:
     rebalance_every: int = 1
     """FASTHOROVOD_REBALANCE_EVERY: consider re-weighing the lanes' shards from their measured rates
     before every N-th proxy request (fasthorovod/proxy/balance.py; 0 = keep equal shards)."""
+    rehash: bool = True
+    """FASTHOROVOD_REHASH: reconnect a send socket that drains persistently slower than the others
+    (a flow hashed onto a shared per-flow cap), so that its new port hashes anew
+    (fasthorovod/proxy/rehash.py; 0 = keep the connections of start-up)."""
     segment_bytes: int = 1 << 20
     """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
     bucket_bytes: int = 25 << 20
@@ -141,6 +145,7 @@ class Config:
             hierarchical=_choice(env, "HIERARCHICAL", cls.hierarchical, ("auto", "0", "1")),
             proxy_threshold_bytes=_optional_int(env, "PROXY_THRESHOLD_BYTES", 0),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
+            rehash=_choice(env, "REHASH", "1", ("0", "1")) == "1",
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
             socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),

@@ -311,8 +311,17 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         d["collectives"] = s.collectives;
         d["zero_filled"] = s.zero_filled;
         d["busy_ns"] = s.busy_ns;
+        d["rehashes"] = s.rehashes;
+        d["rehash_ns"] = s.rehash_ns;
         return d;
-      });
+      })
+      .def("socket_progress", &ProxyChannel::SocketProgress, py::arg("lane"),
+           R"pbdoc(Per send socket of `lane`: (bytes_sent, backlogged_ns), what a re-hashing policy compares.)pbdoc")
+      .def(
+          "request_rehash",
+          [](ProxyChannel& c, uint32_t lane, uint64_t mask) { Check(c.RequestRehash(lane, mask)); },
+          py::arg("lane"), py::arg("mask"),
+          R"pbdoc(Asks `lane` to replace the send sockets in `mask` (bit s: socket s) by new connections after its next collective.)pbdoc");
 
   py::class_<CoordinatorOptions>(m, "CoordinatorOptions", R"pbdoc(Settings of rank 0's coordinator.)pbdoc")
       .def(py::init<>())

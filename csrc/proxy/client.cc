@@ -400,7 +400,31 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   s.collectives = info.collectives.load();
   s.zero_filled = info.zero_filled.load();
   s.busy_ns = info.busy_ns.load();
+  s.rehashes = info.rehashes.load();
+  s.rehash_ns = info.rehash_ns.load();
   return s;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> ProxyChannel::SocketProgress(uint32_t lane) const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  if (lane >= header_->num_lanes) return out;
+  const LaneInfo& info = header_->lanes[lane];
+  for (uint32_t s = 0; s < header_->sockets_per_lane && s < kMaxSocketsPerLane; ++s) {
+    out.emplace_back(info.sockets[s].bytes_sent.load(std::memory_order_relaxed),
+                     info.sockets[s].backlogged_ns.load(std::memory_order_relaxed));
+  }
+  return out;
+}
+
+Status ProxyChannel::RequestRehash(uint32_t lane, uint64_t mask) {
+  const uint32_t sockets = header_->sockets_per_lane;
+  const uint64_t valid = sockets >= 64 ? ~uint64_t{0} : (uint64_t{1} << sockets) - 1;
+  if (lane >= header_->num_lanes || (mask & ~valid) != 0) {
+    return Status::Error(Code::kInvalidArgument, Str("no socket ", mask, " (a mask) on lane ", lane, " of ",
+                                                     header_->num_lanes, " lanes with ", sockets, " sockets each"));
+  }
+  header_->lanes[lane].rehash_request.fetch_or(mask, std::memory_order_acq_rel);
+  return Status::Ok();
 }
 
 void ProxyChannel::LaneProgress(uint32_t lane, uint64_t* bytes_sent, uint64_t* busy_ns) const {

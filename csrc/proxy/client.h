@@ -44,6 +44,8 @@ struct LaneSnapshot {
   uint64_t collectives = 0;
   uint64_t zero_filled = 0;
   uint64_t busy_ns = 0;
+  uint64_t rehashes = 0;  // send sockets this lane has replaced by new connections
+  uint64_t rehash_ns = 0;  // time it spent replacing connections (either side's)
 };
 
 class ProxyChannel {
@@ -108,6 +110,12 @@ class ProxyChannel {
   LaneSnapshot Lane(uint32_t lane) const;
   // Two counters of Lane(), without copying the rest (read before every request by the balancer).
   void LaneProgress(uint32_t lane, uint64_t* bytes_sent, uint64_t* busy_ns) const;
+  // Per send socket of `lane`: (bytes sent, time backlogged in ns), transport/lane.h's
+  // SocketCounters; what a re-hashing policy compares.
+  std::vector<std::pair<uint64_t, uint64_t>> SocketProgress(uint32_t lane) const;
+  // Asks `lane` to replace the send sockets in `mask` (bit s: socket s) by new connections after
+  // its next collective (added to any request not taken yet).
+  Status RequestRehash(uint32_t lane, uint64_t mask);
 
  private:
   ProxyChannel() = default;

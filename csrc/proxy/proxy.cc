@@ -107,9 +107,8 @@ class Proxy {
   }
 
   Status Serve() {
-    Socket listener;
     int port = 0;
-    FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &listener, &port));
+    FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &listener_, &port));
     info_.listen_port = port;
     info_.pid = getpid();
     info_.state.store(static_cast<uint32_t>(LaneState::kListening));
@@ -128,21 +127,26 @@ class Proxy {
       ring_rank = ch_->host_index;
       ring_size = ch_->num_hosts;
     }
-    RingEndpoint next{info_.next_host, info_.next_port};
+    next_ = RingEndpoint{info_.next_host, info_.next_port};
+    const RingEndpoint& next = next_;
     if (ring_size > 1) {
-      LinkIdentity self;
-      std::memcpy(self.token, ch_->token, kTokenBytes);
-      self.rank = ring_rank;
-      self.size = ring_size;
-      self.lane = lane_;
+      std::memcpy(self_.token, ch_->token, kTokenBytes);
+      self_.rank = ring_rank;
+      self_.size = ring_size;
+      self_.lane = lane_;
       // The rings of different local ranks join different proxies: a connection to the wrong one
       // fails the handshake.
-      self.config_hash = ch_->config_hash ^ (0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) *
-                                             (Hierarchical() ? 1 : 0));
-      FHVD_RETURN_IF_ERROR(EstablishRing(self, listener, next, static_cast<int>(ch_->sockets_per_lane),
+      self_.config_hash = ch_->config_hash ^ (0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) *
+                                              (Hierarchical() ? 1 : 0));
+      FHVD_RETURN_IF_ERROR(EstablishRing(self_, listener_, next, static_cast<int>(ch_->sockets_per_lane),
                                          ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
+      options_.socket_counters = info_.sockets;
+    } else {
+      listener_.Close();  // nothing will ever connect
     }
-    listener.Close();  // no more connections are accepted: strangers get a refusal from the kernel
+    // With a ring the listener stays open for re-hashed connections (ConnectRingSockets); what
+    // connects meanwhile waits in the kernel's backlog until then, and only a connection that
+    // proves the job token and is expected is taken.
     info_.state.store(static_cast<uint32_t>(LaneState::kConnected));
     info_.progress_ns.store(NowNs());
 
@@ -249,12 +253,38 @@ class Proxy {
     const bool zero_fill = (r.flags & kRequestZeroFill) != 0;  // a joined rank's part (negotiation/member.h)
     trace_observer_.SetCollective(zero_fill ? kNoRequest : r.trace_id, zero_fill ? kTraceFlagZeroFill : 0);
     if (zero_fill) info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
+    options_.rehash_out = info_.rehash_request.exchange(0, std::memory_order_acq_rel) & SocketMask();
     Status st = Hierarchical() ? ExecuteHost(r, desc, work, &stats) : RingAllreduce(links_, desc, work, options_, &stats);
+    if (st.ok() && (options_.rehash_out | stats.rehash_in) != 0) st = Rehash(options_.rehash_out, stats.rehash_in);
+    options_.rehash_out = 0;
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.busy_ns.fetch_add(static_cast<uint64_t>(stats.end_ns - stats.start_ns), std::memory_order_relaxed);
     info_.collectives.fetch_add(1, std::memory_order_relaxed);
     return st;
+  }
+
+  uint64_t SocketMask() const {
+    if (links_.to_next.empty()) return 0;
+    return links_.to_next.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << links_.to_next.size()) - 1;
+  }
+
+  // Replaces the send sockets this lane announced in the collective that just ended and the
+  // receive sockets the previous rank announced (transport/lane.h): new connections, so new
+  // source ports, so new hashes onto the network's per-flow caps and paths.
+  Status Rehash(uint64_t out_mask, uint64_t in_mask) {
+    std::vector<uint32_t> out, in;
+    for (uint32_t s = 0; s < links_.to_next.size() && s < 64; ++s) {
+      if ((out_mask >> s) & 1) out.push_back(s);
+      if ((in_mask >> s) & 1) in.push_back(s);
+    }
+    const int64_t start = NowNs();
+    Status st = ConnectRingSockets(self_, listener_, next_, out, in, static_cast<int>(links_.to_next.size()),
+                                   ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_);
+    if (!st.ok()) return st.WithContext("re-hashing the lane's connections: ");
+    info_.rehashes.fetch_add(out.size(), std::memory_order_relaxed);
+    info_.rehash_ns.fetch_add(static_cast<uint64_t>(NowNs() - start), std::memory_order_relaxed);
+    return Status::Ok();
   }
 
   // The worker hands every buffer over before it posts a request naming it, so an unknown id
@@ -393,6 +423,7 @@ class Proxy {
       Status st = RingAllreduce(links_, desc, across, options_, &ring);
       stats->bytes_sent = ring.bytes_sent;
       stats->bytes_received = ring.bytes_received;
+      stats->rehash_in = ring.rehash_in;
       FHVD_RETURN_IF_ERROR(st);
     } else {
       ReduceWithoutRing(across, options_.segment_bytes);
@@ -511,6 +542,9 @@ class Proxy {
   LaneInfo& info_;
   const int segments_;  // the socket the worker hands buffers over (shm/handoff.h)
   bool segments_closed_ = false;
+  Socket listener_;    // open while the lane has a ring: re-hashed connections come in here
+  LinkIdentity self_;  // what this lane proves to its ring neighbours
+  RingEndpoint next_;
   RingLinks links_;
   RingOptions options_;
   std::unordered_map<uint32_t, ShmSegment> buffers_;

@@ -22,12 +22,13 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "transport/lane.h"
 #include "transport/socket.h"
 
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 6;
+constexpr uint32_t kChannelVersion = 7;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_PROXY's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
@@ -56,6 +57,12 @@ struct LaneInfo {
   std::atomic<uint64_t> zero_filled;  // others' collectives run with zeros during the latest join
   std::atomic<uint32_t> trace_ack;    // the trace_generation this lane has applied (docs/trace.md)
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
+  // Re-hashing (transport/lane.h): the send sockets' pace, the sockets (bit s) the worker asks to
+  // replace after the next collective (the lane takes and clears them), and how many were replaced.
+  SocketCounters sockets[kMaxSocketsPerLane];
+  std::atomic<uint64_t> rehash_request;
+  std::atomic<uint64_t> rehashes;
+  std::atomic<uint64_t> rehash_ns;  // time spent replacing connections between collectives
 };
 
 // A joined rank's contribution of zeros to a collective it did not submit (hvd.join).

@@ -37,6 +37,7 @@ namespace {
 
 constexpr uint32_t kFrameMagic = 0x46485652u;  // "FHVR"
 enum FrameKind : uint16_t { kData = 1, kAbort = 2, kEnd = 3 };
+constexpr uint32_t kEndRehash = 1;  // the sender replaces this connection after the collective (lane.h)
 
 // The wire header. Internal to one build: every rank runs the same one.
 struct FrameHeader {
@@ -46,7 +47,7 @@ struct FrameHeader {
   uint32_t origin_rank;  // the sender, or for an abort the rank where the failure started
   uint32_t step;
   uint32_t segment;
-  uint32_t reserved;
+  uint32_t flags;        // end marker: kEndRehash
   uint64_t offset;  // bytes into the shard
   uint64_t length;  // payload bytes (abort: message bytes)
   CollectiveDesc desc;
@@ -89,6 +90,8 @@ class Lane::Impl {
     frames_out_ = frames_out;
     recv_remaining_ = frames_in;
     abort_origin_ = -1;
+    rehash_in_ = 0;
+    last_measure_ns_ = 0;
     dep_ = FrameDep::kOnRequest;
     dep_id_ = -1;
   }
@@ -114,6 +117,7 @@ class Lane::Impl {
   Status Run(FrameSink* sink, LaneStats* stats) {
     sink_ = sink;
     Status st = Loop(stats);
+    stats->rehash_in = rehash_in_;
     if (!st.ok()) {
       if (abort_origin_ < 0) abort_origin_ = static_cast<int64_t>(opt_.rank);
       if (static_cast<uint32_t>(abort_origin_) != (opt_.rank + 1) % opt_.size) SendAbort(st);
@@ -205,16 +209,23 @@ class Lane::Impl {
     return !out_[s].empty() || (!pending_.empty() && MayTake(s)) || (frames_queued_ == frames_out_ && !end_sent_[s]);
   }
 
-  // Each send socket's bytes not yet on the wire: unsent in the kernel and yet to be written.
+  // Each send socket's bytes not yet on the wire: unsent in the kernel and yet to be written; and,
+  // with socket counters, the time since the last round added to the sockets that had a backlog.
   void MeasureBacklogs() {
-    if (out_.size() < 2) return;
+    SocketCounters* counters = opt_.socket_counters;
+    if (out_.size() < 2 && counters == nullptr) return;
+    const int64_t now = counters != nullptr ? NowNs() : 0;
     for (size_t s = 0; s < out_.size(); ++s) {
+      if (counters != nullptr && last_measure_ns_ > 0 && backlog_[s] > 0) {
+        counters[s].backlogged_ns.fetch_add(static_cast<uint64_t>(now - last_measure_ns_), std::memory_order_relaxed);
+      }
       int unsent = 0;
       if (ioctl(links_.to_next[s].fd(), SIOCOUTQNSD, &unsent) < 0) unsent = 0;
       size_t backlog = static_cast<size_t>(std::max(unsent, 0));
       for (const OutFrame& f : out_[s]) backlog += f.total() - f.sent;
       backlog_[s] = backlog;
     }
+    last_measure_ns_ = now;
   }
 
   // A socket takes a frame from the shared queue only if no other socket has less left to send.
@@ -259,6 +270,7 @@ class Lane::Impl {
       OutFrame f;
       f.header = FrameHeader{};
       FillHeader(&f.header, kEnd);
+      if (s < 64 && (opt_.rehash_out >> s) & 1) f.header.flags = kEndRehash;
       f.payload = nullptr;
       out_[s].push_back(f);
       end_sent_[s] = true;
@@ -293,7 +305,12 @@ class Lane::Impl {
       *progressed = true;
       f.sent += static_cast<size_t>(w);
       const bool marker = f.header.kind == kEnd;  // counted in no statistic, observed as no frame
-      if (!marker) stats->bytes_sent += static_cast<uint64_t>(w);
+      if (!marker) {
+        stats->bytes_sent += static_cast<uint64_t>(w);
+        if (opt_.socket_counters != nullptr) {
+          opt_.socket_counters[s].bytes_sent.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+        }
+      }
       if (f.sent < f.total()) return Status::Ok();
       if (marker) {
         queue.pop_front();
@@ -338,6 +355,7 @@ class Lane::Impl {
         if (in.header.kind == kEnd) {
           in.header_got = 0;
           in.ended = true;
+          if (in.header.flags & kEndRehash) rehash_in_ |= uint64_t{1} << s;
           if (recv_remaining_ > 0 && AllEnded()) {
             return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": collective #",
                                                      desc_->seq, " ended ", recv_remaining_, " frames early"));
@@ -383,6 +401,10 @@ class Lane::Impl {
       if (h.length != 0) {  // an end marker has no payload; its length field would desynchronise the stream
         return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": end marker of collective #",
                                                  desc_->seq, " with length field ", h.length, " (must be 0)"));
+      }
+      if ((h.flags & ~kEndRehash) != 0 || ((h.flags & kEndRehash) && s >= 64)) {
+        return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": end marker of collective #",
+                                                 desc_->seq, " with flags ", h.flags));
       }
       return Status::Ok();
     }
@@ -485,7 +507,9 @@ class Lane::Impl {
   std::vector<InState> in_;
   std::deque<OutFrame> pending_;  // frames ready to send, in the order queued, not yet on a socket
   std::vector<bool> end_sent_;    // per socket: its end marker has been queued
-  std::vector<size_t> backlog_;   // per send socket (S > 1): bytes not yet on the wire, this poll round
+  std::vector<size_t> backlog_;   // per send socket (S > 1 or counters): bytes not yet on the wire, this poll round
+  int64_t last_measure_ns_ = 0;   // when backlog_ was measured (counters only; 0: not yet in this collective)
+  uint64_t rehash_in_ = 0;        // receive sockets whose end marker announced a replacement
   uint64_t frames_queued_ = 0;    // frames queued so far in this collective
   uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective
   uint64_t recv_remaining_ = 0;

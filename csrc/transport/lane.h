@@ -27,6 +27,14 @@
 // without payload), so each receiver knows when a socket's frames of this collective are over and
 // never reads into the next collective's. Every poll round receives before it sends.
 //
+// Re-hashing. A flow that shares a per-flow cap with another (their ports hashed alike) drains
+// slower than its siblings; the sender can replace it by a new connection, whose new source port
+// hashes anew. It marks the socket in LaneOptions::rehash_out: that socket's end marker of the
+// collective says so, the receiver reports it in LaneStats::rehash_in, and after the collective
+// both sides swap the connection (ReplaceRingSockets, socket.h) before the next one starts, so no
+// frame is lost or reordered: every frame of the collective went over the old connection, every
+// frame of the next goes over the new one.
+//
 // Failure. Every wait is bounded: if no byte moves for `timeout_seconds`, the lane fails naming
 // the neighbour it was waiting for (Code::kTimeout). The abort flag is polled every round (at most
 // 100 ms). A rank whose lane fails sends an abort frame on every socket to the next rank carrying
@@ -102,6 +110,15 @@ class FrameSink {
   virtual void Received(const Frame& frame, size_t socket) = 0;
 };
 
+// One send socket's pace, for finding flows slower than their siblings (hashed onto a shared
+// per-flow cap): bytes written, and the time the socket had bytes the kernel had not sent yet
+// (SIOCOUTQNSD > 0 at the start of a poll round: the flow, not this rank, was the limit). Their
+// ratio is the rate the flow drains at, whatever the other hops of the ring do.
+struct SocketCounters {
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> backlogged_ns{0};
+};
+
 struct LaneOptions {
   uint32_t rank = 0;
   uint32_t size = 1;
@@ -111,6 +128,12 @@ struct LaneOptions {
   const char* abort_reason = nullptr;             // why, once `abort` is set (may be null)
   const uint32_t* abort_code = nullptr;           // its Code (null: kAborted)
   std::atomic<int64_t>* progress_ns = nullptr;    // if set, stamped whenever bytes move
+  // If set, one SocketCounters per send socket, added to as bytes go out (cumulative, read by the
+  // worker's re-hashing policy while the lane runs).
+  SocketCounters* socket_counters = nullptr;
+  // Send sockets (bit s: socket s) whose end marker of this collective announces that the sender
+  // replaces the connection after it (Rehash below); the receiver learns it from the marker.
+  uint64_t rehash_out = 0;
   FrameObserver* observer = nullptr;              // if set, told about every data frame
   std::string prev_name;  // "rank 0 (10.0.0.1:4242)" for messages
   std::string next_name;
@@ -122,6 +145,7 @@ struct LaneStats {
   uint64_t bytes_received = 0;
   uint64_t frames_sent = 0;
   uint64_t frames_received = 0;
+  uint64_t rehash_in = 0;  // receive sockets (bit s) whose end marker announced a replacement
 };
 
 class Lane {

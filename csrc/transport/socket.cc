@@ -466,21 +466,31 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
 Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                      LinkPurpose purpose) {
+  std::vector<uint32_t> all(static_cast<size_t>(std::max(sockets, 0)));
+  for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
+  links->to_next.clear();
+  links->from_prev.clear();
+  links->to_next.resize(all.size());
+  links->from_prev.resize(all.size());
+  return ConnectRingSockets(self, listener, next, all, all, sockets, socket_buffer_bytes, deadline, links, purpose);
+}
+
+Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+                          const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
+                          int socket_buffer_bytes, Deadline deadline, RingLinks* links, LinkPurpose purpose) {
   const uint32_t next_rank = (self.rank + 1) % self.size;
   const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
   const std::string next_name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
   sockaddr_in next_addr;
   FHVD_RETURN_IF_ERROR(Resolve(next.host, next.port, &next_addr));
-  links->to_next.clear();
-  links->from_prev.clear();
 
-  // 1. The connector: S sockets to the next rank (retrying while it is not listening yet), each
-  //    authenticated before the next one is opened.
+  // 1. The connector: the sockets `out` to the next rank (retrying while it is not listening yet),
+  //    each authenticated before the next one is opened.
   std::atomic<bool> cancel{false}, connector_done{false};
   Status connected;
   std::vector<Socket> to_next;
   std::thread connector([&] {
-    for (int s = 0; s < sockets && connected.ok(); ++s) {
+    for (size_t i = 0; i < out.size() && connected.ok(); ++i) {
       Socket sock;
       int backoff_ms = 10;
       for (;;) {
@@ -493,33 +503,35 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
         connected = connected.WithContext("cannot connect to " + next_name + ": ");
         break;
       }
-      connected = AuthenticateToPeer(sock.fd(), self, purpose, static_cast<uint32_t>(s), next_rank,
-                                     deadline, next_name, &cancel);
+      connected = AuthenticateToPeer(sock.fd(), self, purpose, out[i], next_rank, deadline, next_name, &cancel);
       if (connected.ok()) to_next.push_back(std::move(sock));
     }
     connector_done.store(true);
   });
 
-  // 2. Meanwhile accept S sockets from the previous rank; strangers are rejected and waited past.
-  links->from_prev.resize(sockets);
-  int accepted = 0;
+  // 2. Meanwhile accept the sockets `in` from the previous rank; strangers are rejected and waited past.
+  std::vector<Socket> from_prev(static_cast<size_t>(sockets));
+  std::vector<bool> expected(static_cast<size_t>(sockets), false);
+  for (uint32_t s : in) expected[s] = true;
+  size_t accepted = 0;
   Status accepting;
   HandshakeAcceptor acceptor(listener, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
   auto refuse = [&](const PeerClaim& claim) {
     std::string reason = RingRefusal(claim, self, sockets, purpose);
-    if (reason.empty() && links->from_prev[claim.socket_index].valid()) reason = "duplicate socket index";
+    if (reason.empty() && !expected[claim.socket_index]) reason = "socket index not expected now";
+    if (reason.empty() && from_prev[claim.socket_index].valid()) reason = "duplicate socket index";
     return reason;
   };
   auto take = [&](const PeerClaim& claim, Socket sock) {
-    links->from_prev[claim.socket_index] = std::move(sock);
+    from_prev[claim.socket_index] = std::move(sock);
     ++accepted;
   };
-  while (accepted < sockets) {
+  while (accepted < in.size()) {
     if (connector_done.load() && !connected.ok()) break;
     if (deadline.Expired()) {
       accepting = Status::Error(Code::kTimeout,
                                 Str("timed out waiting for rank ", prev_rank, " lane ", self.lane, " to connect (",
-                                    accepted, "/", sockets, " sockets); is that rank running and reachable?"));
+                                    accepted, "/", in.size(), " sockets); is that rank running and reachable?"));
       break;
     }
     accepting = acceptor.Step(deadline.RemainingMs(100), refuse, take);
@@ -530,10 +542,15 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
   // The connecting side's error first: a refusal by the next rank names the cause (configuration).
   FHVD_RETURN_IF_ERROR(connected);
   FHVD_RETURN_IF_ERROR(accepting);
-  if (accepted < sockets) return Status::Error(Code::kAborted, "ring set-up was abandoned");
-  links->to_next = std::move(to_next);
-  for (auto& sock : links->to_next) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
-  for (auto& sock : links->from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(sock.fd()));
+  if (accepted < in.size()) return Status::Error(Code::kAborted, "ring set-up was abandoned");
+  for (size_t i = 0; i < out.size(); ++i) {
+    FHVD_RETURN_IF_ERROR(ConfigureDataSocket(to_next[i].fd()));
+    links->to_next[out[i]] = std::move(to_next[i]);  // the replaced connection closes here
+  }
+  for (uint32_t s : in) {
+    FHVD_RETURN_IF_ERROR(ConfigureDataSocket(from_prev[s].fd()));
+    links->from_prev[s] = std::move(from_prev[s]);
+  }
   return Status::Ok();
 }
 

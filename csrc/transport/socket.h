@@ -105,6 +105,16 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                      LinkPurpose purpose = LinkPurpose::kRing);
 
+// Connects the sockets with indices `out` to `next` and accepts those with indices `in` from the
+// previous rank, as EstablishRing does (both at once, authenticated), and puts each into its place
+// in `links` (whose vectors hold `sockets` entries), closing the connection it replaces. A lane
+// re-hashing flows between two collectives (transport/lane.h) calls it with the sockets it
+// announced and those announced to it; either list may be empty.
+Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+                          const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
+                          int socket_buffer_bytes, Deadline deadline, RingLinks* links,
+                          LinkPurpose purpose = LinkPurpose::kRing);
+
 // What a connecting peer says it is, from its Hello; authenticated once its Proof verifies.
 struct PeerClaim {
   LinkPurpose purpose = LinkPurpose::kRing;

@@ -65,6 +65,12 @@ class LaneBalancer:
         # the last window, when it was out of balance: (its slowest lane, its per-lane deltas)
         self._previous: Optional[Tuple[int, List[Tuple[int, int]]]] = None
 
+    def forget(self) -> None:
+        """Starts a new window from here, forgetting the last one (the lanes' flows changed:
+        rehash.py)."""
+        self._since = list(self.group.lane_progress())
+        self._previous = None
+
     def before_request(self) -> None:
         """Call just before each proxy request is submitted."""
         self.requests += 1

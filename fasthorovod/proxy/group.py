@@ -13,7 +13,8 @@ shared memory has a name, so no crash leaves anything in /dev/shm (docs/reliabil
 The public API: ``supports``, ``alloc`` (a zero-copy shared-memory tensor), ``allreduce``,
 ``broadcast``, ``allgather`` (asynchronous requests), ``begin_join``/``end_join``, and what the
 policies and observers above use: ``before_submit``/``after_submit`` hooks (every collective passes
-them on its one submit path), ``lane_stats``, ``lane_progress``, ``set_lane_weights`` (balance.py).
+them on its one submit path), ``lane_stats``, ``lane_progress``, ``set_lane_weights`` (balance.py),
+``socket_progress``, ``request_rehash`` (rehash.py).
 Nothing here blocks on another rank except a wait on a request or on the join, and nothing talks
 to Horovod after start-up.
 """
@@ -32,10 +33,9 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config
 from fasthorovod.exceptions import FastHorovodError
-from fasthorovod.proxy import startup
-from fasthorovod.proxy.buffers import Buffer, BufferPool, copy_tensor, stage, zero_tensor
-from fasthorovod.proxy.core import (BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_GATHER, OP_SUM,
-                                    WIRE_CODES, hash64, request)
+from fasthorovod.proxy import gather, startup
+from fasthorovod.proxy.buffers import Buffer, BufferPool, stage, zero_tensor
+from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_SUM, WIRE_CODES, hash64, request
 from fasthorovod.proxy.plan import DataPlanePlan, shard_boundaries
 from fasthorovod.proxy.requests import GatherRequest, Request
 
@@ -80,12 +80,15 @@ class ProxyGroup:
             raise
         return group
 
-    lanes = property(lambda self: self.plan.lanes if self.plan is not None else 0)
+    @property
+    def lanes(self) -> int:
+        return self.plan.lanes if self.plan is not None else 0
 
     def describe(self) -> dict:
         """The plan (what the data plane runs with, and why: plan.py) and the lane weights."""
         info = self.plan.describe() if self.plan is not None else {}
-        info.update(lane_weights=list(self.lane_weights), rebalance_every=self.config.rebalance_every)
+        info.update(lane_weights=list(self.lane_weights), rebalance_every=self.config.rebalance_every,
+                    rehash=self.config.rehash, rehashes=sum(lane["rehashes"] for lane in self.lane_stats()))
         return info
 
     def _require_running(self) -> None:
@@ -193,49 +196,10 @@ class ProxyGroup:
         return ticket
 
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
-        """Posts a ring allgather of every rank's 1-D `tensor` (same length and dtype everywhere),
-        sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's row. wait()
-        fills ``request.output``, a (size, len) tensor whose row r is rank r's.
-
-        The lanes' shares are equal whatever the lane weights, which rebalancing sets per rank: each
-        rank lays its row out by the boundaries before the collective is negotiated."""
+        """Posts an allgather of every rank's 1-D `tensor` (same length and dtype everywhere):
+        wait() fills ``request.output``, a (size, len) tensor whose row r is rank r's (gather.py)."""
         self._require_running()
-        if tensor.dim() != 1 or tensor.dtype not in DTYPE_CODES or tensor.device.type != "cpu":
-            raise ValueError(f"allgather takes a 1-D CPU tensor of a supported dtype, got {tuple(tensor.shape)} "
-                             f"{tensor.dtype} on {tensor.device}")
-        n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
-        if self.plan.layout is not None:  # the hierarchical allreduce
-            return self._allgather_as_sum(tensor, name)
-        bounds = shard_boundaries(width, [1.0] * self.lanes)
-        output = torch.empty((n, width), dtype=tensor.dtype)
-        buffer = self.pool.acquire(max(1, n * width * itemsize))
-        own = _C.allgather_own_chunk(self.rank, n)
-        with self._releasing_on_failure(buffer):
-            for begin, end in zip(bounds[:-1], bounds[1:]):
-                m = end - begin
-                copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
-            ticket = self._submit(buffer, name, str(width), width * itemsize, buffer_offset=0, count=n * width,
-                                  dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER, lane_begin=[n * b for b in bounds])
-        return GatherRequest(self, ticket, buffer, output, bounds)
-
-    def _allgather_as_sum(self, tensor: torch.Tensor, name: str) -> "GatherRequest":
-        """The hierarchical allreduce has no allgather schedule: each rank writes its row into a
-        (size, len) buffer of zeros, read as integer words, and the ranks sum it (adding integer
-        zeros changes no bit, so every row arrives exactly). Twice the bytes of a ring allgather;
-        the same description as a ring allgather, so a joined rank's zeros fit too."""
-        n, width, itemsize = self.size, tensor.numel(), tensor.element_size()
-        words = BROADCAST_WORDS.get(itemsize)
-        if words is None:
-            raise ValueError(f"the proxies cannot allgather {tensor.dtype} (element size {itemsize})")
-        output = torch.empty((n, width), dtype=tensor.dtype)
-        buffer = self.pool.acquire(max(1, n * width * itemsize))
-        count = n * width
-        with self._releasing_on_failure(buffer):
-            zero_tensor(buffer.view(words, 0, count))
-            copy_tensor(buffer.view(tensor.dtype, self.rank * width * itemsize, width), tensor)
-            ticket = self._submit(buffer, name, str(width), width * itemsize, buffer_offset=0, count=count,
-                                  dtype=DTYPE_CODES[words], op=OP_SUM)
-        return GatherRequest(self, ticket, buffer, output, None)
+        return gather.post(self, tensor, name)
 
     def begin_join(self) -> None:
         """This rank has joined: until every rank has, its proxies take part in the collectives the
@@ -269,6 +233,15 @@ class ProxyGroup:
         """Per lane, (bytes_sent, busy_ns): what a policy reads before every request, without the
         rest of :meth:`lane_stats`."""
         return self.channel.lane_progress() if self.channel else ()
+
+    def socket_progress(self, lane: int) -> List[Tuple[int, int]]:
+        """Per send socket of `lane`, (bytes_sent, backlogged_ns): the flows' pace (rehash.py)."""
+        return self.channel.socket_progress(lane) if self.channel else []
+
+    def request_rehash(self, lane: int, sockets: Sequence[int]) -> None:
+        """Has `lane` replace these send sockets by new connections after its next collective."""
+        if self.channel is not None and not self._closed:
+            self.channel.request_rehash(lane, sum(1 << s for s in set(sockets)))
 
     def close(self) -> None:
         """Aborts collectives in flight, stops the proxies and reaps them (killed after

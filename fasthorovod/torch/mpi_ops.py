@@ -44,6 +44,7 @@ from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compati
 
 from fasthorovod.config import Config
 from fasthorovod.proxy.balance import LaneBalancer
+from fasthorovod.proxy.rehash import FlowRehasher
 from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
@@ -54,7 +55,7 @@ from fasthorovod.trace import capture as _trace
 class _Runtime:
     """Everything the facade keeps between calls; one instance, :data:`_runtime`.
 
-    ``group`` and ``balancer`` are the running data plane and its lane-rebalancing policy (None
+    ``group``, ``balancer`` and ``rehasher`` are the running data plane and its policies (None
     without proxies); ``plan`` is the last data plane's plan, whose probe curves a later one among
     the same hosts reuses. ``handles`` maps the int handles of proxy allreduces in flight to what
     ``synchronize`` needs, ``in_flight_names`` keeps two proxy allreduces of one name from being in
@@ -66,6 +67,7 @@ class _Runtime:
         self.lock = threading.Lock()
         self.group: Optional[ProxyGroup] = None
         self.balancer: Optional[LaneBalancer] = None
+        self.rehasher: Optional[FlowRehasher] = None
         self.plan: Optional[planner.DataPlanePlan] = None
         self.handles: Dict[int, "_ProxyHandle"] = {}
         self.handle_ids = itertools.count(1 << 48)
@@ -75,16 +77,20 @@ class _Runtime:
         self.epoch = 0  # hvd.init() calls so far: buffers and requests of an older epoch are void
 
     def attach(self, group: ProxyGroup) -> None:
-        """Runs `group` with the facade's policy (the lane balancer) and observer (the trace)."""
+        """Runs `group` with the facade's policies (the lane balancer, the flow re-hasher) and
+        observer (the trace)."""
         self.group, self.plan = group, group.plan
         self.balancer = LaneBalancer(group, group.config.rebalance_every)
         group.before_submit.append(self.balancer.before_request)
+        if group.config.rehash:
+            self.rehasher = FlowRehasher(group, forget=self.balancer.forget)
+            group.before_submit.append(self.rehasher.before_request)
         group.after_submit.append(_trace_request)
 
     def detach(self) -> Optional[ProxyGroup]:
         """Forgets the data plane and every proxy handle; returns the group for the caller to close."""
         with self.lock:
-            group, self.group, self.balancer = self.group, None, None
+            group, self.group, self.balancer, self.rehasher = self.group, None, None, None
             self.handles.clear()
             self.in_flight_names.clear()
         return group

@@ -12,9 +12,25 @@
 
 namespace fhtest {
 
+// What each rank of a loopback ring connects with; kept by tests that connect again (re-hashing).
+struct RingSetup {
+  std::vector<fasthorovod::Socket> listeners;
+  std::vector<int> ports;
+  fasthorovod::LinkIdentity Identity(uint32_t rank) const {
+    fasthorovod::LinkIdentity self;
+    std::memset(self.token, 7, fasthorovod::kTokenBytes);
+    self.rank = rank;
+    self.size = static_cast<uint32_t>(ports.size());
+    return self;
+  }
+  fasthorovod::RingEndpoint Next(uint32_t rank) const { return {"127.0.0.1", ports[(rank + 1) % ports.size()]}; }
+};
+
 // Connects a ring of `size` ranks with `sockets` sockets per neighbour (size 1: invalid fds).
 // buffer_bytes > 0 fixes the socket buffers (small buffers force frames onto several sockets).
-inline std::vector<fasthorovod::RingLinks> ConnectRing(uint32_t size, int sockets, int buffer_bytes = 0) {
+// `setup`, if given, keeps the listeners open and says how to reach them.
+inline std::vector<fasthorovod::RingLinks> ConnectRing(uint32_t size, int sockets, int buffer_bytes = 0,
+                                                       RingSetup* setup = nullptr) {
   using namespace fasthorovod;
   std::vector<RingLinks> links(size);
   if (size == 1) {
@@ -22,17 +38,15 @@ inline std::vector<fasthorovod::RingLinks> ConnectRing(uint32_t size, int socket
     links[0].from_prev.emplace_back(-1);
     return links;
   }
-  std::vector<Socket> listeners(size);
-  std::vector<int> ports(size);
-  for (uint32_t r = 0; r < size; ++r) CHECK(Listen("127.0.0.1", buffer_bytes, &listeners[r], &ports[r]).ok());
+  RingSetup local;
+  RingSetup& ring = setup != nullptr ? *setup : local;
+  ring.listeners.resize(size);
+  ring.ports.resize(size);
+  for (uint32_t r = 0; r < size; ++r) CHECK(Listen("127.0.0.1", buffer_bytes, &ring.listeners[r], &ring.ports[r]).ok());
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      LinkIdentity self;
-      std::memset(self.token, 7, kTokenBytes);
-      self.rank = r;
-      self.size = size;
-      Status st = EstablishRing(self, listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, sockets, buffer_bytes,
+      Status st = EstablishRing(ring.Identity(r), ring.listeners[r], ring.Next(r), sockets, buffer_bytes,
                                 Deadline::After(10.0), &links[r]);
       CHECK(st.ok());
     });

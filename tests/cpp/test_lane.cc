@@ -5,6 +5,10 @@
 #include <mutex>
 #include <set>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "collectives/ring.h"
 #include "common/clock.h"
 #include "loopback.h"
@@ -158,6 +162,95 @@ TEST(LaneEndMarkersKeepBackToBackCollectivesApart) {
       CHECK(x.received == Pattern(1 - r, frames * frame_bytes, static_cast<uint32_t>(seq)));
     }
   });
+}
+
+int LocalPort(const Socket& sock) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  CHECK(getsockname(sock.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  return ntohs(addr.sin_port);
+}
+
+// Re-hashing: a sender announces sockets in a collective's end markers, the receiver learns which,
+// and between two collectives both swap those connections for new ones (new source ports), with
+// every frame of every collective arriving intact, whichever sockets each rank replaces.
+TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
+  const uint32_t size = 3;
+  const int sockets = 3;
+  fhtest::RingSetup setup;
+  auto links = ConnectRing(size, sockets, 64 << 10, &setup);
+  std::vector<std::vector<SocketCounters>> counters(size);
+  for (auto& c : counters) c = std::vector<SocketCounters>(sockets);
+  auto announced = [](uint64_t seq, uint32_t rank) -> uint64_t {  // by rank r in collective seq
+    if (seq == 4) return 0b111;                                   // every socket at once
+    return seq % 2 == 0 ? uint64_t{1} << ((seq + rank) % sockets) : 0;
+  };
+  RunRanks(size, [&](uint32_t r) {
+    const uint32_t prev = (r + size - 1) % size;
+    uint64_t bytes = 0;
+    for (uint64_t seq = 0; seq < 7; ++seq) {
+      const size_t frames = 24, frame_bytes = 64 << 10;
+      LaneOptions o = Options(r, size);
+      o.socket_counters = counters[r].data();
+      o.rehash_out = announced(seq, r);
+      CollectiveDesc desc = Desc(seq);
+      Lane lane(links[r], o);
+      Exchange x(frames, frame_bytes);
+      std::vector<char> mine = Pattern(r, frames * frame_bytes, static_cast<uint32_t>(seq));
+      lane.Begin(desc, frames, frames);
+      x.SendAll(lane, mine);
+      LaneStats stats;
+      Status st = lane.Run(&x, &stats);
+      CHECK(st.ok());
+      CHECK(x.received == Pattern(prev, frames * frame_bytes, static_cast<uint32_t>(seq)));
+      CHECK_EQ(stats.rehash_in, announced(seq, prev));
+      bytes += stats.bytes_sent;
+      std::vector<uint32_t> out, in;
+      std::vector<int> ports_before;
+      for (uint32_t s = 0; s < sockets; ++s) {
+        ports_before.push_back(LocalPort(links[r].to_next[s]));
+        if ((o.rehash_out >> s) & 1) out.push_back(s);
+        if ((stats.rehash_in >> s) & 1) in.push_back(s);
+      }
+      if (out.empty() && in.empty()) continue;
+      st = ConnectRingSockets(setup.Identity(r), setup.listeners[r], setup.Next(r), out, in, sockets, 64 << 10,
+                              Deadline::After(10.0), &links[r]);
+      CHECK(st.ok());
+      if (!st.ok()) std::fprintf(stderr, "    %s\n", st.message().c_str());
+      for (uint32_t s = 0; s < sockets; ++s) {
+        const bool replaced = std::find(out.begin(), out.end(), s) != out.end();
+        CHECK_EQ(LocalPort(links[r].to_next[s]) != ports_before[s], replaced);
+      }
+    }
+    uint64_t counted = 0;
+    for (auto& c : counters[r]) counted += c.bytes_sent.load();
+    CHECK_EQ(counted, bytes);  // the sockets' counters add up to the lane's
+  });
+}
+
+// A connection that announces a socket the receiver does not expect now is refused, and the
+// receiver still takes the one it expects.
+TEST(LaneRehashTakesOnlyTheExpectedSocket) {
+  const uint32_t size = 2;
+  const int sockets = 2;
+  fhtest::RingSetup setup;
+  auto links = ConnectRing(size, sockets, 0, &setup);
+  std::thread receiver([&] {  // rank 0 expects socket 1 of rank 1 and nothing else
+    CHECK(ConnectRingSockets(setup.Identity(0), setup.listeners[0], setup.Next(0), {}, {1}, sockets, 0,
+                             Deadline::After(10.0), &links[0]).ok());
+  });
+  {  // first a connection that proves the token but claims socket 0
+    Socket sock;
+    CHECK(ConnectWithRetry("127.0.0.1", setup.ports[0], Deadline::After(5.0), &sock).ok());
+    Status st = AuthenticateToPeer(sock.fd(), setup.Identity(1), LinkPurpose::kRing, 0, 0, Deadline::After(5.0),
+                                   "rank 0");
+    CHECK(st.code() == Code::kPeerError && st.message().find("not expected") != std::string::npos);
+  }
+  const int kept = LocalPort(links[1].to_next[0]);
+  CHECK(ConnectRingSockets(setup.Identity(1), setup.listeners[1], setup.Next(1), {1}, {}, sockets, 0,
+                           Deadline::After(10.0), &links[1]).ok());
+  receiver.join();
+  CHECK_EQ(LocalPort(links[1].to_next[0]), kept);
 }
 
 TEST(LaneAbortReachesEveryRankWithCodeAndMessage) {

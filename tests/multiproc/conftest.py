@@ -15,9 +15,10 @@ MISMATCHES = ("size", "dtype", "op", "prescale")
 
 @pytest.fixture(scope="session")
 def three_ranks_two_proxies():
-    """3 ranks, 2 proxies, 64 KiB segments, the harness's 1 MiB threshold."""
-    return run_scenarios(3, ("async", "join", "gather", "bad_input", "wire"), "--inflight", "40",
-                         env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+    """3 ranks, 2 proxies of 2 sockets each, 64 KiB segments, the harness's 1 MiB threshold."""
+    return run_scenarios(3, ("async", "join", "gather", "bad_input", "wire", "rehash"), "--inflight", "40",
+                         env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "2",
+                              "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,15 @@ def test_fp16_compression_is_the_proxies_float16_on_the_wire(three_ranks_two_pro
                 range(3), scenario="wire")
 
 
+def test_connections_replaced_between_collectives_keep_every_result_exact(three_ranks_two_proxies):
+    # worker.py's rehash: 12 rounds of two 4 MiB allreduces in flight, 8 of them after a rank asked
+    # for one of its send sockets to be replaced (the re-hashing policy's mechanism)
+    job = three_ranks_two_proxies
+    assert job.stdout.count("rehash ok") == 3, job.stdout[-3000:]
+    print("\n".join(line for line in job.stdout.splitlines() if "rehash ok" in line))
+    check_lanes(job.stdout, through_the_ring(3, [4 << 20] * 24), range(3), scenario="rehash")
+
+
 def test_allreduce_of_100_megabytes(two_ranks_two_proxies):
     job = two_ranks_two_proxies
     assert job.stdout.count("large ok (100 MB)") == 2, job.stdout[-2000:]

@@ -59,6 +59,9 @@ def _documented_default(cell):
 
 
 def _spelled(value):
+    """A default as the environment spells it (a flag: 1 or 0)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

@@ -217,6 +217,57 @@ def scenario_lane_slowdown(args):
     print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
 
 
+def _flows_to(group, ports) -> list:
+    """The source ports of this rank's proxies' connections to `ports` (the next rank's lanes)."""
+    import psutil
+
+    return sorted(c.laddr.port for p in group.processes for c in psutil.Process(p.pid).net_connections("tcp")
+                  if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in ports)
+
+
+def scenario_flow_slowdown(args):
+    """Re-hashing against a real per-flow slowdown (run in a private network namespace, 2 ranks, 2
+    lanes of 2 sockets, the defaults otherwise): rank 0's four flows to rank 1 are shaped by their
+    source ports, three to 100 Mbit/s and one to 40, as if it shared a per-flow cap. Rank 0 finds
+    that flow and replaces its connection, whose new port is no longer shaped, and every result
+    stays exact."""
+    from fasthorovod.torch.mpi_ops import _runtime
+    rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+    assert _runtime.rehasher is not None, "re-hashing must be on by default"
+    ports = hvd.allgather_object([s["port"] for s in group.lane_stats()])
+    if rank == 0:
+        flows = _flows_to(group, ports[1])
+        assert len(flows) == 4, flows
+        slow = flows[0]
+        lines = ["qdisc add dev lo root handle 1: htb default 10",
+                 "class add dev lo parent 1: classid 1:1 htb rate 100gbit",
+                 "class add dev lo parent 1:1 classid 1:10 htb rate 100gbit"]
+        for i, port in enumerate(flows):
+            rate = 40 if port == slow else 100
+            lines += [f"class add dev lo parent 1:1 classid 1:{0x100 + i:x} htb rate {rate}mbit ceil {rate}mbit",
+                      f"filter add dev lo parent 1: protocol ip prio 1 u32 match ip sport {port} 0xffff "
+                      f"flowid 1:{0x100 + i:x}"]
+        subprocess.run(["tc", "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True, timeout=10)
+    hvd.barrier()
+    x = rank_input(4 << 20, torch.float32, rank)
+    expected = expected_sum(4 << 20, torch.float32, size)
+    times = []
+    for i in range(args.count):
+        start = time.perf_counter()
+        assert torch.equal(hvd.allreduce(x, op=hvd.Sum, name=f"flows.{i}"), expected), f"collective {i}"
+        times.append(time.perf_counter() - start)
+    hvd.barrier()
+    stats = group.lane_stats()
+    replaced, pause = sum(s["rehashes"] for s in stats), sum(s["rehash_ns"] for s in stats) / 1e6
+    if rank == 0:
+        after = _flows_to(group, ports[1])
+        assert replaced >= 1 and slow not in after, f"the slow flow {slow} was not replaced: {after}, {replaced}"
+        print(f"rank 0: the slow flow replaced ({replaced} replaced, {pause:.1f} ms in all); "
+              f"collectives {[round(t, 3) for t in times]} s", flush=True)
+    print(f"rank {rank}: flow slowdown ok", flush=True)
+
+
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"--runs: a flag is 0 or 1, got {value!r}")
@@ -531,22 +582,57 @@ def scenario_restart(args):
 
 
 def scenario_refused(args):
-    """Strangers connecting to a running job's proxy ports are refused; the job is undisturbed."""
+    """Strangers connecting to a running job's proxy ports are never taken in: the kernel holds
+    their connections until the lanes next accept (a re-hash, asked for here), and then they are
+    closed without a word, whatever they sent; the job is undisturbed."""
     import socket
 
     rank, size = hvd.rank(), hvd.size()
-    ports = [lane["port"] for lane in hvd.proxy_group().lane_stats()]
-    refused = 0
+    group = hvd.proxy_group()
+    ports = [lane["port"] for lane in group.lane_stats()]
+    strangers = []
     for port in ports:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
-                s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
-        except ConnectionRefusedError:
-            refused += 1
-    assert refused == len(ports), f"{len(ports) - refused} proxy ports still accept connections"
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
+        strangers.append(s)
+    hvd.barrier()  # every rank's strangers are in before anyone's lanes accept
+    for lane in range(len(ports)):
+        group.request_rehash(lane, [0])
     out = hvd.allreduce(torch.full((1 << 20,), float(rank)), op=hvd.Sum, name="after.strangers")
     assert torch.all(out == size * (size - 1) / 2)
-    print(f"rank {rank}: {refused} connection attempts refused, job unaffected", flush=True)
+    out = hvd.allreduce(torch.full((1 << 20,), 1.0), op=hvd.Sum, name="after.rehash")  # on the new connections
+    assert torch.all(out == size)
+    turned_away = 0
+    for s in strangers:
+        try:
+            turned_away += s.recv(1) == b""  # closed, not answered
+        except ConnectionResetError:
+            turned_away += 1
+        s.close()
+    assert turned_away == len(ports), f"{len(ports) - turned_away} strangers were answered or kept"
+    print(f"rank {rank}: {turned_away} strangers turned away, job unaffected", flush=True)
+
+
+def scenario_rehash(args):
+    """Connections replaced between collectives, as the re-hashing policy asks for them (asked
+    directly here): each rank has its lanes' send sockets replaced in turn, while two collectives
+    are in flight, and every result stays exact; the lanes count the replacements."""
+    rank, size = hvd.rank(), hvd.size()
+    group = hvd.proxy_group()
+    lanes, sockets = group.lanes, group.plan.sockets_per_lane
+    before = sum(lane["rehashes"] for lane in group.lane_stats())
+    x, expected = rank_input(1 << 20, torch.float32, rank), expected_sum(1 << 20, torch.float32, size)
+    asked = 0
+    for i in range(12):
+        if i % 3 != 2:  # every rank, different sockets; one round in three nothing changes
+            group.request_rehash(i % lanes, [(i // lanes + rank) % sockets])
+            asked += 1
+        handles = [hvd.allreduce_async(x, op=hvd.Sum, name=f"rehash.{i}.{j}") for j in range(2)]
+        for h in handles:
+            assert torch.equal(hvd.synchronize(h), expected), f"rehash round {i}"
+    replaced = sum(lane["rehashes"] for lane in group.lane_stats()) - before
+    assert replaced >= asked, f"asked for {asked} replacements, the lanes made {replaced}"
+    print(f"rank {rank}: rehash ok, {replaced} connections replaced ({lanes} lanes x {sockets} sockets)", flush=True)
 
 
 def scenario_soak(args):

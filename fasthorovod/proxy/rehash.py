@@ -1,0 +1,87 @@
+"""Re-hashing unlucky flows: a policy on top of ProxyGroup's mechanisms (a ``before_submit`` hook,
+the send sockets' counters, ``ProxyGroup.request_rehash``).
+
+Networks cap bandwidth per flow by hashing: two flows whose ports hash alike share one cap (a
+shaper's per-flow bucket, one ECMP path). Which of a job's flows collide is decided by the source
+ports the kernel hands out when the rings connect, so without this policy a job's pace would be
+decided by luck at start-up (docs/benchmarks.md, "When flows collide").
+
+Every send socket counts the bytes it wrote and the time it had bytes the kernel had not sent yet
+(its *backlogged* time, transport/lane.h): while a socket is backlogged the flow, not this rank, is
+the limit, so bytes per backlogged second is the rate the flow drains at, whatever the ring's other
+hops do. Once every lane has sent ``MIN_BYTES`` since the last look (so that one small collective
+decides nothing), a rank compares the rates of its sockets that were backlogged for at least
+``MIN_BACKLOGGED_NS``, all lanes together (they all cross the same hop, to the next rank): a socket
+below ``SLOW`` of their median in ``WINDOWS`` looks in a row is asked to reconnect after its next
+collective. The new connection has a new source port, hence a new hash; if it is unlucky again,
+the same rule finds it again. Fewer than ``MIN_MEASURED`` measured sockets: no median to trust,
+nothing is decided. Where flows are not capped the sockets are rarely backlogged and drain alike,
+and nothing happens.
+
+Rebalancing (balance.py) moves shard weight *between* lanes by their busy times; re-hashing
+changes which flows carry a lane. So they do not fight, a re-hash makes the balancer forget its
+current window (``LaneBalancer.forget``): the window would mix the lane's pace before and after.
+Purely local, like rebalancing: nothing collective, nothing that blocks, and the receiving proxy
+learns of each replacement from the collective's own end marker (docs/dataplane.md).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Dict, List, Optional, Tuple
+
+MIN_BYTES = 4 << 20           # each lane sends at least this much between two looks
+MIN_BACKLOGGED_NS = 20_000_000  # a socket measured in a look was the limit for at least 20 ms
+SLOW = 0.6                    # below this fraction of the median rate a socket is slow...
+WINDOWS = 2                   # ...in this many looks in a row before it reconnects
+MIN_MEASURED = 3              # sockets measured in a look, at least, for the median to decide
+
+
+def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The (lane, socket) keys of `deltas` ((bytes, backlogged ns) in one look) whose rate is below
+    ``SLOW`` of the median rate of the sockets backlogged long enough to be measured."""
+    rates = {key: sent / backlogged for key, (sent, backlogged) in deltas.items() if backlogged >= MIN_BACKLOGGED_NS}
+    if len(rates) < MIN_MEASURED:
+        return []
+    median = statistics.median(rates.values())
+    return sorted(key for key, rate in rates.items() if rate < SLOW * median)
+
+
+class FlowRehasher:
+    """Watches a ProxyGroup's send sockets and has the persistently slow ones reconnect."""
+
+    def __init__(self, group, forget: Optional[Callable[[], None]] = None) -> None:
+        self.group = group
+        self.forget = forget  # called when sockets are asked to reconnect (the balancer's window)
+        self.looks = 0        # windows measured
+        self.requested = 0    # sockets asked to reconnect
+        self._since = self._progress()
+        self._strikes: Dict[Tuple[int, int], int] = {}
+
+    def _progress(self) -> Dict[Tuple[int, int], Tuple[int, int]]:
+        return {(lane, socket): counters for lane in range(self.group.lanes)
+                for socket, counters in enumerate(self.group.socket_progress(lane))}
+
+    def before_request(self) -> None:
+        """Call just before each proxy request is submitted."""
+        sent = [lane_sent for lane_sent, _ in self.group.lane_progress()]
+        since_sent = [0] * len(sent)
+        for (lane, _), (socket_sent, _) in self._since.items():
+            since_sent[lane] += socket_sent
+        if min(now - then for now, then in zip(sent, since_sent)) < MIN_BYTES:
+            return
+        progress = self._progress()
+        deltas = {key: (b - self._since[key][0], t - self._since[key][1]) for key, (b, t) in progress.items()}
+        self._since = progress
+        self.looks += 1
+        slow = slow_sockets(deltas)
+        self._strikes = {key: self._strikes.get(key, 0) + 1 for key in slow}
+        due = [key for key, strikes in self._strikes.items() if strikes >= WINDOWS]
+        if not due:
+            return
+        for lane in sorted({lane for lane, _ in due}):
+            self.group.request_rehash(lane, [socket for l, socket in due if l == lane])
+        for key in due:
+            del self._strikes[key]
+        self.requested += len(due)
+        if self.forget is not None:
+            self.forget()

@@ -1,0 +1,101 @@
+"""The flow re-hashing policy (fasthorovod/proxy/rehash.py) on simulated sockets: which flows it
+finds slow, when it asks them to reconnect, and that it leaves even or unmeasured flows alone."""
+import random
+
+from fasthorovod.proxy.rehash import MIN_BACKLOGGED_NS, MIN_BYTES, WINDOWS, FlowRehasher, slow_sockets
+
+
+CAP = 0.025  # bytes per ns: a 200 Mbit/s per-flow cap
+
+
+class FakeSockets:
+    """ProxyGroup's re-hashing mechanisms: per lane and send socket, counters that advance per
+    request as flows of the given rates would (frames go to the socket with the least backlog, so
+    each socket carries bytes in proportion to its rate and is backlogged all the collective), and
+    request_rehash, which gives the socket a new rate (its new hash) after the next request."""
+
+    def __init__(self, rates, fresh=lambda lane, socket: 1.0):
+        self.rates = [list(lane) for lane in rates]  # per lane and socket, in CAPs
+        self.fresh = fresh  # the rate a reconnected socket gets
+        self.sent = [[0] * len(lane) for lane in rates]
+        self.backlogged = [[0] * len(lane) for lane in rates]
+        self.asked = []  # (request number, lane, sockets)
+        self.pending = []
+        self.requests = 0
+
+    @property
+    def lanes(self):
+        return len(self.rates)
+
+    def lane_progress(self):
+        return tuple((sum(lane), 0) for lane in self.sent)
+
+    def socket_progress(self, lane):
+        return list(zip(self.sent[lane], self.backlogged[lane]))
+
+    def request_rehash(self, lane, sockets):
+        self.asked.append((self.requests, lane, list(sockets)))
+        self.pending.append((lane, list(sockets)))
+
+    def post(self, nbytes_per_lane):
+        self.requests += 1
+        for lane, rates in enumerate(self.rates):
+            ns = nbytes_per_lane / (sum(rates) * CAP)  # the lane's sockets all drain until it is done
+            for socket, rate in enumerate(rates):
+                self.sent[lane][socket] += int(rate * CAP * ns)
+                self.backlogged[lane][socket] += int(ns)
+        for lane, sockets in self.pending:  # replaced after the collective
+            for socket in sockets:
+                self.rates[lane][socket] = self.fresh(lane, socket)
+        self.pending.clear()
+
+
+def run(sockets, policy, requests, nbytes_per_lane=16 << 20):
+    for _ in range(requests):
+        policy.before_request()
+        sockets.post(nbytes_per_lane)
+
+
+def test_slow_sockets_are_those_below_the_median_of_the_measured_ones():
+    ms = 100_000_000
+    deltas = {(0, 0): (100, ms), (0, 1): (40, ms), (1, 0): (100, ms), (1, 1): (95, ms),
+              (2, 0): (1, MIN_BACKLOGGED_NS - 1)}  # not backlogged long enough: not measured
+    assert slow_sockets(deltas) == [(0, 1)]
+    assert slow_sockets({(0, 0): (100, ms), (0, 1): (10, ms)}) == [], "two sockets: no median to trust"
+
+
+def test_a_flow_that_shares_a_cap_reconnects_after_two_looks_and_the_others_stay():
+    sockets = FakeSockets([[1.0, 1.0], [1.0, 0.5], [1.0, 1.0], [1.0, 1.0]])  # lane 1 socket 1: a shared cap
+    forgotten = []
+    policy = FlowRehasher(sockets, forget=lambda: forgotten.append(sockets.requests))
+    run(sockets, policy, 6)
+    # the first request has nothing to compare; looks 1 and 2 find it; asked before request 3
+    assert sockets.asked == [(WINDOWS, 1, [1])] and policy.requested == 1, sockets.asked
+    assert forgotten == [WINDOWS], "the balancer forgets the window of the switch"
+    assert sockets.rates[1][1] == 1.0
+
+
+def test_an_unlucky_new_hash_is_found_again_and_replaced_until_it_is_lucky():
+    draws = iter([0.5, 0.5, 1.0])  # the first two new connections collide again
+    sockets = FakeSockets([[1.0, 1.0, 0.5], [1.0, 1.0, 1.0]], fresh=lambda lane, socket: next(draws))
+    policy = FlowRehasher(sockets)
+    run(sockets, policy, 12)
+    assert [(lane, s) for _, lane, s in sockets.asked] == [(0, [2])] * 3
+    assert sockets.rates[0][2] == 1.0
+
+
+def test_even_flows_and_noise_within_a_few_percent_are_left_alone():
+    rng = random.Random(1)
+    sockets = FakeSockets([[1.0] * 4 for _ in range(4)])
+    policy = FlowRehasher(sockets)
+    for _ in range(40):
+        sockets.rates = [[1.0 + rng.uniform(-0.15, 0.15) for _ in lane] for lane in sockets.rates]
+        run(sockets, policy, 1)
+    assert sockets.asked == [] and policy.looks == 39  # the first request has nothing to compare
+
+
+def test_a_look_waits_until_every_lane_has_moved_min_bytes():
+    sockets = FakeSockets([[1.0, 0.3], [1.0, 1.0]])
+    policy = FlowRehasher(sockets)
+    run(sockets, policy, 20, nbytes_per_lane=MIN_BYTES // 8 + 1024)  # 2.5 windows' worth in all
+    assert policy.looks == 2 and sockets.asked == [(16, 0, [1])], (policy.looks, sockets.asked)
