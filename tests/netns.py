@@ -2,6 +2,7 @@
 the test modules that need them."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -22,6 +23,21 @@ def unusable_reason(tools: tuple = ("ip", "tc"), probe_prefix: str = "fhvdprobe"
         return f"`ip netns add` is not permitted here: {added.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=10, check=True)
     return None
+
+
+@contextlib.contextmanager
+def loopback_namespace(prefix: str):
+    """A private network namespace (named `prefix` and this process's pid) whose loopback has a
+    cloud-like MTU, so that tc's htb shapes 1500-byte packets rather than 64 KiB loopback ones;
+    deleted on exit. Yields its name."""
+    name = f"{prefix}{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "mtu", "1500", "up"],
+                       check=True, timeout=10)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], timeout=10)
 
 
 def skip_unless_usable(tools: tuple = ("ip", "tc"), probe_prefix: str = "fhvdprobe"):

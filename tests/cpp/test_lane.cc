@@ -86,6 +86,16 @@ CollectiveDesc Desc(uint64_t seq) {
   return d;
 }
 
+// One collective on `lane`: this rank's pattern for `seq` goes out in x's frames, the previous
+// rank's arrives in `x`.
+Status ExchangeOnce(Lane& lane, uint32_t rank, uint64_t seq, Exchange& x, LaneStats* stats) {
+  CollectiveDesc desc = Desc(seq);
+  std::vector<char> mine = Pattern(rank, x.frames_ * x.frame_bytes_, static_cast<uint32_t>(seq));
+  lane.Begin(desc, x.frames_, x.frames_);
+  x.SendAll(lane, mine);
+  return lane.Run(&x, stats);
+}
+
 // Every rank of a ring of `size` sends `frames` frames of `frame_bytes` to the next rank over
 // `sockets` sockets (buffers fixed at `buffer_bytes`, 0: autotuned), checking what arrives and the
 // lane's counts; returns each rank's per-socket record of the frames.
@@ -150,13 +160,9 @@ TEST(LaneEndMarkersKeepBackToBackCollectivesApart) {
     for (uint64_t seq = 0; seq < 6; ++seq) {
       const size_t frames = seq % 2 == 0 ? 1 : 7;
       const size_t frame_bytes = 4096 + seq;
-      CollectiveDesc desc = Desc(seq);
       Exchange x(frames, frame_bytes);
-      std::vector<char> mine = Pattern(r, frames * frame_bytes, static_cast<uint32_t>(seq));
-      lane.Begin(desc, frames, frames);
-      x.SendAll(lane, mine);
       LaneStats stats;
-      Status st = lane.Run(&x, &stats);
+      Status st = ExchangeOnce(lane, r, seq, x, &stats);
       CHECK(st.ok());
       if (!st.ok()) std::fprintf(stderr, "    %s\n", st.message().c_str());
       CHECK(x.received == Pattern(1 - r, frames * frame_bytes, static_cast<uint32_t>(seq)));
@@ -193,14 +199,10 @@ TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
       LaneOptions o = Options(r, size);
       o.socket_counters = counters[r].data();
       o.rehash_out = announced(seq, r);
-      CollectiveDesc desc = Desc(seq);
       Lane lane(links[r], o);
       Exchange x(frames, frame_bytes);
-      std::vector<char> mine = Pattern(r, frames * frame_bytes, static_cast<uint32_t>(seq));
-      lane.Begin(desc, frames, frames);
-      x.SendAll(lane, mine);
       LaneStats stats;
-      Status st = lane.Run(&x, &stats);
+      Status st = ExchangeOnce(lane, r, seq, x, &stats);
       CHECK(st.ok());
       CHECK(x.received == Pattern(prev, frames * frame_bytes, static_cast<uint32_t>(seq)));
       CHECK_EQ(stats.rehash_in, announced(seq, prev));

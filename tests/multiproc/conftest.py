@@ -9,6 +9,7 @@ Only scenarios that leave the world as they found it share a job (the lane weigh
 import pytest
 
 from tests.multiproc.harness import run_scenarios
+from tests.netns import loopback_namespace
 
 MISMATCHES = ("size", "dtype", "op", "prescale")
 
@@ -35,3 +36,10 @@ def two_ranks_three_proxies():
     return run_scenarios(2, ("gather", "refused", "rebalance"), "--count", "30",
                          env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
+
+
+@pytest.fixture
+def private_netns():
+    """A private network namespace whose loopback (MTU 1500) a test shapes with tc; deleted after."""
+    with loopback_namespace("fhvdlo") as name:
+        yield name

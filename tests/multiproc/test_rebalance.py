@@ -1,7 +1,6 @@
 """Lane rebalancing against a real slowdown: a job in a private network namespace whose lanes are
 shaped by tc, one lane slowed mid-run (also while a rank is in hvd.join()). Needs root and tc."""
 import os
-import subprocess
 
 import pytest
 
@@ -11,20 +10,7 @@ from tests.netns import skip_unless_usable
 pytestmark = [pytest.mark.slow, pytest.mark.background, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
 
 
-@pytest.fixture
-def namespace():
-    name = f"fhvdrb{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
-    try:
-        # a cloud-like MTU, so that htb shapes 1500-byte packets rather than 64 KiB loopback ones
-        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "mtu", "1500", "up"],
-                       check=True, timeout=10)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], timeout=10)
-
-
-def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(namespace):
+def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(private_netns):
     env = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "1"}
     env.pop("FASTHOROVOD_REBALANCE_EVERY", None)
     assert "FASTHOROVOD_REBALANCE_EVERY" not in os.environ, "the test is of the default"
@@ -32,7 +18,7 @@ def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(
     # joined (its lanes contribute zeros): on both ranks, every lane carries its share of each
     sizes = [4 << 20] * 100 + [16 << 20] * 25
     result = run_job(2, "lane_slowdown", "--count", "100", env=env, timeout=240,
-                     wrap=["ip", "netns", "exec", namespace],
+                     wrap=["ip", "netns", "exec", private_netns],
                      proxied=Lanes(min_bytes=ring_allreduce_bytes(2, *sizes), min_collectives=len(sizes)))
     assert result.stdout.count("lane slowdown ok") == 2, result.stdout[-3000:]
     print(result.stdout[-2500:])
