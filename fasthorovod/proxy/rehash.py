@@ -12,11 +12,15 @@ the limit, so bytes per backlogged second is the rate the flow drains at, whatev
 hops do. Once every lane has sent ``MIN_BYTES`` since the last look (so that one small collective
 decides nothing), a rank compares the rates of its sockets that were backlogged for at least
 ``MIN_BACKLOGGED_NS``, all lanes together (they all cross the same hop, to the next rank): a socket
-below ``SLOW`` of their median in ``WINDOWS`` looks in a row is asked to reconnect after its next
-collective. The new connection has a new source port, hence a new hash; if it is unlucky again,
-the same rule finds it again. Fewer than ``MIN_MEASURED`` measured sockets: no median to trust,
-nothing is decided. Where flows are not capped the sockets are rarely backlogged and drain alike,
-and nothing happens.
+below ``SLOW`` of their upper quartile in ``WINDOWS`` looks in a row is asked to reconnect after
+its next collective. The upper quartile, not the median, is the reference: with four flows of which
+two share a cap, the median is the shared flows' rate and would hide them. The new connection has
+a new source port, hence a new hash; if it is unlucky again, the same rule finds it again, at most
+``MAX_REHASHES`` times per socket (where a network has fewer buckets than the job has flows, some
+flows always share, and replacing them again only costs pauses). Fewer than ``MIN_MEASURED``
+measured sockets: nothing to compare with, nothing is decided. Flows that share a link's
+bandwidth fairly drain alike, and where flows are not capped the sockets are rarely backlogged:
+nothing happens.
 
 Rebalancing (balance.py) moves shard weight *between* lanes by their busy times; re-hashing
 changes which flows carry a lane. So they do not fight, a re-hash makes the balancer forget its
@@ -26,24 +30,26 @@ learns of each replacement from the collective's own end marker (docs/dataplane.
 """
 from __future__ import annotations
 
-import statistics
+import math
 from typing import Callable, Dict, List, Optional, Tuple
 
 MIN_BYTES = 4 << 20           # each lane sends at least this much between two looks
 MIN_BACKLOGGED_NS = 20_000_000  # a socket measured in a look was the limit for at least 20 ms
-SLOW = 0.6                    # below this fraction of the median rate a socket is slow...
+SLOW = 0.6                    # below this fraction of the upper quartile's rate a socket is slow...
 WINDOWS = 2                   # ...in this many looks in a row before it reconnects
-MIN_MEASURED = 3              # sockets measured in a look, at least, for the median to decide
+MIN_MEASURED = 3              # sockets measured in a look, at least, to compare them
+MAX_REHASHES = 3              # replacements of one socket, at most, per data plane
 
 
 def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]]) -> List[Tuple[int, int]]:
     """The (lane, socket) keys of `deltas` ((bytes, backlogged ns) in one look) whose rate is below
-    ``SLOW`` of the median rate of the sockets backlogged long enough to be measured."""
+    ``SLOW`` of the upper quartile of the rates of the sockets backlogged long enough to be measured."""
     rates = {key: sent / backlogged for key, (sent, backlogged) in deltas.items() if backlogged >= MIN_BACKLOGGED_NS}
     if len(rates) < MIN_MEASURED:
         return []
-    median = statistics.median(rates.values())
-    return sorted(key for key, rate in rates.items() if rate < SLOW * median)
+    ordered = sorted(rates.values())
+    upper_quartile = ordered[math.ceil(0.75 * (len(ordered) - 1))]
+    return sorted(key for key, rate in rates.items() if rate < SLOW * upper_quartile)
 
 
 class FlowRehasher:
@@ -56,6 +62,7 @@ class FlowRehasher:
         self.requested = 0    # sockets asked to reconnect
         self._since = self._progress()
         self._strikes: Dict[Tuple[int, int], int] = {}
+        self._replaced: Dict[Tuple[int, int], int] = {}  # per socket, how often
 
     def _progress(self) -> Dict[Tuple[int, int], Tuple[int, int]]:
         return {(lane, socket): counters for lane in range(self.group.lanes)
@@ -73,7 +80,7 @@ class FlowRehasher:
         deltas = {key: (b - self._since[key][0], t - self._since[key][1]) for key, (b, t) in progress.items()}
         self._since = progress
         self.looks += 1
-        slow = slow_sockets(deltas)
+        slow = [key for key in slow_sockets(deltas) if self._replaced.get(key, 0) < MAX_REHASHES]
         self._strikes = {key: self._strikes.get(key, 0) + 1 for key in slow}
         due = [key for key, strikes in self._strikes.items() if strikes >= WINDOWS]
         if not due:
@@ -82,6 +89,7 @@ class FlowRehasher:
             self.group.request_rehash(lane, [socket for l, socket in due if l == lane])
         for key in due:
             del self._strikes[key]
+            self._replaced[key] = self._replaced.get(key, 0) + 1
         self.requested += len(due)
         if self.forget is not None:
             self.forget()

@@ -2,7 +2,7 @@
 finds slow, when it asks them to reconnect, and that it leaves even or unmeasured flows alone."""
 import random
 
-from fasthorovod.proxy.rehash import MIN_BACKLOGGED_NS, MIN_BYTES, WINDOWS, FlowRehasher, slow_sockets
+from fasthorovod.proxy.rehash import MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, WINDOWS, FlowRehasher, slow_sockets
 
 
 CAP = 0.025  # bytes per ns: a 200 Mbit/s per-flow cap
@@ -56,12 +56,14 @@ def run(sockets, policy, requests, nbytes_per_lane=16 << 20):
         sockets.post(nbytes_per_lane)
 
 
-def test_slow_sockets_are_those_below_the_median_of_the_measured_ones():
+def test_slow_sockets_are_those_well_below_the_upper_quartile_of_the_measured_ones():
     ms = 100_000_000
     deltas = {(0, 0): (100, ms), (0, 1): (40, ms), (1, 0): (100, ms), (1, 1): (95, ms),
               (2, 0): (1, MIN_BACKLOGGED_NS - 1)}  # not backlogged long enough: not measured
     assert slow_sockets(deltas) == [(0, 1)]
-    assert slow_sockets({(0, 0): (100, ms), (0, 1): (10, ms)}) == [], "two sockets: no median to trust"
+    # two of four flows share a cap: the median would be theirs; the upper quartile is not
+    assert slow_sockets({(0, 0): (200, ms), (1, 0): (100, ms), (2, 0): (100, ms), (3, 0): (200, ms)}) == [(1, 0), (2, 0)]
+    assert slow_sockets({(0, 0): (100, ms), (0, 1): (10, ms)}) == [], "two sockets: nothing to compare with"
 
 
 def test_a_flow_that_shares_a_cap_reconnects_after_two_looks_and_the_others_stay():
@@ -82,6 +84,13 @@ def test_an_unlucky_new_hash_is_found_again_and_replaced_until_it_is_lucky():
     run(sockets, policy, 12)
     assert [(lane, s) for _, lane, s in sockets.asked] == [(0, [2])] * 3
     assert sockets.rates[0][2] == 1.0
+
+
+def test_a_socket_that_stays_unlucky_is_replaced_at_most_max_rehashes_times():
+    sockets = FakeSockets([[1.0, 1.0, 0.5], [1.0, 1.0, 1.0]], fresh=lambda lane, socket: 0.5)  # always shares
+    policy = FlowRehasher(sockets)
+    run(sockets, policy, 40)
+    assert [(lane, s) for _, lane, s in sockets.asked] == [(0, [2])] * MAX_REHASHES
 
 
 def test_even_flows_and_noise_within_a_few_percent_are_left_alone():
