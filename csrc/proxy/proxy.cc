@@ -213,6 +213,17 @@ class Proxy {
     info_.progress_ns.store(NowNs());
     slot.lanes_done.fetch_add(1, std::memory_order_acq_rel);
     FutexWakeAll(&slot.lanes_done);
+    // Connections announced in this collective are replaced once its result is out, while the
+    // worker takes it; a failure leaves the lane down, and the next request says why.
+    if ((rehash_out_ | rehash_in_) != 0) {
+      Status replaced = Rehash(rehash_out_, rehash_in_);
+      rehash_out_ = rehash_in_ = 0;
+      if (!replaced.ok()) {
+        dead_ = Status::Error(replaced.code(), Str("lane ", lane_, " is down: ", replaced.message()));
+        Fail(replaced);
+        if (host_.attached()) AbortHost(Status::Error(replaced.code(), Str("rank ", ch_->rank, " lane ", lane_, ": ", replaced.message())));
+      }
+    }
   }
 
   Status Execute(const RequestDesc& r) {
@@ -255,7 +266,10 @@ class Proxy {
     if (zero_fill) info_.zero_filled.fetch_add(1, std::memory_order_relaxed);
     options_.rehash_out = info_.rehash_request.exchange(0, std::memory_order_acq_rel) & SocketMask();
     Status st = Hierarchical() ? ExecuteHost(r, desc, work, &stats) : RingAllreduce(links_, desc, work, options_, &stats);
-    if (st.ok() && (options_.rehash_out | stats.rehash_in) != 0) st = Rehash(options_.rehash_out, stats.rehash_in);
+    if (st.ok()) {
+      rehash_out_ = options_.rehash_out;
+      rehash_in_ = stats.rehash_in;
+    }
     options_.rehash_out = 0;
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
@@ -547,6 +561,8 @@ class Proxy {
   RingEndpoint next_;
   RingLinks links_;
   RingOptions options_;
+  uint64_t rehash_out_ = 0;  // sockets announced in the collective just run (lane.h), replaced
+  uint64_t rehash_in_ = 0;   // after its result is out (Handle)
   std::unordered_map<uint32_t, ShmSegment> buffers_;
   HostSegment host_;                               // the hierarchical allreduce's meeting place
   std::map<uint64_t, ShmSegment> peer_buffers_;    // (local rank << 32 | id): the other workers' buffers

@@ -14,7 +14,11 @@ decides nothing), a rank compares the rates of its sockets that were backlogged 
 ``MIN_BACKLOGGED_NS``, all lanes together (they all cross the same hop, to the next rank): a socket
 below ``SLOW`` of their upper quartile in ``WINDOWS`` looks in a row is asked to reconnect after
 its next collective. The upper quartile, not the median, is the reference: with four flows of which
-two share a cap, the median is the shared flows' rate and would hide them. The new connection has
+two share a cap, the median is the shared flows' rate and would hide them. Where the start-up probe
+measured the path, the reference is at most the rate a flow can expect (:func:`expected_flow_rate`:
+one flow's rate, or the link's share of each of the hop's flows where that is lower): where the
+link, not a per-flow cap, is the limit, flows drain unevenly (TCP's fairness is rough) and a new
+hash cannot help, so only a flow far below its share of the link is replaced. The new connection has
 a new source port, hence a new hash; if it is unlucky again, the same rule finds it again, at most
 ``MAX_REHASHES`` times per socket (where a network has fewer buckets than the job has flows, some
 flows always share, and replacing them again only costs pauses). Fewer than ``MIN_MEASURED``
@@ -41,15 +45,32 @@ MIN_MEASURED = 3              # sockets measured in a look, at least, to compare
 MAX_REHASHES = 3              # replacements of one socket, at most, per data plane
 
 
-def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]]) -> List[Tuple[int, int]]:
+def expected_flow_rate(plan) -> Optional[float]:
+    """The rate (bytes/s) one of the data plane's flows can expect on the ring's slowest hop, from
+    the start-up probe's curve (None where it did not run): one flow's, or the link's share of each
+    of the hop's flows (the probe's best aggregate over the lanes x sockets of every ring that
+    crosses the link) where that is lower."""
+    choice = getattr(plan, "flow_choice", None)
+    if choice is None or not choice.curve:
+        return None
+    rings = plan.layout.local_size if plan.layout is not None else 1
+    one_flow = choice.curve[min(choice.curve)]
+    return min(one_flow, max(choice.curve.values()) / (plan.flows * rings))
+
+
+def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]],
+                 expected: Optional[float] = None) -> List[Tuple[int, int]]:
     """The (lane, socket) keys of `deltas` ((bytes, backlogged ns) in one look) whose rate is below
-    ``SLOW`` of the upper quartile of the rates of the sockets backlogged long enough to be measured."""
+    ``SLOW`` of the reference: the upper quartile of the rates of the sockets backlogged long enough
+    to be measured, or `expected` (bytes/s; :func:`expected_flow_rate`) where that is lower."""
     rates = {key: sent / backlogged for key, (sent, backlogged) in deltas.items() if backlogged >= MIN_BACKLOGGED_NS}
     if len(rates) < MIN_MEASURED:
         return []
     ordered = sorted(rates.values())
-    upper_quartile = ordered[math.ceil(0.75 * (len(ordered) - 1))]
-    return sorted(key for key, rate in rates.items() if rate < SLOW * upper_quartile)
+    reference = ordered[math.ceil(0.75 * (len(ordered) - 1))]
+    if expected is not None:
+        reference = min(reference, expected / 1e9)  # rates here are bytes per ns
+    return sorted(key for key, rate in rates.items() if rate < SLOW * reference)
 
 
 class FlowRehasher:
@@ -57,6 +78,7 @@ class FlowRehasher:
 
     def __init__(self, group, forget: Optional[Callable[[], None]] = None) -> None:
         self.group = group
+        self.expected = expected_flow_rate(group.plan)
         self.forget = forget  # called when sockets are asked to reconnect (the balancer's window)
         self.looks = 0        # windows measured
         self.requested = 0    # sockets asked to reconnect
@@ -80,7 +102,7 @@ class FlowRehasher:
         deltas = {key: (b - self._since[key][0], t - self._since[key][1]) for key, (b, t) in progress.items()}
         self._since = progress
         self.looks += 1
-        slow = [key for key in slow_sockets(deltas) if self._replaced.get(key, 0) < MAX_REHASHES]
+        slow = [key for key in slow_sockets(deltas, self.expected) if self._replaced.get(key, 0) < MAX_REHASHES]
         self._strikes = {key: self._strikes.get(key, 0) + 1 for key in slow}
         due = [key for key, strikes in self._strikes.items() if strikes >= WINDOWS]
         if not due:

@@ -1,8 +1,11 @@
 """The flow re-hashing policy (fasthorovod/proxy/rehash.py) on simulated sockets: which flows it
 finds slow, when it asks them to reconnect, and that it leaves even or unmeasured flows alone."""
 import random
+import types
 
-from fasthorovod.proxy.rehash import MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, WINDOWS, FlowRehasher, slow_sockets
+from fasthorovod.proxy.probe import FlowChoice
+from fasthorovod.proxy.rehash import (MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, WINDOWS, FlowRehasher,
+                                      expected_flow_rate, slow_sockets)
 
 
 CAP = 0.025  # bytes per ns: a 200 Mbit/s per-flow cap
@@ -14,7 +17,8 @@ class FakeSockets:
     each socket carries bytes in proportion to its rate and is backlogged all the collective), and
     request_rehash, which gives the socket a new rate (its new hash) after the next request."""
 
-    def __init__(self, rates, fresh=lambda lane, socket: 1.0):
+    def __init__(self, rates, fresh=lambda lane, socket: 1.0, plan=None):
+        self.plan = plan
         self.rates = [list(lane) for lane in rates]  # per lane and socket, in CAPs
         self.fresh = fresh  # the rate a reconnected socket gets
         self.sent = [[0] * len(lane) for lane in rates]
@@ -84,6 +88,21 @@ def test_an_unlucky_new_hash_is_found_again_and_replaced_until_it_is_lucky():
     run(sockets, policy, 12)
     assert [(lane, s) for _, lane, s in sockets.asked] == [(0, [2])] * 3
     assert sockets.rates[0][2] == 1.0
+
+
+def test_where_the_link_is_the_limit_only_a_flow_far_below_its_share_of_it_is_replaced():
+    ms = 100_000_000
+    uneven = {(lane, 0): (rate, ms) for lane, rate in enumerate([100, 55, 100, 100, 20, 100, 100, 100])}
+    assert slow_sockets(uneven) == [(1, 0), (4, 0)]
+    assert slow_sockets(uneven, expected=800.0) == [(4, 0)], "800 bytes/s expected (the others: 1000): 550 is TCP's rough fairness"
+
+
+def test_the_expected_rate_is_one_flows_or_the_links_share_per_flow_from_the_probes_curve():
+    choice = FlowChoice(sockets_per_lane=2, knee_flows=8, curve={1: 25e6, 2: 50e6, 4: 100e6, 8: 115e6}, hops=[])
+    plan = types.SimpleNamespace(flow_choice=choice, flows=4, layout=None)
+    assert expected_flow_rate(plan) == 25e6  # 4 flows: the per-flow cap is the limit
+    assert expected_flow_rate(types.SimpleNamespace(flow_choice=choice, flows=16, layout=None)) == 115e6 / 16
+    assert expected_flow_rate(types.SimpleNamespace(flow_choice=None, flows=16, layout=None)) is None
 
 
 def test_a_socket_that_stays_unlucky_is_replaced_at_most_max_rehashes_times():
