@@ -37,7 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 FASTHOROVODRUN = Path(sys.executable).parent / "fasthorovodrun"
 
 # Jobs on emulated clouds: most of their time is the shaped network's and the launchers' timeouts.
-pytestmark = pytest.mark.background
 
 
 # --- flag parsing and environment ----------------------------------------------------------------

@@ -21,7 +21,7 @@ from tests.test_runner import _leftovers
 
 netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdelastic")
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.background]
+pytestmark = [pytest.mark.multiproc]
 
 WORKER = REPO / "tests" / "workers" / "elastic_worker.py"
 LINE = re.compile(r"ELASTIC rank (\d+) size (\d+) batch (\d+) digest (\w+) planes (\[.*\])")

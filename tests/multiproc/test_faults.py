@@ -14,7 +14,7 @@ import pytest
 
 from tests.multiproc.harness import REPO, run_concurrently, run_job
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow, pytest.mark.background]
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 FAULT = str(REPO / "tests" / "workers" / "fault_worker.py")
 
 

@@ -89,7 +89,6 @@ def one_host_faults():
 
 
 @pytest.mark.slow
-@pytest.mark.background
 def test_one_host_proxy_killed_at_random_points(one_host_faults):
     result, error = one_host_faults["kill"]
     assert error is None, str(error)
@@ -97,7 +96,6 @@ def test_one_host_proxy_killed_at_random_points(one_host_faults):
 
 
 @pytest.mark.slow
-@pytest.mark.background
 def test_one_host_stopped_proxy_times_out(one_host_faults):
     result, error = one_host_faults["stop"]
     assert error is None, str(error)
@@ -113,7 +111,6 @@ def _cloud(spec: str):
 @pytest.mark.parametrize("spec,np_,per_host", [("2:1gbit:200mbit", 2, 1), ("2:1gbit:200mbit", 4, 2),
                                                ("2:1gbit:200mbit", 6, 3), ("3:1gbit:200mbit", 6, 2)])
 @pytest.mark.slow
-@pytest.mark.background
 def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
     counts, dtypes = "0,7,65537,1000003", "float32,float16,bfloat16,int64,uint8"
     result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(per_host),
@@ -128,7 +125,6 @@ def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
 @netem
 @pytest.mark.netem
 @pytest.mark.slow
-@pytest.mark.background
 def test_emulated_cloud_proxy_killed_every_host_raises():
     result = run_job(4, "kill", "--trials", "3", "--seed", "5", worker=FAULT, env=FAULTS, timeout=600,
                      launcher=_cloud("2:1gbit:200mbit"))

@@ -8,7 +8,7 @@ import pytest
 
 from tests.multiproc.harness import REPO, run_job
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.background]
+pytestmark = [pytest.mark.multiproc]
 HOSTILE = str(REPO / "tests" / "workers" / "hostile_worker.py")
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.multiproc.harness import Lanes, ring_allreduce_bytes, run_job
 from tests.netns import skip_unless_usable
 
-pytestmark = [pytest.mark.slow, pytest.mark.background, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
+pytestmark = [pytest.mark.slow, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
 
 
 def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(private_netns):

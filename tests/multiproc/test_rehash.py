@@ -7,7 +7,7 @@ import pytest
 from tests.multiproc.harness import Lanes, ring_allreduce_bytes, run_job
 from tests.netns import skip_unless_usable
 
-pytestmark = [pytest.mark.background, skip_unless_usable(("ip", "tc"), "fhvdrhprobe")]
+pytestmark = [skip_unless_usable(("ip", "tc"), "fhvdrhprobe")]
 
 
 def test_a_flow_slower_than_its_siblings_is_replaced_by_a_new_connection(private_netns):
