@@ -83,8 +83,12 @@ class FlowRehasher:
         self.looks = 0        # windows measured
         self.requested = 0    # sockets asked to reconnect
         self._since = self._progress()
+        self._lane_sent = self._lanes_sent()  # the lanes' bytes at the last look (the cheap gate)
         self._strikes: Dict[Tuple[int, int], int] = {}
         self._replaced: Dict[Tuple[int, int], int] = {}  # per socket, how often
+
+    def _lanes_sent(self) -> List[int]:
+        return [sent for sent, _ in self.group.lane_progress()]
 
     def _progress(self) -> Dict[Tuple[int, int], Tuple[int, int]]:
         return {(lane, socket): counters for lane in range(self.group.lanes)
@@ -92,12 +96,10 @@ class FlowRehasher:
 
     def before_request(self) -> None:
         """Call just before each proxy request is submitted."""
-        sent = [lane_sent for lane_sent, _ in self.group.lane_progress()]
-        since_sent = [0] * len(sent)
-        for (lane, _), (socket_sent, _) in self._since.items():
-            since_sent[lane] += socket_sent
-        if min(now - then for now, then in zip(sent, since_sent)) < MIN_BYTES:
+        sent = self._lanes_sent()
+        if min(now - then for now, then in zip(sent, self._lane_sent)) < MIN_BYTES:
             return
+        self._lane_sent = sent
         progress = self._progress()
         deltas = {key: (b - self._since[key][0], t - self._since[key][1]) for key, (b, t) in progress.items()}
         self._since = progress
