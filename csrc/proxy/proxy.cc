@@ -201,14 +201,12 @@ class Proxy {
     Status st = dead_;
     if (st.ok()) st = Execute(slot.desc);
     if (!st.ok()) {
-      if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
       uint32_t expected = 0;
       if (slot.failed.compare_exchange_strong(expected, 1)) {
         slot.error_code = static_cast<uint32_t>(st.code());
         CopyString(slot.error, Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message()));
       }
-      Fail(st);
-      if (host_.attached()) AbortHost(Status::Error(st.code(), Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message())));
+      GoDown(st);
     }
     info_.progress_ns.store(NowNs());
     slot.lanes_done.fetch_add(1, std::memory_order_acq_rel);
@@ -218,12 +216,16 @@ class Proxy {
     if ((rehash_out_ | rehash_in_) != 0) {
       Status replaced = Rehash(rehash_out_, rehash_in_);
       rehash_out_ = rehash_in_ = 0;
-      if (!replaced.ok()) {
-        dead_ = Status::Error(replaced.code(), Str("lane ", lane_, " is down: ", replaced.message()));
-        Fail(replaced);
-        if (host_.attached()) AbortHost(Status::Error(replaced.code(), Str("rank ", ch_->rank, " lane ", lane_, ": ", replaced.message())));
-      }
+      if (!replaced.ok()) GoDown(replaced);
     }
+  }
+
+  // The lane is unusable from here on: later requests fail with why, the worker sees the lane
+  // failed, and with the hierarchical allreduce the host's other proxies are told.
+  void GoDown(const Status& st) {
+    if (dead_.ok()) dead_ = Status::Error(st.code(), Str("lane ", lane_, " is down after an earlier failure: ", st.message()));
+    Fail(st);
+    if (host_.attached()) AbortHost(Status::Error(st.code(), Str("rank ", ch_->rank, " lane ", lane_, ": ", st.message())));
   }
 
   Status Execute(const RequestDesc& r) {
