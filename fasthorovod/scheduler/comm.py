@@ -4,11 +4,17 @@ A policy never calls Horovod or the proxies itself; it asks its :class:`Communic
 
 * ``alloc(count, dtype)``: a flat buffer the transport can use without a copy (for the proxies:
   a persistent shared-memory buffer, so an allreduce of it is zero-copy);
-* ``allreduce_average_async(tensor, name)``: an in-place average over all ranks, as a
-  :class:`Handle` whose ``wait()`` returns the tensor;
+* ``allreduce_async(tensors, name, op, prescale, postscale, wire)``: an in-place average (or sum)
+  over all ranks of one tensor, or of several as one group, as a :class:`Handle` whose
+  ``wait()`` returns the tensors; ``allreduce_average_async(tensor, name)`` is its common case;
+* ``sparse_allreduce_async(tensor, name, op)``: a sparse gradient's average (or sum);
+* ``in_place(dtype)`` and ``wire_for(compression, tensors, op)``: whether the transport reads
+  ``alloc``'s buffers of a dtype in place, and whether it applies a compressor itself, on the
+  wire (the proxies' float16), so that the policy hands over uncompressed tensors;
 * ``allgather_packed_async(words, name)``: every rank's packed 2-bit payload, as a handle whose
   ``wait()`` returns an int32 tensor of shape ``(size, len(words))``, row r = rank r's words;
-* ``broadcast_object(obj)``: rank 0's object;
+* ``broadcast_object(obj, name)``: rank 0's object;
+* ``note(event, name, **fields)``: what a policy did, for an observer (the trace); optional.
 * ``new_scope()``: a number that keeps the collective names of several optimizers apart;
 * ``epoch``: a number that changes when the transport is replaced (Horovod elastic's reset).
 
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import abc
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
+
+AVERAGE, SUM = "average", "sum"  # the reductions a policy asks for
 
 
 class Handle:
@@ -62,9 +70,31 @@ class Communicator(abc.ABC):
         """A zeroed flat buffer of `count` elements that the transport reads and writes in place."""
         return torch.zeros(count, dtype=dtype)
 
+    def in_place(self, dtype: torch.dtype) -> bool:
+        """Whether an allreduce of a buffer from :meth:`alloc` of `dtype` copies nothing."""
+        return False
+
+    def wire_for(self, compression: Any, tensors: Sequence[torch.Tensor], op: str = AVERAGE) -> Any:
+        """What the transport puts on the wire in place of `compression` for `tensors` (passed on as
+        ``allreduce_async(wire=...)``; the tensors then stay uncompressed), or None: the policy
+        compresses them itself."""
+        return None
+
     @abc.abstractmethod
+    def allreduce_async(self, tensors: Sequence[torch.Tensor], name: str, op: str = AVERAGE,
+                        prescale: float = 1.0, postscale: float = 1.0, wire: Any = None) -> Handle:
+        """Starts ``t <- op over ranks of (prescale * t), times postscale`` for every tensor of
+        `tensors` (in place; several tensors are one group); ``op`` is :data:`AVERAGE` or
+        :data:`SUM`. wait() returns the tensors."""
+
     def allreduce_average_async(self, tensor: torch.Tensor, name: str) -> Handle:
         """Starts ``tensor <- average over ranks of tensor`` (in place); wait() returns `tensor`."""
+        handle = self.allreduce_async([tensor], name)
+        return Handle(lambda: handle.wait()[0])
+
+    def sparse_allreduce_async(self, tensor: torch.Tensor, name: str, op: str = AVERAGE) -> Handle:
+        """Starts reducing the sparse `tensor`; wait() returns the result (sparse or dense)."""
+        raise NotImplementedError(f"{type(self).__name__} carries no sparse tensors")
 
     @abc.abstractmethod
     def allgather_packed_async(self, words: torch.Tensor, name: str) -> Handle:
@@ -75,5 +105,10 @@ class Communicator(abc.ABC):
         """
 
     @abc.abstractmethod
-    def broadcast_object(self, obj: Any) -> Any:
+    def broadcast_object(self, obj: Any, name: str = "fasthorovod.scheduler.counters") -> Any:
         """Rank 0's `obj` on every rank (blocking)."""
+
+    def note(self, event: str, name: str = "", **fields: Any) -> None:
+        """A policy's event for an observer: ``gradient`` (a gradient was accumulated), ``posted``
+        (a bucket of gradients was posted: `name`, ``bucket``), ``gradients_done`` (the step waits
+        for its gradients now). The default observes nothing."""

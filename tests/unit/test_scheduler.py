@@ -20,6 +20,7 @@ import torch
 import fasthorovod.torch as hvd
 from fasthorovod.scheduler import (
     ALGORITHMS,
+    SSGD,
     Communicator,
     DistributedOptimizer,
     Handle,
@@ -82,23 +83,36 @@ class FakeComm(Communicator):
             return values
         return collect
 
-    def allreduce_average_async(self, tensor, name):
-        collect = self._post("allreduce", name, tensor.clone())
+    def in_place(self, dtype):
+        return True  # alloc's buffers are "the transport's": SSGD's buckets are flat, as on the proxies
+
+    def allreduce_async(self, tensors, name, op="average", prescale=1.0, postscale=1.0, wire=None):
+        assert wire is None, "this world has no transport that compresses"
+        collect = self._post("allreduce", name, torch.cat([t.reshape(-1) for t in tensors]) * prescale)
 
         def wait():
             values = collect()
             total = values[0].clone()
             for v in values[1:]:
                 total += v
-            return tensor.copy_(total * (1.0 / self.size))
+            total = total * (1.0 / self.size if op == "average" else 1.0) * postscale
+            offset = 0
+            for t in tensors:
+                t.copy_(total[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+            return list(tensors)
         return Handle(wait)
+
+    def sparse_allreduce_async(self, tensor, name, op="average"):
+        handle = self.allreduce_async([tensor.to_dense()], name, op)
+        return Handle(lambda: handle.wait()[0])
 
     def allgather_packed_async(self, words, name):
         collect = self._post("allgather", name, words.clone())
         return Handle(lambda: torch.stack(collect()))
 
-    def broadcast_object(self, obj):
-        return copy.deepcopy(self._post("broadcast", "counters", obj)()[0])
+    def broadcast_object(self, obj, name="counters"):
+        return copy.deepcopy(self._post("broadcast", name, obj)()[0])
 
 
 def run_world(size, body):
@@ -211,6 +225,198 @@ def assert_traces(results, expected):
         for t, ((w, local), (w_ref, locals_ref)) in enumerate(zip(trace, expected)):
             assert torch.equal(w, w_ref), f"rank {r} step {t}: W {w} != {w_ref}"
             assert torch.equal(local, locals_ref[r]), f"rank {r} step {t}: w~ {local} != {locals_ref[r]}"
+
+
+# -- SSGD -------------------------------------------------------------------------------------------
+
+def test_ssgd_matches_reference():
+    W, opt_ref, expected = W0.clone(), Momentum(), []
+    for t in range(6):
+        W = opt_ref.step(W, mean([grad_of(r, t, W) for r in range(3)]))
+        expected.append((W.clone(), [W.clone()] * 3))
+    results = policy_traces("ssgd", 3, 6)
+    assert_traces(results, expected)
+    assert all(name.startswith("fasthorovod.bucket.0.w") for kind, name, _ in results[0][2]._comm.world.log[0])
+
+
+class Net(torch.nn.Module):
+    """Three layers whose gradients backward produces last layer first."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        g = torch.Generator().manual_seed(0)  # the ranks are threads: not the global generator
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def batch(rank, t=0):
+    g = torch.Generator().manual_seed(100 * rank + t)
+    return torch.randn(5, 4, generator=g)
+
+
+def reference_grads(size, t=0, passes=1):
+    """The average over ranks of each parameter's gradient (summed over `passes` backward passes)."""
+    grads = []
+    for rank in range(size):
+        net = Net()
+        for k in range(passes):
+            net(batch(rank, t + k)).pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in net.parameters()])
+    return [mean([g[i] for g in grads]) for i in range(len(grads[0]))]
+
+
+def ssgd(comm, net, **kwargs):
+    return DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+                                communicator=comm, **kwargs)
+
+
+def posted(comm):
+    return [name for kind, name, _ in comm.world.log[comm.rank] if kind == "allreduce"]
+
+
+def test_ssgd_posts_each_bucket_during_backward_into_flat_buffers():
+    def body(rank, comm):
+        net = Net()
+        opt = ssgd(comm, net)
+        net(batch(rank)).pow(2).sum().backward()
+        during = posted(comm)  # backward posted the one bucket (25 MiB hold every parameter)
+        opt.synchronize()
+        flat = opt._buckets[0].flat
+        views = all(p.grad.data_ptr() >= flat.data_ptr() and p.grad.data_ptr() < flat.data_ptr() + flat.numel() * 4
+                    for p in net.parameters())
+        return during, [p.grad.clone() for p in net.parameters()], views
+    expected = reference_grads(2)
+    for during, grads, views in run_world(2, body):
+        assert during == ["fasthorovod.bucket.0.c.bias"]  # the last registered parameter names the bucket
+        assert views, "every gradient is a view into the bucket's flat buffer"
+        for g, ref in zip(grads, expected):
+            assert torch.allclose(g, ref, atol=1e-6)
+
+
+def test_ssgd_small_buckets_follow_backward_order():
+    def body(rank, comm):
+        net = Net()
+        opt = SSGD(torch.optim.SGD(net.parameters(), lr=0.1), comm, named_parameters=list(net.named_parameters()),
+                   bucket_bytes=40 * 4)  # c (18 floats) + b.bias (8) fit, b.weight (64) alone, then a
+        net(batch(rank)).pow(2).sum().backward()
+        opt.synchronize()
+        return posted(comm), [p.grad.clone() for p in net.parameters()]
+    expected = reference_grads(2)
+    for names, grads in run_world(2, body):
+        assert [n.split(".", 3)[3] for n in names] == ["c.bias", "b.weight", "a.bias"]
+        for g, ref in zip(grads, expected):
+            assert torch.allclose(g, ref, atol=1e-6)
+
+
+def test_ssgd_backward_passes_per_step_accumulates_then_refuses_one_more():
+    def body(rank, comm):
+        net = Net()
+        opt = ssgd(comm, net, backward_passes_per_step=2)
+        net(batch(rank, 0)).pow(2).sum().backward()
+        after_one = posted(comm)
+        net(batch(rank, 1)).pow(2).sum().backward()
+        after_two = posted(comm)
+        with pytest.raises(AssertionError, match="more than backward_passes_per_step"):
+            net(batch(rank, 2)).pow(2).sum().backward()
+        opt.synchronize()
+        return after_one, after_two, [p.grad.clone() for p in net.parameters()]
+    expected = reference_grads(2, passes=2)
+    for after_one, after_two, grads in run_world(2, body):
+        assert after_one == [] and len(after_two) == 1
+        for g, ref in zip(grads, expected):
+            assert torch.allclose(g, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("groups", [2, "lists"])
+def test_ssgd_groups_are_horovods(groups):
+    def body(rank, comm):
+        net = Net()
+        chosen = [[net.a.weight, net.c.weight]] if groups == "lists" else groups
+        opt = ssgd(comm, net, groups=chosen)
+        net(batch(rank)).pow(2).sum().backward()
+        opt.synchronize()
+        return [[comm_name for comm_name in (b.name,)] + [opt._name_of[p] for p in b.params] for b in opt._buckets]
+    results = run_world(2, body)
+    assert results[0] == results[1]
+    members = [b[1:] for b in results[0]]
+    if groups == 2:  # split_list of the six parameters in rank 0's order
+        assert members == [["a.weight", "a.bias", "b.weight"], ["b.bias", "c.weight", "c.bias"]]
+    else:
+        assert members[0] == ["a.weight", "c.weight"] and sorted(map(len, members[1:])) == [1, 1, 1, 1]
+
+
+def test_ssgd_sum_and_predivide_factor():
+    def body(rank, comm):
+        net = Net()
+        opt = ssgd(comm, net, op="sum")
+        net(batch(rank)).pow(2).sum().backward()
+        opt.synchronize()
+        summed = [p.grad.clone() for p in net.parameters()]
+        net2 = Net()
+        opt2 = ssgd(comm, net2, gradient_predivide_factor=4.0)
+        net2(batch(rank)).pow(2).sum().backward()
+        opt2.synchronize()
+        return summed, [p.grad.clone() for p in net2.parameters()]
+    expected = reference_grads(2)
+    for summed, averaged in run_world(2, body):
+        for s, a, ref in zip(summed, averaged, expected):
+            assert torch.allclose(s, 2 * ref, atol=1e-5) and torch.allclose(a, ref, atol=1e-6)
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported"):
+        ssgd(FakeComm(World(1), 0), Net(), op="sum", gradient_predivide_factor=2.0)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_ssgd_sparse_gradients(sparse_as_dense):
+    def body(rank, comm):
+        emb = torch.nn.Embedding(6, 3, sparse=True)
+        torch.nn.init.constant_(emb.weight, 1.0)
+        opt = DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters(),
+                                   communicator=comm, sparse_as_dense=sparse_as_dense)
+        emb(torch.tensor([rank, 2])).sum().backward()
+        opt.step()
+        return emb.weight.detach().clone()
+    w0, w1 = run_world(2, body)
+    expected = torch.ones(6, 3)
+    expected[0] -= 0.5 * 0.5
+    expected[1] -= 0.5 * 0.5
+    expected[2] -= 0.5 * 1.0
+    assert torch.equal(w0, expected) and torch.equal(w1, expected)
+
+
+def test_ssgd_compresses_in_the_worker_when_the_transport_does_not():
+    def body(rank, comm):
+        net = Net()
+        opt = ssgd(comm, net, compression=hvd.Compression.fp16)
+        net(batch(rank)).pow(2).sum().backward()
+        opt.synchronize()
+        return opt._buckets[0].zero_copy, [p.grad.clone() for p in net.parameters()]
+    expected = reference_grads(2)
+    for zero_copy, grads in run_world(2, body):
+        assert not zero_copy
+        for g, ref in zip(grads, expected):
+            assert g.dtype == torch.float32 and torch.allclose(g, ref, rtol=2e-3, atol=2e-3)
+
+
+def test_ssgd_zero_grad_between_backward_and_step_is_refused_and_buckets_follow_a_new_transport():
+    def body(rank, comm):
+        net = Net()
+        opt = ssgd(comm, net)
+        net(batch(rank)).pow(2).sum().backward()
+        with pytest.raises(AssertionError, match="race condition"):
+            opt.zero_grad()
+        opt.step()
+        old = opt._buckets[0].flat
+        comm.replace()  # an elastic reset
+        net(batch(rank, 1)).pow(2).sum().backward()  # accumulates into the old views, then moves
+        opt.step()
+        return old is not opt._buckets[0].flat, all(p.grad is opt._buckets[0].views[p] for p in net.parameters())
+    for moved, bound in run_world(2, body):
+        assert moved and bound
 
 
 # -- OD-SGD -----------------------------------------------------------------------------------------
@@ -691,7 +897,7 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, match):
 
 
 def test_every_option_has_a_default_and_documentation():
-    assert set(ALGORITHMS) == {"od-sgd", "ssd-sgd", "cd-sgd", "local-sgd", "ssgd-2bit"}
+    assert set(ALGORITHMS) == {"ssgd", "od-sgd", "ssd-sgd", "cd-sgd", "local-sgd", "ssgd-2bit"}
     for cls in ALGORITHMS.values():
         for name, option in cls.OPTIONS.items():
             assert option.doc and option.check(name, option.default) == option.default
