@@ -46,12 +46,14 @@ class _Bucket(GradientBucket):
         self.wire = wire  # what the transport puts on the wire in place of the compressor (zero-copy only)
         self.flat: Optional[torch.Tensor] = None
         self.views: Dict[torch.Tensor, torch.Tensor] = {}
+        self.staged: List[torch.Tensor] = []  # params whose (compressed) gradients went as a group this step
         self.ctxs: Sequence[Any] = ()
         self.sparse: Dict[torch.Tensor, Handle] = {}  # params whose gradient came sparse this step
         self.densified: List[torch.Tensor] = []  # sparse gradients sent dense (sparse_as_dense) this step
 
     def reset(self) -> None:
         super().reset()
+        self.staged = []
         self.ctxs = ()
         self.sparse.clear()
         self.densified.clear()
@@ -200,8 +202,13 @@ class SSGD(ScheduledOptimizer):
                     view.copy_(p.grad)
                     p.grad = view
             return self._comm.allreduce_async([bucket.flat], bucket.name, self.op, prescale, postscale, bucket.wire)
+        # Staged: only the dense gradients are compressed and sent as a group (a sparse one went
+        # above, as Horovod's sparse allreduce).
+        bucket.staged = dense
+        if not dense:
+            return Handle(lambda: [])
         compress = self._compression.compress if self._compression is not None else (lambda t: (t, None))
-        compressed, bucket.ctxs = zip(*[compress(p.grad) for p in bucket.params])
+        compressed, bucket.ctxs = zip(*[compress(p.grad) for p in dense])
         return self._comm.allreduce_async(list(compressed), bucket.name, self.op, prescale, postscale)
 
     # -- the step -------------------------------------------------------------------------------
@@ -217,9 +224,8 @@ class SSGD(ScheduledOptimizer):
             if not bucket.zero_copy:
                 decompress = (self._compression.decompress if self._compression is not None
                               else (lambda t, ctx: t))
-                for p, out, ctx in zip(bucket.params, outputs, bucket.ctxs):
-                    if p not in bucket.sparse:
-                        p.grad.set_(decompress(out, ctx))
+                for p, out, ctx in zip(bucket.staged, outputs, bucket.ctxs):
+                    p.grad.set_(decompress(out, ctx))
             for p, sparse in bucket.sparse.items():
                 reduced = sparse.wait()
                 p.grad.zero_().add_(reduced if reduced.is_sparse else reduced.to_sparse())

@@ -370,22 +370,54 @@ def test_ssgd_sum_and_predivide_factor():
         ssgd(FakeComm(World(1), 0), Net(), op="sum", gradient_predivide_factor=2.0)
 
 
+class Compressor:
+    """A compressor the transport does not know (so the buckets are staged): scales by 2 and back."""
+
+    @staticmethod
+    def compress(t):
+        return t * 2, None
+
+    @staticmethod
+    def decompress(t, ctx):
+        return t / 2
+
+
 @pytest.mark.parametrize("sparse_as_dense", [False, True])
-def test_ssgd_sparse_gradients(sparse_as_dense):
+@pytest.mark.parametrize("staged", [False, True])
+def test_ssgd_sparse_gradients(sparse_as_dense, staged):
+    """A sparse gradient travels as a sparse allreduce (or dense with sparse_as_dense), whether its
+    bucket is flat or staged (compressed), next to a dense gradient in the same bucket."""
     def body(rank, comm):
         emb = torch.nn.Embedding(6, 3, sparse=True)
         torch.nn.init.constant_(emb.weight, 1.0)
-        opt = DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), named_parameters=emb.named_parameters(),
-                                   communicator=comm, sparse_as_dense=sparse_as_dense)
-        emb(torch.tensor([rank, 2])).sum().backward()
+        bias = torch.nn.Parameter(torch.zeros(3))
+        opt = DistributedOptimizer(torch.optim.SGD([emb.weight, bias], lr=0.5),
+                                   named_parameters=[("emb", emb.weight), ("bias", bias)], communicator=comm,
+                                   sparse_as_dense=sparse_as_dense, compression=Compressor() if staged else None)
+        (emb(torch.tensor([rank, 2])) + bias).sum().backward()
         opt.step()
-        return emb.weight.detach().clone()
-    w0, w1 = run_world(2, body)
+        return emb.weight.detach().clone(), bias.detach().clone(), opt._buckets[0].zero_copy
     expected = torch.ones(6, 3)
     expected[0] -= 0.5 * 0.5
     expected[1] -= 0.5 * 0.5
     expected[2] -= 0.5 * 1.0
-    assert torch.equal(w0, expected) and torch.equal(w1, expected)
+    for w, b, zero_copy in run_world(2, body):
+        assert zero_copy is not staged
+        assert torch.equal(w, expected) and torch.equal(b, torch.full((3,), -0.5 * 2))
+
+
+def test_ssgd_groups_of_several_dtypes_are_staged_and_exact():
+    def body(rank, comm):
+        a = torch.nn.Parameter(torch.zeros(3, dtype=torch.float32))
+        b = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        opt = DistributedOptimizer(torch.optim.SGD([a, b], lr=1.0), named_parameters=[("a", a), ("b", b)],
+                                   communicator=comm, groups=[[a, b]])
+        a.grad, b.grad = torch.full((3,), float(rank)), torch.full((2,), 2.0 * rank, dtype=torch.float64)
+        opt.step()
+        return a.detach().clone(), b.detach().clone(), opt._buckets[0].zero_copy
+    for a, b, zero_copy in run_world(2, body):
+        assert not zero_copy  # one flat buffer cannot hold two dtypes
+        assert torch.equal(a, torch.full((3,), -0.5)) and torch.equal(b, torch.full((2,), -1.0, dtype=torch.float64))
 
 
 def test_ssgd_compresses_in_the_worker_when_the_transport_does_not():
