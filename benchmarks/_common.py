@@ -12,9 +12,10 @@ Backends, as written on the command line (``--backends a,b,c``):
     horovod-mpi                   mpirun over TCP (see ``mpi_transport_args``), horovod.torch
                                   (either with a '+hierarchical' suffix: HOROVOD_HIERARCHICAL_ALLREDUCE=1)
     fasthorovod[:K[xS]]           horovodrun --gloo, ``import fasthorovod.torch as hvd``,
-                                  FASTHOROVOD_NUM_PROXIES=K and FASTHOROVOD_SOCKETS_PER_PROXY=S
+                                  FASTHOROVOD_NUM_LANES=K and FASTHOROVOD_SOCKETS_PER_LANE=S
                                   (each only when given: plain ``fasthorovod`` sets neither and
-                                  runs FastHorovod's defaults);
+                                  runs FastHorovod's defaults; with '@DIR' also under their
+                                  former names, which an earlier checkout reads);
                                   a '+trace' suffix also records its DLC trace (--trace-root),
                                   a '+flat' suffix sets FASTHOROVOD_HIERARCHICAL=0 (one ring
                                   through every rank even with several ranks per host),
@@ -77,8 +78,12 @@ format_size = _units.format_bytes  # 65536 -> '64KiB' (exact binary units only, 
 # Backends
 
 KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod", "torch-gloo", "mpi4py")
+# The lane settings' former names (fasthorovod/config.py ALIASES, not imported: see _load_units). A
+# backend 'fasthorovod@DIR' sets them too, for a checkout from before the lanes were named.
+FORMER_NAMES = {"FASTHOROVOD_NUM_LANES": "FASTHOROVOD_NUM_PROXIES",
+                "FASTHOROVOD_SOCKETS_PER_LANE": "FASTHOROVOD_SOCKETS_PER_PROXY"}
 _ALIASES = {"horovod": "horovod-gloo"}
-# Kinds whose spec takes a count after a colon: proxies per worker, or TCP links per peer.
+# Kinds whose spec takes a count after a colon: lanes per worker, or TCP links per peer.
 _COUNTED = ("fasthorovod", "mpi4py")
 # The module a Horovod-API worker imports as ``hvd``.
 HVD_MODULES = {"horovod-gloo": "horovod.torch", "horovod-mpi": "horovod.torch",
@@ -93,7 +98,7 @@ class Backend:
     algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
     trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
     source: str = None     # fasthorovod: another checkout to run (spec suffix '@DIR', built in place)
-    sockets: int = None    # fasthorovod: TCP connections per proxy (spec 'fasthorovod:KxS')
+    sockets: int = None    # fasthorovod: TCP connections per lane (spec 'fasthorovod:KxS')
     flat: bool = False     # fasthorovod: FASTHOROVOD_HIERARCHICAL=0 (spec suffix '+flat')
     hierarchical: bool = False  # horovod-*: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (suffix '+hierarchical')
     fp16: bool = False     # horovod-*, fasthorovod: Compression.fp16 (suffix '+fp16')
@@ -139,12 +144,12 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         match = re.fullmatch(r"(\d+)(?:x(\d+))?", parts[1])
         if not match or int(match.group(1)) < 1 or int(match.group(2) or 1) < 1:
             raise ValueError(f"backend {spec!r}: the count after ':' must be a positive integer"
-                             + (" (fasthorovod: K or KxS, proxies x sockets per proxy)"
+                             + (" (fasthorovod: K or KxS, lanes x sockets per lane)"
                                 if kind == "fasthorovod" else ""))
         count = int(match.group(1))
         if match.group(2) is not None:
             if kind != "fasthorovod":
-                raise ValueError(f"backend {spec!r}: only fasthorovod backends take sockets per proxy (KxS)")
+                raise ValueError(f"backend {spec!r}: only fasthorovod backends take sockets per lane (KxS)")
             sockets = int(match.group(2))
     algorithm = parts[2] if len(parts) > 2 else None
     if trace and kind != "fasthorovod":
@@ -200,7 +205,7 @@ def unavailable_reason(backend, launcher_prefix=None):
                  f"'imports ' + fasthorovod.__file__ + ', not the checkout {backend.source}'")
     try:
         probe = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=300,
-                               env=dict(os.environ, **backend_env(backend)))
+                               env=job_env(backend_env(backend)))
     except subprocess.TimeoutExpired:
         return "import check did not finish in 300 s"
     if probe.returncode != 0:
@@ -237,6 +242,19 @@ def trace_dir(backend, trace_root):
     return os.path.join(os.path.abspath(trace_root), re.sub(r"[^A-Za-z0-9.-]", "_", backend.spec))
 
 
+def job_env(*layers, environ=None):
+    """This process's environment (or `environ`) with each of `layers` over it in turn; a lane
+    variable set by a layer also replaces what was there under its former name (FORMER_NAMES),
+    which FastHorovod would otherwise read as a second, conflicting value."""
+    env = dict(os.environ if environ is None else environ)
+    for layer in layers:
+        for variable in layer:
+            if variable in FORMER_NAMES and FORMER_NAMES[variable] not in layer:
+                env.pop(FORMER_NAMES[variable], None)
+        env.update(layer)
+    return env
+
+
 def backend_env(backend, proxy_threshold=None, trace_root="traces"):
     """Environment a backend's workers need besides the launcher's own."""
     env = {}
@@ -245,10 +263,12 @@ def backend_env(backend, proxy_threshold=None, trace_root="traces"):
     if backend.kind == "fasthorovod":
         if backend.source:  # workers and their proxies import the other checkout's package first
             env["PYTHONPATH"] = os.pathsep.join(p for p in (backend.source, os.environ.get("PYTHONPATH")) if p)
-        if backend.count is not None:
-            env["FASTHOROVOD_NUM_PROXIES"] = str(backend.count)
-        if backend.sockets is not None:
-            env["FASTHOROVOD_SOCKETS_PER_PROXY"] = str(backend.sockets)
+        lanes = {"FASTHOROVOD_NUM_LANES": backend.count, "FASTHOROVOD_SOCKETS_PER_LANE": backend.sockets}
+        for variable, value in lanes.items():
+            if value is not None:
+                env[variable] = str(value)
+                if backend.source:
+                    env[FORMER_NAMES[variable]] = str(value)
         if proxy_threshold is not None:
             env["FASTHOROVOD_PROXY_THRESHOLD_BYTES"] = str(proxy_threshold)
         if backend.flat:
@@ -418,7 +438,7 @@ def run_job(processes, timeout, extra_env):
     procs, pumps = [], []
     try:
         for index, proc in enumerate(processes):
-            env = dict(os.environ, **extra_env, **proc.env)
+            env = job_env(extra_env, proc.env)
             popen = subprocess.Popen(proc.argv, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(popen)
@@ -683,7 +703,7 @@ def settings_note(specs, proxy_threshold=None):
         if backend.kind != "fasthorovod":
             continue
         env = {k: v for k, v in backend_env(backend, proxy_threshold).items()
-               if k in ("FASTHOROVOD_NUM_PROXIES", "FASTHOROVOD_SOCKETS_PER_PROXY",
+               if k in ("FASTHOROVOD_NUM_LANES", "FASTHOROVOD_SOCKETS_PER_LANE",
                         "FASTHOROVOD_PROXY_THRESHOLD_BYTES", "FASTHOROVOD_HIERARCHICAL")}
         inherited = {k: v for k, v in inherited_fasthorovod_env().items() if k not in env}
         if env:
@@ -876,7 +896,9 @@ def data_plane_label(info):
     if not info:
         return "-"
     source = info.get("sockets_source") or "?"
-    source = "set" if source == "FASTHOROVOD_SOCKETS_PER_PROXY" else source.split(" (")[0]
+    # (records made before the lanes were named give the variable's former name)
+    source = ("set" if source in ("FASTHOROVOD_SOCKETS_PER_LANE", "FASTHOROVOD_SOCKETS_PER_PROXY")
+              else source.split(" (")[0])
     hierarchical = info.get("hierarchical")
     where = f", hier {hierarchical['hosts']}x{hierarchical['ranks_per_host']}" if hierarchical else ""
     rehashed = f", {info['rehashes']} re-hashed" if info.get("rehashes") else ""

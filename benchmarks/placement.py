@@ -170,7 +170,7 @@ def rank_main(rank, k, count, conn):
 
     # The model is of proxies on a TCP ring: on one host the default (hierarchical) allreduce would
     # carry everything through shared memory instead, and no lane would send a byte.
-    cfg = Config(num_proxies=k, sockets_per_proxy=1, probe="0", iface="lo", timeout_seconds=60.0,
+    cfg = Config(num_lanes=k, sockets_per_lane=1, probe="0", iface="lo", timeout_seconds=60.0,
                  rebalance_every=0, hierarchical="0")
     group = ProxyGroup.start(cfg, rank, 2, broadcast_object, allgather_object)
     tensor = group.alloc(count, torch.float32)

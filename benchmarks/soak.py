@@ -39,7 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--count", type=int, default=10_000, help="allreduces per rank")
     parser.add_argument("--max-bytes", type=common.parse_size, default=64 << 20,
                         help="largest allreduce (e.g. 64MiB)")
-    parser.add_argument("--proxies", type=int, default=2, help="FASTHOROVOD_NUM_PROXIES")
+    parser.add_argument("--lanes", "--proxies", type=int, default=2,
+                        help="FASTHOROVOD_NUM_LANES (--proxies: its former name)")
     parser.add_argument("--proxy-threshold", type=common.parse_size, default=0,
                         help="FASTHOROVOD_PROXY_THRESHOLD_BYTES, bytes or e.g. 64KiB (0: every "
                              "allreduce uses the proxies)")
@@ -51,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env = {"FASTHOROVOD_NUM_PROXIES": str(args.proxies),
+    env = {"FASTHOROVOD_NUM_LANES": str(args.lanes),
            "FASTHOROVOD_PROXY_THRESHOLD_BYTES": str(args.proxy_threshold)}
     start = time.time()
     # A rank that saw a wrong result still prints its counts before it fails: report them, then fail.

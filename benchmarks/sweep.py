@@ -14,9 +14,9 @@ configuration alike):
      ring allreduce's traffic pattern on this network and these CPUs; the ceiling is its mean over
      the hosts (the minimum is kept too). Outside an emulated cloud this job is skipped;
   2. **FastHorovod's defaults** (``fasthorovod``): no FASTHOROVOD_* variable set, so the number of
-     proxies, the sockets per proxy (chosen by the start-up probe) and the threshold are its own;
-  3. **the grid** (``fasthorovod:KxS``): FASTHOROVOD_NUM_PROXIES=K and
-     FASTHOROVOD_SOCKETS_PER_PROXY=S for every cell of ``--grid`` (default K in 1, 2, 4, 8 by
+     lanes, the sockets per lane (chosen by the start-up probe) and the threshold are its own;
+  3. **the grid** (``fasthorovod:KxS``): FASTHOROVOD_NUM_LANES=K and
+     FASTHOROVOD_SOCKETS_PER_LANE=S for every cell of ``--grid`` (default K in 1, 2, 4, 8 by
      S in 1, 2, 4);
   4. ``--peers``, if any (e.g. ``horovod``).
 
@@ -46,7 +46,7 @@ DEFAULT_GRID = ",".join(f"{k}x{s}" for k in (1, 2, 4, 8) for s in (1, 2, 4))
 
 
 def parse_grid(text):
-    """'1x1,2x2' -> [(1, 1), (2, 2)]: proxies x sockets per proxy, each a positive integer."""
+    """'1x1,2x2' -> [(1, 1), (2, 2)]: lanes x sockets per lane, each a positive integer."""
     cells = []
     for item in text.split(","):
         match = re.fullmatch(r"\s*(\d+)x(\d+)\s*", item)
@@ -70,7 +70,7 @@ def parse_message_size(text):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="On each network, at one allreduce size: the raw-TCP ring ceiling, FastHorovod "
-                    "with its defaults, a grid of proxies x sockets per proxy and optional peers, "
+                    "with its defaults, a grid of lanes x sockets per lane and optional peers, "
                     "interleaved over --rounds. Prints a table per network (median bus bandwidth "
                     "per configuration, every round's, defaults / best grid cell, defaults / "
                     "ceiling) and writes JSON.")
@@ -86,8 +86,8 @@ def parse_args(argv=None):
                              "(1 MiB across hosts) every configuration would go through Horovod "
                              "(default: %(default)s)")
     parser.add_argument("--grid", type=parse_grid, default=DEFAULT_GRID, metavar="KxS,...",
-                        help="the cells: K proxies x S sockets per proxy (FASTHOROVOD_NUM_PROXIES, "
-                             "FASTHOROVOD_SOCKETS_PER_PROXY) (default: %(default)s)")
+                        help="the cells: K lanes x S sockets per lane (FASTHOROVOD_NUM_LANES, "
+                             "FASTHOROVOD_SOCKETS_PER_LANE) (default: %(default)s)")
     parser.add_argument("--peers", default="",
                         help="comma-separated allreduce.py backends run after the grid in every "
                              "round, e.g. horovod (default: none)")

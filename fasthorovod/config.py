@@ -4,9 +4,11 @@ Each field of :class:`Config` is read from the environment variable ``FASTHOROVO
 documented in docs/env.md. A malformed or out-of-range value raises :class:`ConfigError` naming the
 variable; nothing is silently clamped. A setting the user left unset stays ``None`` here where the
 data plane decides it (the lanes, the sockets per lane, the threshold): what was decided, and why,
-is the data plane's plan (fasthorovod/proxy/plan.py). Settings that change what travels on the
-wire are folded into :meth:`Config.wire_hash`, which the proxies compare in their handshake, so
-ranks with different settings fail at start-up with a clear message instead of hanging later.
+is the data plane's plan (fasthorovod/proxy/plan.py). A *lane* is one proxy process and the TCP
+rings it runs, carrying one shard of every large collective; the two lane settings are also read
+under their former names (:data:`ALIASES`). Settings that change what travels on the wire are
+folded into :meth:`Config.wire_hash`, which the proxies compare in their handshake, so ranks with
+different settings fail at start-up with a clear message instead of hanging later.
 """
 from __future__ import annotations
 
@@ -16,8 +18,14 @@ import os
 from typing import Mapping, Optional
 
 PREFIX = "FASTHOROVOD_"
-MAX_PROXIES = 64  # csrc/shm/channel.h kMaxLanes
-MAX_SOCKETS_PER_PROXY = 64  # csrc/shm/channel.h kMaxSocketsPerLane
+MAX_LANES = 64  # csrc/shm/channel.h kMaxLanes
+MAX_SOCKETS_PER_LANE = 64  # csrc/shm/channel.h kMaxSocketsPerLane
+# Variables still read under their former names (docs/env.md): {variable: former name}. Where both
+# are set they must have the same value.
+ALIASES = {
+    PREFIX + "NUM_LANES": PREFIX + "NUM_PROXIES",
+    PREFIX + "SOCKETS_PER_LANE": PREFIX + "SOCKETS_PER_PROXY",
+}
 
 
 class ConfigError(ValueError):
@@ -28,14 +36,32 @@ def _int(env: Mapping[str, str], name: str, default: int, low: int, high: Option
     raw = env.get(PREFIX + name)
     if raw is None or raw.strip() == "":
         return default
+    return _parse_int(PREFIX + name, raw, low, high)
+
+
+def _parse_int(variable: str, raw: str, low: int, high: Optional[int]) -> int:
     try:
         value = int(raw.strip(), 0)
     except ValueError:
-        raise ConfigError(f"{PREFIX}{name}={raw!r} is not an integer") from None
+        raise ConfigError(f"{variable}={raw!r} is not an integer") from None
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{PREFIX}{name}={value} must be {bounds}")
+        raise ConfigError(f"{variable}={value} must be {bounds}")
     return value
+
+
+def _aliased_int(env: Mapping[str, str], name: str, low: int, high: Optional[int] = None) -> Optional[int]:
+    """An integer setting from FASTHOROVOD_<name> or its former name (:data:`ALIASES`); None when
+    both are unset or blank. An error names the variable that holds the bad value; both set to
+    different values is an error naming both."""
+    found = [(variable, raw.strip(), _parse_int(variable, raw, low, high))
+             for variable in (PREFIX + name, ALIASES[PREFIX + name])
+             for raw in [env.get(variable)] if raw is not None and raw.strip() != ""]
+    if len(found) == 2 and found[0][2] != found[1][2]:
+        (new, new_raw, _), (old, old_raw, _) = found
+        raise ConfigError(f"{new}={new_raw} and {old}={old_raw} disagree ({old} is the former name of "
+                          f"{new}); set only one of them")
+    return found[0][2] if found else None
 
 
 def _optional_int(env: Mapping[str, str], name: str, low: int, high: Optional[int] = None) -> Optional[int]:
@@ -89,17 +115,19 @@ def _seconds(env: Mapping[str, str], name: str, horovod_name: str, default: floa
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    num_proxies: Optional[int] = None
-    """FASTHOROVOD_NUM_PROXIES: proxy processes (lanes, parallel rings) per worker; 0 disables them.
-    None (unset): 4, or more where the path probe measures a network faster than 4 proxies' CPU can
-    carry and every worker has the CPUs for them (fasthorovod/proxy/plan.py)."""
-    sockets_per_proxy: Optional[int] = None
-    """FASTHOROVOD_SOCKETS_PER_PROXY: TCP connections per proxy to each ring neighbour (None, unset:
-    chosen by the path probe, fasthorovod/proxy/plan.py, or 1 where the probe does not run)."""
+    num_lanes: Optional[int] = None
+    """FASTHOROVOD_NUM_LANES (former name FASTHOROVOD_NUM_PROXIES, still read): lanes per worker, a
+    lane being one proxy process and the rings it runs; 0 disables the proxies. None (unset): 4, or
+    more where the path probe measures a network faster than 4 lanes' CPU can carry and every
+    worker has the CPUs for them (fasthorovod/proxy/plan.py)."""
+    sockets_per_lane: Optional[int] = None
+    """FASTHOROVOD_SOCKETS_PER_LANE (former name FASTHOROVOD_SOCKETS_PER_PROXY, still read): TCP
+    connections from each lane's proxy to its ring neighbour (None, unset: chosen by the path probe,
+    fasthorovod/proxy/plan.py, or 1 where the probe does not run)."""
     probe: str = "auto"
-    """FASTHOROVOD_PROBE: measure the network at start-up to choose the sockets per proxy: ``auto``
+    """FASTHOROVOD_PROBE: measure the network at start-up to choose the sockets per lane: ``auto``
     (when the ranks span several hosts), ``1`` (always), ``0`` (never). Ignored when
-    FASTHOROVOD_SOCKETS_PER_PROXY is set."""
+    FASTHOROVOD_SOCKETS_PER_LANE is set."""
     hierarchical: str = "auto"
     """FASTHOROVOD_HIERARCHICAL: with several ranks on a host, reduce inside the host through shared
     memory and run one ring across hosts per local rank (fasthorovod/proxy/hosts.py): ``auto`` (when
@@ -139,8 +167,8 @@ class Config:
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "Config":
         env = os.environ if env is None else env
         return cls(
-            num_proxies=_optional_int(env, "NUM_PROXIES", 0, MAX_PROXIES),
-            sockets_per_proxy=_optional_int(env, "SOCKETS_PER_PROXY", 1, MAX_SOCKETS_PER_PROXY),
+            num_lanes=_aliased_int(env, "NUM_LANES", 0, MAX_LANES),
+            sockets_per_lane=_aliased_int(env, "SOCKETS_PER_LANE", 1, MAX_SOCKETS_PER_LANE),
             probe=_choice(env, "PROBE", cls.probe, ("auto", "0", "1")),
             hierarchical=_choice(env, "HIERARCHICAL", cls.hierarchical, ("auto", "0", "1")),
             proxy_threshold_bytes=_optional_int(env, "PROXY_THRESHOLD_BYTES", 0),
@@ -162,7 +190,7 @@ class Config:
 
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
-        shared = (self.num_proxies, self.sockets_per_proxy, self.probe, self.proxy_threshold_bytes,
+        shared = (self.num_lanes, self.sockets_per_lane, self.probe, self.proxy_threshold_bytes,
                   self.segment_bytes, self.rebalance_every, self.hierarchical)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 FASTHOROVOD_NUM_PROXIES=2 FASTHOROVOD_TIMEOUT_SECONDS=60
+export FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 FASTHOROVOD_NUM_LANES=2 FASTHOROVOD_TIMEOUT_SECONDS=60
 exec timeout 600 "$(dirname "$PYTHON")/horovodrun" --gloo -np 2 "$PYTHON" scripts/cuda_check.py --device "${1:-cuda}"

@@ -95,12 +95,16 @@ def test_backend_specs():
     traced = common.parse_backend("fasthorovod:4:odsgd+trace", train_kinds, True)
     assert (traced.count, traced.algorithm, traced.trace) == (4, "odsgd", True)
     assert common.backend_env(traced, trace_root="/r") == {
-        "FASTHOROVOD_TRACE_DIR": "/r/fasthorovod_4_odsgd_trace", "FASTHOROVOD_NUM_PROXIES": "4"}
+        "FASTHOROVOD_TRACE_DIR": "/r/fasthorovod_4_odsgd_trace", "FASTHOROVOD_NUM_LANES": "4"}
     assert "FASTHOROVOD_TRACE_DIR" not in common.backend_env(common.parse_backend("fasthorovod:4"))
     repo = str(BENCHMARKS.parent)
     other = common.parse_backend(f"fasthorovod:4@{repo}")
     assert (other.count, other.source) == (4, repo)
     assert common.backend_env(other)["PYTHONPATH"].split(os.pathsep)[0] == repo
+    # another checkout may predate the lane settings' names: it gets their former names too
+    assert {k: v for k, v in common.backend_env(common.parse_backend(f"fasthorovod:4x2@{repo}")).items()
+            if k != "PYTHONPATH"} == {"FASTHOROVOD_NUM_LANES": "4", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
+                                      "FASTHOROVOD_NUM_PROXIES": "4", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
     for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace",
                 "horovod@" + repo, "fasthorovod:4@/nonexistent", "fasthorovod:4x0", "fasthorovod:4x",
                 "fasthorovod:x2", "fasthorovod:0x2", "mpi4py:2x2", "fasthorovod:4X2"):
@@ -133,12 +137,12 @@ def test_flat_and_hierarchical_suffixes():
             common.parse_backend(bad)
 
 
-def test_sockets_per_proxy_spec_and_plain_fasthorovod_sets_nothing():
+def test_sockets_per_lane_spec_and_plain_fasthorovod_sets_nothing():
     grid = common.parse_backend("fasthorovod:4x2")
     assert (grid.kind, grid.count, grid.sockets) == ("fasthorovod", 4, 2)
-    assert common.backend_env(grid) == {"FASTHOROVOD_NUM_PROXIES": "4",
-                                        "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
-    assert common.backend_env(common.parse_backend("fasthorovod:8")) == {"FASTHOROVOD_NUM_PROXIES": "8"}
+    assert common.backend_env(grid) == {"FASTHOROVOD_NUM_LANES": "4",
+                                        "FASTHOROVOD_SOCKETS_PER_LANE": "2"}
+    assert common.backend_env(common.parse_backend("fasthorovod:8")) == {"FASTHOROVOD_NUM_LANES": "8"}
     # FastHorovod's defaults: no FASTHOROVOD_* variable at all
     assert common.backend_env(common.parse_backend("fasthorovod")) == {}
     with_algorithm = common.parse_backend("fasthorovod:2x4:odsgd+trace", with_algorithm=True)
@@ -151,6 +155,8 @@ def test_data_plane_label():
     assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 2, "sockets_source": "probe"}) == \
         "4x2 (probe)"
     assert common.data_plane_label({"lanes": 8, "sockets_per_lane": 1,
+                                    "sockets_source": "FASTHOROVOD_SOCKETS_PER_LANE"}) == "8x1 (set)"
+    assert common.data_plane_label({"lanes": 8, "sockets_per_lane": 1,  # a record from before the rename
                                     "sockets_source": "FASTHOROVOD_SOCKETS_PER_PROXY"}) == "8x1 (set)"
     assert common.data_plane_label({"lanes": 4, "sockets_per_lane": 1,
                                     "sockets_source": "default (one host: no probe)"}) == "4x1 (default)"
@@ -408,7 +414,7 @@ def test_sweep_defaults_and_grid_expansion():
     assert len(plan) == 2 + 12
     envs = {label: common.backend_env(common.parse_backend(label)) for label in plan[1:]}
     assert envs["fasthorovod"] == {}  # the defaults: no FASTHOROVOD_* variable
-    assert envs["fasthorovod:8x2"] == {"FASTHOROVOD_NUM_PROXIES": "8", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
+    assert envs["fasthorovod:8x2"] == {"FASTHOROVOD_NUM_LANES": "8", "FASTHOROVOD_SOCKETS_PER_LANE": "2"}
     # the allreduce jobs are allreduce.py's worker at the one size
     worker = allreduce.worker_argv(common.parse_backend("fasthorovod:2x2"), sweep.allreduce_settings(args))
     assert worker[2].endswith("allreduce.py")
@@ -539,12 +545,22 @@ def test_settings_note_labels_hand_set_variants(monkeypatch):
         monkeypatch.delenv(key)
     note = common.settings_note(["horovod", "fasthorovod", "fasthorovod:4x2"])
     assert "fasthorovod: FastHorovod's defaults (no FASTHOROVOD_* set)" in note
-    assert ("fasthorovod:4x2: hand-set FASTHOROVOD_NUM_PROXIES=4 FASTHOROVOD_SOCKETS_PER_PROXY=2"
+    assert ("fasthorovod:4x2: hand-set FASTHOROVOD_NUM_LANES=4 FASTHOROVOD_SOCKETS_PER_LANE=2"
             in note)
     assert "hand-set FASTHOROVOD_PROXY_THRESHOLD_BYTES=65536" in common.settings_note(["fasthorovod"], 65536)
     assert common.settings_note(["horovod"]) is None
-    monkeypatch.setenv("FASTHOROVOD_SOCKETS_PER_PROXY", "2")
-    assert "inheriting FASTHOROVOD_SOCKETS_PER_PROXY=2" in common.settings_note(["fasthorovod"])
+    monkeypatch.setenv("FASTHOROVOD_SOCKETS_PER_LANE", "2")
+    assert "inheriting FASTHOROVOD_SOCKETS_PER_LANE=2" in common.settings_note(["fasthorovod"])
+
+
+def test_a_backends_lane_settings_replace_those_inherited_under_their_former_names():
+    from fasthorovod.config import ALIASES
+
+    assert common.FORMER_NAMES == ALIASES
+    inherited = {"FASTHOROVOD_NUM_PROXIES": "8", "FASTHOROVOD_SOCKETS_PER_PROXY": "3", "KEEP": "1"}
+    env = common.job_env({}, common.backend_env(common.parse_backend("fasthorovod:4")), environ=inherited)
+    assert env == {"FASTHOROVOD_NUM_LANES": "4", "FASTHOROVOD_SOCKETS_PER_PROXY": "3", "KEEP": "1"}
+    assert common.job_env(common.backend_env(common.parse_backend("fasthorovod")), environ=inherited) == inherited
 
 
 def _rounds_of(label_seconds):
@@ -601,7 +617,8 @@ def test_allreduce_ceiling_option_and_bench_command_lines():
         allreduce.parse_args(["--ring-flows", "0"])
     # what scripts/bench.sh runs parses, with FastHorovod's defaults
     bench = (BENCHMARKS.parent / "scripts" / "bench.sh").read_text()
-    assert "FASTHOROVOD_SOCKETS_PER_PROXY=" not in bench and "--ceiling" in bench
+    assert "FASTHOROVOD_SOCKETS_PER_LANE=" not in bench and "FASTHOROVOD_SOCKETS_PER_PROXY=" not in bench
+    assert "--ceiling" in bench
     train_args = train.parse_args(["--np", "4", "--steps", "4", "--warmup-steps", "1", "--compute-steps", "2",
                                    "--rounds", "3", "--backends", "horovod,fasthorovod,fasthorovod:ssd-sgd"])
     assert [common.backend_env(b) for b in common.parse_backends(train_args.backends, train.KINDS, True)] == [{}] * 3

@@ -46,15 +46,15 @@ def test_horovod_flags_keep_their_meaning_and_ours_are_added() -> None:
     args = parse_args(["--gloo", "-np", "4", "-H", "a:2,b:2", "--start-timeout", "45", "--verbose",
                        "--network-interfaces", "eth1", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
                        "--timeline-filename", "/tmp/tl.json", "--output-filename", "/tmp/out",
-                       "--proxies", "8", "--sockets-per-proxy", "2", "--proxy-threshold", "64KiB",
-                       "python", "train.py", "--proxies", "3", "-np", "9"])
+                       "--lanes", "8", "--sockets-per-lane", "2", "--proxy-threshold", "64KiB",
+                       "python", "train.py", "--lanes", "3", "-np", "9"])
     assert (args.use_gloo, args.use_mpi, args.num_proc, args.hosts) == (True, False, 4, "a:2,b:2")
     assert (args.start_timeout, args.verbose, args.nics) == (45, True, {"eth1"})
     assert (args.fusion_threshold_mb, args.cycle_time_ms, args.timeline_filename) == (32, 2.5, "/tmp/tl.json")
     assert args.output_filename == "/tmp/out"
-    assert (args.proxies, args.sockets_per_proxy, args.proxy_threshold, args.emulate_cloud) == (8, 2, 65536, None)
+    assert (args.lanes, args.sockets_per_lane, args.proxy_threshold, args.emulate_cloud) == (8, 2, 65536, None)
     # Everything from the command on belongs to the command, even flags with our names.
-    assert args.command == ["python", "train.py", "--proxies", "3", "-np", "9"]
+    assert args.command == ["python", "train.py", "--lanes", "3", "-np", "9"]
 
 
 def test_emulate_cloud_takes_per_host_overrides() -> None:
@@ -65,8 +65,8 @@ def test_emulate_cloud_takes_per_host_overrides() -> None:
 
 
 def test_flags_map_to_fasthorovod_variables() -> None:
-    args = parse_args(["-np", "2", "--proxies", "0", "--sockets-per-proxy", "3", "--proxy-threshold", "1MiB", "x"])
-    assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_PROXIES": "0", "FASTHOROVOD_SOCKETS_PER_PROXY": "3",
+    args = parse_args(["-np", "2", "--lanes", "0", "--sockets-per-lane", "3", "--proxy-threshold", "1MiB", "x"])
+    assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_LANES": "0", "FASTHOROVOD_SOCKETS_PER_LANE": "3",
                                          "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "1048576"}
     assert fasthorovod_env(parse_args(["-np", "2", "x"]), {}) == {}  # unset flags leave the environment alone
     decimal = parse_args(["-np", "2", "--proxy-threshold", "64kB", "x"])  # kB/MB/GB are 1000^n
@@ -79,8 +79,9 @@ def test_flags_map_to_fasthorovod_variables() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["-np", "2", "--proxies", "65", "x"], "argument --proxies: 65 is not in \\[0, 64\\]"),
-        (["-np", "2", "--sockets-per-proxy", "0", "x"], "argument --sockets-per-proxy: 0 is not in \\[1, 64\\]"),
+        (["-np", "2", "--lanes", "65", "x"], "argument --lanes/--proxies: 65 is not in \\[0, 64\\]"),
+        (["-np", "2", "--sockets-per-lane", "0", "x"],
+         "argument --sockets-per-lane/--sockets-per-proxy: 0 is not in \\[1, 64\\]"),
         (["-np", "2", "--proxy-threshold", "1furlong", "x"], "argument --proxy-threshold: byte count '1furlong' has unknown unit"),
         (["-np", "2", "--proxy-threshold", "1M", "x"], "byte count '1M' is ambiguous: write 1MiB .* or 1MB"),
         (["-np", "2", "--emulate-cloud", "4:1gbit:2gbit", "x"], "per-flow rate 2gbit exceeds link rate 1gbit"),
@@ -102,11 +103,31 @@ def test_bad_command_lines_are_refused_with_the_reason(argv: list[str], message:
 
 
 def test_a_bad_inherited_variable_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FASTHOROVOD_NUM_LANES", "many")
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "x"])
+    assert "FASTHOROVOD_NUM_LANES='many' is not an integer" in capsys.readouterr().err
+    assert parse_args(["-np", "2", "--lanes", "2", "x"]).lanes == 2  # the flag overrides it
+
+
+def test_the_former_flag_names_and_variables_still_work(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args(["-np", "2", "--proxies", "3", "--sockets-per-proxy", "2", "x"])
+    assert fasthorovod_env(args, {}) == {"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_SOCKETS_PER_LANE": "2"}
+    # an inherited former name: checked like the new one, and overridden by the flag
     monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "many")
     with pytest.raises(SystemExit):
         parse_args(["-np", "2", "x"])
     assert "FASTHOROVOD_NUM_PROXIES='many' is not an integer" in capsys.readouterr().err
-    assert parse_args(["-np", "2", "--proxies", "2", "x"]).proxies == 2  # the flag overrides it
+    assert parse_args(["-np", "2", "--lanes", "2", "x"]).lanes == 2
+    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "4")
+    monkeypatch.setenv("FASTHOROVOD_NUM_LANES", "8")
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "2", "x"])
+    assert ("FASTHOROVOD_NUM_LANES=8 and FASTHOROVOD_NUM_PROXIES=4 disagree" in capsys.readouterr().err)
+    assert launch.with_flags({"FASTHOROVOD_NUM_PROXIES": "4", "FASTHOROVOD_SOCKETS_PER_PROXY": "2", "A": "b"},
+                             {"FASTHOROVOD_NUM_LANES": "2"}) == {
+        "FASTHOROVOD_SOCKETS_PER_PROXY": "2", "A": "b", "FASTHOROVOD_NUM_LANES": "2"}
 
 
 def test_help_shows_horovods_flags_and_explains_ours(capsys: pytest.CaptureFixture[str]) -> None:
@@ -119,8 +140,8 @@ def test_help_shows_horovods_flags_and_explains_ours(capsys: pytest.CaptureFixtu
                          "--timeline-filename", "--output-filename", "--network-interfaces"):
         assert horovod_flag in text
     assert "FastHorovod arguments" in text
-    for ours, variable in (("--proxies K", "FASTHOROVOD_NUM_PROXIES"),
-                           ("--sockets-per-proxy S", "FASTHOROVOD_SOCKETS_PER_PROXY"),
+    for ours, variable in (("--lanes K, --proxies K", "FASTHOROVOD_NUM_LANES"),
+                           ("--sockets-per-lane S, --sockets-per-proxy S", "FASTHOROVOD_SOCKETS_PER_LANE"),
                            ("--proxy-threshold BYTES", "FASTHOROVOD_PROXY_THRESHOLD_BYTES"),
                            ("--emulate-cloud HOSTS:LINK:PER_FLOW", "4:1gbit:200mbit")):
         assert ours in text and variable in text
@@ -139,10 +160,12 @@ def test_real_clusters_go_to_horovods_runner_with_the_variables(monkeypatch: pyt
     for var in list(os.environ):
         if var.startswith("FASTHOROVOD_"):
             monkeypatch.delenv(var)
-    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "1")  # so that monkeypatch undoes what main() sets
-    assert launch.main(["--gloo", "-np", "2", "-H", "a:1,b:1", "--proxies", "6", "python", "t.py"]) == 0
+    monkeypatch.setenv("FASTHOROVOD_NUM_LANES", "1")  # so that monkeypatch undoes what main() sets
+    # a former name in the launcher's environment: the flag overrides it, the ranks see only the flag's
+    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "1")
+    assert launch.main(["--gloo", "-np", "2", "-H", "a:1,b:1", "--lanes", "6", "python", "t.py"]) == 0
     assert seen["args"].hosts == "a:1,b:1" and seen["args"].command == ["python", "t.py"]
-    assert seen["env"] == {"FASTHOROVOD_NUM_PROXIES": "6"}
+    assert seen["env"] == {"FASTHOROVOD_NUM_LANES": "6"}
 
 
 def test_the_first_failed_ranks_exit_code_is_propagated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,10 +201,10 @@ def _inner(argv: list[str], hosts: int) -> list[str]:
 def test_emulated_jobs_run_the_same_command_line_inside_the_cloud_with_hosts_added() -> None:
     # Static: everything but --emulate-cloud is kept (also in the command, and written as
     # --emulate-cloud=SPEC or abbreviated); --gloo, eth0 and -H hostI:P are added.
-    assert _inner(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32", "--proxies", "3",
+    assert _inner(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--fusion-threshold-mb", "32", "--lanes", "3",
                    "python", "t.py", "--emulate-cloud", "x"], 2) == [
         "--gloo", "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:2,host1:2",
-        "-np", "4", "--fusion-threshold-mb", "32", "--proxies", "3", "python", "t.py", "--emulate-cloud", "x"]
+        "-np", "4", "--fusion-threshold-mb", "32", "--lanes", "3", "python", "t.py", "--emulate-cloud", "x"]
     assert _inner(["--emulate=4:1gbit:100mbit", "--mpi", "-np", "2", "x"], 4) == [
         "--network-interfaces", "eth0", "--disable-cache", "-H", "host0:1,host1:1", "--mpi", "-np", "2", "x"]
     # The user's hosts, interface and controller are theirs.
@@ -199,10 +222,12 @@ def test_emulated_jobs_run_the_same_command_line_inside_the_cloud_with_hosts_add
 def test_emulated_launcher_gets_our_variables_and_the_hosts_interface(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOME_USER_SETTING", "kept")
     monkeypatch.setenv("FASTHOROVOD_IFACE", "lo")
-    args = parse_args(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--proxies", "3", "x"])
+    monkeypatch.setenv("FASTHOROVOD_NUM_PROXIES", "2")  # a former name the flag overrides
+    args = parse_args(["-np", "4", "--emulate-cloud", "2:1gbit:100mbit", "--lanes", "3", "x"])
     job = EmulatedJob(args, fasthorovod_env(args))
     env = job._launcher_env()
-    assert env["FASTHOROVOD_NUM_PROXIES"] == "3" and env["FASTHOROVOD_IFACE"] == "eth0"
+    assert env["FASTHOROVOD_NUM_LANES"] == "3" and env["FASTHOROVOD_IFACE"] == "eth0"
+    assert "FASTHOROVOD_NUM_PROXIES" not in env
     assert env["SOME_USER_SETTING"] == "kept"
     assert job.cloud.ssh and job.cloud.slots_per_host == 2
 
@@ -245,14 +270,14 @@ for count, through_proxies in ((1 << 20, False), (2 << 20, True)):
     hvd.allreduce_(x, op=hvd.Sum, name=f"x{count}")
     assert torch.equal(x, torch.full_like(x, 3.0)), x[:4]
     assert (sent() > before) == through_proxies, (count, before, sent())
-print("OK", hvd.rank(), len(group.processes), group.config.sockets_per_proxy, flush=True)
+print("OK", hvd.rank(), len(group.processes), group.config.sockets_per_lane, flush=True)
 hvd.shutdown()
 """
 
 
 @pytest.mark.multiproc
 def test_loopback_job_through_horovods_runner_with_proxies() -> None:
-    result = _run([str(FASTHOROVODRUN), "--gloo", "-np", "2", "--proxies", "2", "--sockets-per-proxy", "2",
+    result = _run([str(FASTHOROVODRUN), "--gloo", "-np", "2", "--lanes", "2", "--sockets-per-lane", "2",
                    sys.executable, "-c", LOOPBACK_SCRIPT])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     for rank in (0, 1):
@@ -347,7 +372,7 @@ def test_emulated_cloud_job_each_rank_in_its_namespace(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(EMULATED_SCRIPT)
     result = _run([str(FASTHOROVODRUN), "--verbose", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
-                   "--proxies", "2", sys.executable, str(script)])
+                   "--lanes", "2", sys.executable, str(script)])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     cloud_id = _cloud_id(result.stderr)
     addresses = list(_hosts(result.stderr).values())
@@ -462,7 +487,7 @@ def test_mpi_job_on_the_emulated_cloud(tmp_path: Path) -> None:
     """))
     env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     result = _run([str(FASTHOROVODRUN), "--verbose", "--mpi", "--emulate-cloud", "2:200mbit:50mbit", "-np", "2",
-                   "--proxies", "2", sys.executable, str(script)], env=env)
+                   "--lanes", "2", sys.executable, str(script)], env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     addresses = list(_hosts(result.stderr).values())
     for rank in (0, 1):
@@ -484,13 +509,13 @@ hvd.shutdown()
 """
 
 
-def _run_probe_script(tmp_path: Path, name: str, text: str, spec: str, proxies: Optional[int] = 2,
+def _run_probe_script(tmp_path: Path, name: str, text: str, spec: str, lanes: Optional[int] = 2,
                       args: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    """`text` as a script of 2 ranks with `proxies` proxies each (None: FastHorovod's choice) on the
+    """`text` as a script of 2 ranks with `lanes` lanes each (None: FastHorovod's choice) on the
     emulated cloud `spec`, given `args`; it must succeed."""
     script = tmp_path / name
     script.write_text(text)
-    chosen = ["--proxies", str(proxies)] if proxies is not None else []
+    chosen = ["--lanes", str(lanes)] if lanes is not None else []
     result = _run([str(FASTHOROVODRUN), "--emulate-cloud", spec, "-np", "2", *chosen,
                    sys.executable, str(script), *args])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -564,7 +589,7 @@ hvd.shutdown()
 def test_the_probe_chooses_the_lanes_the_ranks_agree_and_the_fewest_cpus_decide(tmp_path: Path) -> None:
     lanes = {}
     for mode in ("defaults", "slow-proxies"):
-        result = _run_probe_script(tmp_path, "lanes.py", LANES_SCRIPT, "2:400mbit:200mbit", proxies=None, args=[mode])
+        result = _run_probe_script(tmp_path, "lanes.py", LANES_SCRIPT, "2:400mbit:200mbit", lanes=None, args=[mode])
         lines = re.findall(r"LANES (\d) (\d+) (\d+) (.*)", result.stdout)
         assert sorted(rank for rank, *_ in lines) == ["0", "1"], result.stdout[-3000:]
         assert len({tuple(line[1:]) for line in lines}) == 1, f"ranks disagree: {lines}"
@@ -614,7 +639,7 @@ def test_plain_horovodrun_over_ssh_on_an_emulated_cloud(tmp_path: Path) -> None:
     try:
         result = _run(["ip", "netns", "exec", cloud.launcher_namespace, str(horovodrun), "--gloo", "-np", "3",
                        "-H", "host0:1,host1:1,host2:1", sys.executable, str(script)], timeout=300,
-                      env={"FASTHOROVOD_NUM_PROXIES": "2",
+                      env={"FASTHOROVOD_NUM_LANES": "2",
                            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         for rank, host in enumerate(cloud.hosts):

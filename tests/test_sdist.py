@@ -122,7 +122,7 @@ def test_the_sdist_builds_installs_and_runs_an_allreduce_through_the_proxies(tmp
 
     (tmp_path / "worker.py").write_text(WORKER)
     job_env = dict(env, FASTHOROVOD_PROXY_THRESHOLD_BYTES=str(1 << 20), FASTHOROVOD_HIERARCHICAL="0",
-                   FASTHOROVOD_NUM_PROXIES="2", FASTHOROVOD_TIMEOUT_SECONDS="60")
+                   FASTHOROVOD_NUM_LANES="2", FASTHOROVOD_TIMEOUT_SECONDS="60")
     out = _run([str(target / "bin" / "fasthorovodrun"), "-np", "2", str(python), str(tmp_path / "worker.py")],
                timeout=300, env=job_env, cwd=tmp_path)
     assert out.count("sdist allreduce ok through 2 lanes") == 2, out

@@ -30,7 +30,7 @@ namespace fasthorovod {
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
 constexpr uint32_t kChannelVersion = 7;
 constexpr uint32_t kMaxLanes = 64;
-constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_PROXY's upper bound (fasthorovod/config.py)
+constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_LANE's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
 constexpr size_t kErrorBytes = 2048;
 constexpr size_t kHostBytes = 64;

@@ -14,9 +14,9 @@ curve. :func:`plan` turns them into a :class:`DataPlanePlan`:
   is as fast below it);
 * whether start-up **probes** the path: when the sockets per lane are not set and the ranks span
   hosts (FASTHOROVOD_PROBE=auto), or always (=1), or never (=0);
-* the **lanes** (FASTHOROVOD_NUM_PROXIES, else from the probe's best rate and the fewest CPUs any
+* the **lanes** (FASTHOROVOD_NUM_LANES, else from the probe's best rate and the fewest CPUs any
   worker has, probe.choose_lanes; 4 where nothing was measured) and the **sockets per lane**
-  (FASTHOROVOD_SOCKETS_PER_PROXY, else the knee of the probe's curves spread over the lanes,
+  (FASTHOROVOD_SOCKETS_PER_LANE, else the knee of the probe's curves spread over the lanes,
   probe.choose; 1 where nothing was measured).
 
 Every rank computes the plan from the same exchanged inputs, so every rank gets the same one
@@ -131,7 +131,7 @@ class DataPlanePlan:
             measured = f"measured in {run.seconds:.1f} s{', twice: the hops disagreed' if run.runs == 2 else ''}"
         what = self.flow_choice.describe() if self.flow_choice is not None else self.sockets_because
         return (f"data plane: {self.lanes} lanes x {self.sockets_per_lane} sockets ({what}; {self.lanes_because}; "
-                f"{measured}; FASTHOROVOD_NUM_PROXIES and FASTHOROVOD_SOCKETS_PER_PROXY override)")
+                f"{measured}; FASTHOROVOD_NUM_LANES and FASTHOROVOD_SOCKETS_PER_LANE override)")
 
 
 def plan(settings: Config, peers: Sequence[Peer], rank: int, single_host: bool,
@@ -152,8 +152,8 @@ def plan(settings: Config, peers: Sequence[Peer], rank: int, single_host: bool,
         threshold, threshold_because = CROSS_HOST_PROXY_THRESHOLD, "default"
     probing = probes(settings, single_host)
     lanes, lanes_because = _lanes(settings, peers, layout, hops)
-    if settings.sockets_per_proxy is not None:
-        choice, sockets, sockets_because = None, settings.sockets_per_proxy, "FASTHOROVOD_SOCKETS_PER_PROXY"
+    if settings.sockets_per_lane is not None:
+        choice, sockets, sockets_because = None, settings.sockets_per_lane, "FASTHOROVOD_SOCKETS_PER_LANE"
     elif probing and hops is not None:
         choice = probe.choose(hops, lanes)
         sockets, sockets_because = choice.sockets_per_lane, "probe"
@@ -189,8 +189,8 @@ def _lanes(settings: Config, peers: Sequence[Peer], layout: Optional[host_layout
            hops: Optional[Sequence[Dict[int, float]]]):
     """The lanes and why: the user's, else from the probe's best rate and the fewest CPUs per rank
     of any host (probe.choose_lanes), else the default."""
-    if settings.num_proxies is not None:
-        return settings.num_proxies, "lanes from FASTHOROVOD_NUM_PROXIES"
+    if settings.num_lanes is not None:
+        return settings.num_lanes, "lanes from FASTHOROVOD_NUM_LANES"
     if hops is None:
         return DEFAULT_LANES, "default lanes"
     rate = max(probe.ring_curve(hops).values())
@@ -199,7 +199,7 @@ def _lanes(settings: Config, peers: Sequence[Peer], layout: Optional[host_layout
     rings = layout.local_size if layout is not None else 1
     needed = probe.lanes_needed(rate, rings)
     per_ring = f" over {rings} rings" if rings > 1 else ""
-    because = (f"lanes: {probe.mbit(rate)} Mbit/s{per_ring} needs {needed} prox{'y' if needed == 1 else 'ies'} "
+    because = (f"lanes: {probe.mbit(rate)} Mbit/s{per_ring} needs {needed} lane{'' if needed == 1 else 's'} "
                f"of {probe.mbit(probe.LANE_BYTES_PER_SECOND)} Mbit/s; at least {probe.MIN_LANES}, "
                f"above that at most {cpus:g} CPUs per worker")
     return probe.choose_lanes(rate, cpus, rings), because
@@ -221,11 +221,11 @@ def probes(settings: Config, single_host: bool) -> bool:
     """Whether start-up measures the path: the sockets per lane are not set, and the ranks span
     hosts (FASTHOROVOD_PROBE=auto) or the user asks for it (=1). The settings are equal on every
     rank, and so is the topology, so every rank decides alike."""
-    return (settings.sockets_per_proxy is None and settings.num_proxies != 0
+    return (settings.sockets_per_lane is None and settings.num_lanes != 0
             and (settings.probe == "1" or (settings.probe == "auto" and not single_host)))
 
 
 def enabled(settings: Config, size: int) -> bool:
-    """Whether a job of `size` ranks runs proxies at all (FASTHOROVOD_NUM_PROXIES=0 turns them off;
+    """Whether a job of `size` ranks runs proxies at all (FASTHOROVOD_NUM_LANES=0 turns them off;
     one rank has nothing to send)."""
-    return settings.num_proxies != 0 and size > 1
+    return settings.num_lanes != 0 and size > 1

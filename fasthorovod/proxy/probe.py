@@ -13,7 +13,7 @@ runs :func:`choose` on the same curves, so they agree without another round:
   only ever lowers a phase, and a lower later phase lowers only that hop's knee. The job's curve
   (the lowest aggregate of any hop at each flow count, a hop that stopped doubling taken as flat
   beyond it) is what rank 0 prints;
-* the lanes: :func:`choose_lanes` (unless FASTHOROVOD_NUM_PROXIES is set). A lane is one proxy,
+* the lanes: :func:`choose_lanes` (unless FASTHOROVOD_NUM_LANES is set). A lane is one proxy,
   one thread: it carries at most about one core's worth of TCP and reduction work
   (``LANE_BYTES_PER_SECOND``, the lowest rate a proxy alone on a core reached in
   lab/placement.md's runs). Below four lanes nothing is saved where the network is the limit: on
@@ -55,7 +55,7 @@ import dataclasses
 import math
 from typing import Dict, List, Sequence, Tuple
 
-from fasthorovod.config import MAX_PROXIES
+from fasthorovod.config import MAX_LANES
 
 KNEE = 0.95
 HEADROOM = 1.0
@@ -124,7 +124,7 @@ def choose_lanes(rate: float, cpus_per_worker: float, rings_per_link: int = 1) -
     if not rate >= 0 or not cpus_per_worker > 0 or rings_per_link < 1:
         raise ValueError(f"choose_lanes: rate {rate!r} must be >= 0, cpus_per_worker {cpus_per_worker!r} > 0, "
                          f"rings_per_link {rings_per_link!r} >= 1")
-    return max(MIN_LANES, min(lanes_needed(rate, rings_per_link), int(cpus_per_worker), MAX_PROXIES))
+    return max(MIN_LANES, min(lanes_needed(rate, rings_per_link), int(cpus_per_worker), MAX_LANES))
 
 
 def lanes_needed(rate: float, rings_per_link: int = 1) -> int:

@@ -1,6 +1,6 @@
 """Starting a data plane: from the ranks' first exchange to running rings, as :func:`run` does it.
 
-Inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_PROXIES is not 0:
+Inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_LANES is not 0:
 
 1. rank 0 draws a random 16-byte job token; ``broadcast_object`` gives it to every rank (Horovod's
    control plane, no home-made rendezvous); rank 0 starts the negotiation's coordinator

@@ -56,6 +56,7 @@ import psutil
 from fasthorovod.netem import EmulatedCloud, NetemError, NetemPermissionError
 from fasthorovod.netem.cloud import HOST_DEVICE, is_resource_tracker, kill_rounds
 from fasthorovod.netem.state import process_running
+from fasthorovod.runner.launch import with_flags
 
 PROG = "fasthorovodrun"
 STOP_GRACE_S = 10.0  # after forwarding a signal, the launcher has this long to stop its ranks
@@ -186,8 +187,7 @@ class EmulatedJob:
                       + ", ".join(f"{h.name}={h.address}" for h in self.cloud.hosts))
 
     def _launcher_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.fasthorovod_env)
+        env = with_flags(os.environ, self.fasthorovod_env)
         env["FASTHOROVOD_IFACE"] = HOST_DEVICE  # the proxies bind on the host's own address
         return env
 

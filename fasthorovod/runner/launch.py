@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fasthorovod.config import MAX_PROXIES, PREFIX, Config, ConfigError
+from fasthorovod.config import ALIASES, MAX_LANES, MAX_SOCKETS_PER_LANE, PREFIX, Config, ConfigError
 from fasthorovod.netem import parse_spec
 from fasthorovod.units import bytes_argument
 
@@ -38,14 +38,14 @@ DESCRIPTION = (
     "--emulate-cloud, which runs the job on an emulated public-cloud network on this machine."
 )
 EPILOG = (
-    "Examples: fasthorovodrun --gloo -np 4 -H a:1,b:1,c:1,d:1 --proxies 8 python train.py;  "
+    "Examples: fasthorovodrun --gloo -np 4 -H a:1,b:1,c:1,d:1 --lanes 8 python train.py;  "
     "fasthorovodrun --emulate-cloud 4:1gbit:200mbit -np 4 python train.py.  See docs/runner.md."
 )
 
 # The environment variable each FastHorovod flag sets (documented in docs/env.md).
 FLAG_VARIABLES = {
-    "proxies": PREFIX + "NUM_PROXIES",
-    "sockets_per_proxy": PREFIX + "SOCKETS_PER_PROXY",
+    "lanes": PREFIX + "NUM_LANES",
+    "sockets_per_lane": PREFIX + "SOCKETS_PER_LANE",
     "proxy_threshold": PREFIX + "PROXY_THRESHOLD_BYTES",
 }
 
@@ -73,21 +73,21 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "FastHorovod arguments",
         "Each sets a FASTHOROVOD_* variable (docs/env.md) in the environment of every rank; a flag "
-        "overrides the variable inherited from the launcher's environment. They take effect in "
-        "scripts that `import fasthorovod.torch as hvd`.")
+        "overrides the variable inherited from the launcher's environment, under its name or its "
+        "former one. They take effect in scripts that `import fasthorovod.torch as hvd`.")
     group.add_argument(
-        "--proxies", type=_count(0, MAX_PROXIES), metavar="K",
-        help="Proxy processes per worker (FASTHOROVOD_NUM_PROXIES): each carries one shard of every "
-             "large allreduce over its own TCP connections, so a worker uses K parallel flows and "
-             f"K cores. 0 sends everything through Horovod. 0-{MAX_PROXIES}; default 4, or more "
-             "where the path probe measures a network faster than 4 proxies can carry and the "
-             "workers have the cores.")
+        "--lanes", "--proxies", type=_count(0, MAX_LANES), metavar="K",
+        help="Lanes per worker (FASTHOROVOD_NUM_LANES): a lane is one proxy process, which carries "
+             "one shard of every large allreduce over its own TCP connections, so a worker uses K "
+             f"parallel flows and K cores. 0 sends everything through Horovod. 0-{MAX_LANES}; "
+             "default 4, or more where the path probe measures a network faster than 4 lanes can "
+             "carry and the workers have the cores. --proxies is its former name.")
     group.add_argument(
-        "--sockets-per-proxy", type=_count(1, 64), metavar="S",
-        help="TCP connections from each proxy to its ring neighbour, frames striped over them "
-             "(FASTHOROVOD_SOCKETS_PER_PROXY); a worker then opens K*S flows to its neighbour. "
-             "1-64; default: measured at start-up when the ranks span hosts (the path probe), "
-             "else 1.")
+        "--sockets-per-lane", "--sockets-per-proxy", type=_count(1, MAX_SOCKETS_PER_LANE), metavar="S",
+        help="TCP connections from each lane's proxy to its ring neighbour, frames striped over "
+             "them (FASTHOROVOD_SOCKETS_PER_LANE); a worker then opens K*S flows to its neighbour. "
+             f"1-{MAX_SOCKETS_PER_LANE}; default: measured at start-up when the ranks span hosts "
+             "(the path probe), else 1. --sockets-per-proxy is its former name.")
     group.add_argument(
         "--proxy-threshold", type=bytes_argument, metavar="BYTES",
         help="Sum/Average allreduces of at least this many bytes go through the proxies, smaller "
@@ -160,6 +160,15 @@ def fasthorovod_env(args: argparse.Namespace, environ: Mapping[str, str] | None 
     return env
 
 
+def with_flags(environ: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with the variables the flags set (``env``, from :func:`fasthorovod_env`) in
+    place of what it held under their names or their former names (``config.ALIASES``): a flag
+    overrides an inherited FASTHOROVOD_NUM_PROXIES as it overrides FASTHOROVOD_NUM_LANES, and the
+    ranks must not see both with different values."""
+    former = {ALIASES[variable] for variable in env if variable in ALIASES}
+    return {**{k: v for k, v in environ.items() if k not in former}, **env}
+
+
 def _emulated_conflicts(args: argparse.Namespace) -> list[str]:
     """Reasons why ``args`` cannot run with --emulate-cloud (empty when they can)."""
     spec = args.emulate_cloud
@@ -205,7 +214,7 @@ def _without_option(parser: argparse.ArgumentParser, argv: Sequence[str], comman
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse a fasthorovodrun command line (``sys.argv[1:]`` by default); exits on errors, like
-    horovodrun. The result is Horovod's namespace plus ``proxies``, ``sockets_per_proxy``,
+    horovodrun. The result is Horovod's namespace plus ``lanes``, ``sockets_per_lane``,
     ``proxy_threshold`` (ints or None), ``emulate_cloud`` (a ``CloudSpec`` or None) and, with
     --emulate-cloud, ``horovodrun_argv``: the command line without it."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -213,7 +222,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not args.command:
         parser.error("no command to run given (e.g. python train.py)")
     try:
-        Config.from_env({**os.environ, **fasthorovod_env(args)})
+        Config.from_env(with_flags(os.environ, fasthorovod_env(args)))
     except ConfigError as err:
         parser.error(str(err))
     if args.emulate_cloud is not None:
@@ -244,7 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from horovod.runner import launch as horovod_launch
 
-    os.environ.update(env)  # Horovod's runner hands the launcher's environment to every rank
+    # Horovod's runner hands the launcher's environment to every rank
+    for variable in set(os.environ) - set(with_flags(os.environ, env)):
+        del os.environ[variable]  # a former name the flags override
+    os.environ.update(env)
     if args.verbose and env:
         print(f"{PROG}: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())), file=sys.stderr)
     try:

@@ -83,8 +83,9 @@ def add_cluster_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--emulated", metavar="SPEC", help="shorthand for an emulated cloud HOSTS:LINK:PER_FLOW on this "
                    "machine (sets hosts, nic, per-flow, shared cores, 16 flow buckets)")
     d = ap.add_argument_group("data plane (FastHorovod)")
-    d.add_argument("-k", "--proxies", type=int, default=None,
-                   help="lanes (proxies) per rank; default: the zero-configuration rule (4)")
+    d.add_argument("-k", "--lanes", "--proxies", type=int, default=None,
+                   help="lanes per rank, a lane being one proxy process (--proxies: its former name); "
+                        "default: the zero-configuration rule (4)")
     d.add_argument("-S", "--sockets", type=int, default=None,
                    help="sockets per lane; default: what the start-up probe would choose on this cluster")
     d.add_argument("--hierarchical", action="store_true",
@@ -116,8 +117,8 @@ def cluster_from_args(a) -> m.Cluster:
 
 
 def plane_from_args(a, c: m.Cluster, p: m.Params) -> m.Plane:
-    auto = m.zero_config_plane(c, p, k=a.proxies, threshold=a.threshold)
-    return m.Plane(k=a.proxies or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold,
+    auto = m.zero_config_plane(c, p, k=a.lanes, threshold=a.threshold)
+    return m.Plane(k=a.lanes or auto.k, S=a.sockets or auto.S, hierarchical=a.hierarchical, threshold=a.threshold,
                    local_overlap=not a.sequential_local, striping=a.striping)
 
 

@@ -939,7 +939,7 @@ def probe_curve(cluster: Cluster, p: Params, max_flows: int = 32) -> Dict[int, f
 def zero_config_plane(cluster: Cluster, p: Params, k: Optional[int] = None, threshold: int = 1 << 20) -> Plane:
     """The k and S FastHorovod chooses by itself (fasthorovod/proxy/probe.py, applied to the modelled
     probe curve): k from ``probe.choose_lanes`` (the curve's best rate over the host's rings, at
-    least 4, above that at most the cores per rank) unless `k` is given, as FASTHOROVOD_NUM_PROXIES
+    least 4, above that at most the cores per rank) unless `k` is given, as FASTHOROVOD_NUM_LANES
     would be; S = ceil(knee / k), the knee being the fewest flows reaching 95% of the best."""
     from fasthorovod.proxy import probe
 

@@ -599,7 +599,7 @@ def test_zero_configuration_rule_follows_the_probe_knee():
     assert (m.zero_config_plane(aws25, p).k, m.zero_config_plane(aws25, p).S) == (4, 2)  # knee 8 flows over 4 lanes
     # knee 32 flows; 12.5 GB/s needs 13 lanes of probe.LANE_BYTES_PER_SECOND, and 96 cores allow them
     assert (m.zero_config_plane(aws100, p).k, m.zero_config_plane(aws100, p).S) == (13, 3)
-    assert m.zero_config_plane(aws100, p, k=4).S == 8  # FASTHOROVOD_NUM_PROXIES=4: the knee over 4 lanes
+    assert m.zero_config_plane(aws100, p, k=4).S == 8  # FASTHOROVOD_NUM_LANES=4: the knee over 4 lanes
     eight = dataclasses.replace(aws100, ranks_per_host=8)  # 8 rings share the link: 4 lanes each suffice
     assert (m.zero_config_plane(eight, p).k, m.zero_config_plane(eight, p).S) == (4, 8)
     emu = m.Cluster.emulated("4:1gbit:200mbit")
@@ -779,7 +779,7 @@ def test_predict_help_documents_the_inputs():
     out = subprocess.run([sys.executable, "-m", "lab.sim", "predict", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0
-    for flag in ("--hosts", "--ranks-per-host", "--nic", "--per-flow", "--rtt", "--cores", "--proxies",
+    for flag in ("--hosts", "--ranks-per-host", "--nic", "--per-flow", "--rtt", "--cores", "--lanes",
                  "--sockets", "--hierarchical", "--size", "--trace", "--striping"):
         assert flag in out.stdout
 

@@ -18,7 +18,7 @@ MISMATCHES = ("size", "dtype", "op", "prescale")
 def three_ranks_two_proxies():
     """3 ranks, 2 proxies of 2 sockets each, 64 KiB segments, the harness's 1 MiB threshold."""
     return run_scenarios(3, ("async", "join", "gather", "bad_input", "wire", "rehash"), "--inflight", "40",
-                         env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "2",
+                         env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 
 
@@ -26,7 +26,7 @@ def three_ranks_two_proxies():
 def two_ranks_two_proxies():
     """2 ranks, 2 proxies: one allreduce of 100 MB and the four kinds of mismatch."""
     return run_scenarios(2, ("large", "mismatch"), "--mbytes", "100", "--variant", ",".join(MISMATCHES),
-                         env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
+                         env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"})
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def two_ranks_three_proxies():
     """2 ranks, 3 proxies, threshold 0, 64 KiB segments; `rebalance` (which leaves the lane
     weights changed) runs last."""
     return run_scenarios(2, ("gather", "refused", "rebalance"), "--count", "30",
-                         env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
+                         env={"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 
 

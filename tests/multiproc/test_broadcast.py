@@ -8,7 +8,7 @@ from tests.multiproc.harness import REPO, Lanes, ring_allreduce_bytes, run_job
 
 pytestmark = [pytest.mark.multiproc]
 WORKER = REPO / "tests" / "workers" / "broadcast_worker.py"
-ENV = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"}
+ENV = {"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "30"}
 THRESHOLD = 1 << 20  # the harness's FASTHOROVOD_PROXY_THRESHOLD_BYTES
 WIDTHS = (4, 8, 2, 1, 1, 2, 4, 8)  # broadcast_worker.py's DTYPES
 

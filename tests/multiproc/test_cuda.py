@@ -8,7 +8,7 @@ from tests.multiproc.harness import REPO, run_job
 
 pytestmark = [pytest.mark.multiproc]
 SCRIPT = REPO / "scripts" / "cuda_check.py"
-ENV = {"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_NUM_PROXIES": "2"}  # as scripts/cuda_check.sh
+ENV = {"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_NUM_LANES": "2"}  # as scripts/cuda_check.sh
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(

@@ -37,10 +37,10 @@ def through_the_ring(np_: int, sizes: list) -> Lanes:
     return Lanes(min_bytes=ring_allreduce_bytes(np_, *sizes), min_collectives=len(sizes))
 
 
-@pytest.mark.parametrize("np_,proxies", [(2, 1), (3, 2), (4, 4)])
-def test_exact_results_for_sizes_dtypes_and_ops(np_, proxies):
-    run_job(np_, "matrix", "--proxies", str(proxies),
-            env={"FASTHOROVOD_NUM_PROXIES": str(proxies), "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
+@pytest.mark.parametrize("np_,lanes", [(2, 1), (3, 2), (4, 4)])
+def test_exact_results_for_sizes_dtypes_and_ops(np_, lanes):
+    run_job(np_, "matrix", "--lanes", str(lanes),
+            env={"FASTHOROVOD_NUM_LANES": str(lanes), "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
                  "FASTHOROVOD_SEGMENT_BYTES": "65536"},
             proxied=through_the_ring(np_, matrix_allreduces()))
 
@@ -102,7 +102,7 @@ def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):
 def test_join_never_returns_the_first_joiner():
     # per join two allreduces (125 and 4,913 float32); the first joiner's lanes run them with zeros
     result = run_job(2, "join_order", "--count", "40",
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
                      proxied=through_the_ring(2, [125 * 4, 4913 * 4] * 40))
     assert result.stdout.count("join order ok") == 2, result.stdout[-2000:]
 
@@ -124,14 +124,14 @@ def test_mismatched_collectives_raise_on_every_rank(two_ranks_two_proxies, varia
 
 def test_proxies_own_their_tcp_connections():
     run_job(3, "sockets", "--sockets", "2",
-            env={"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"},
+            env={"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_SOCKETS_PER_LANE": "2"},
             proxied=through_the_ring(3, [4 << 20]))
 
 
 # Three trainings in each job (worker.py's --runs): one job with the proxies, one without.
 TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1"
-OURS = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
-HOROVODS = {"FASTHOROVOD_NUM_PROXIES": "0"}
+OURS = {"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
+HOROVODS = {"FASTHOROVOD_NUM_LANES": "0"}
 # worker.py's train_once: 64-512-512-10 MLP, TRAIN_STEPS optimizer steps (each allreduces every
 # gradient once, whatever backward_passes_per_step), fp16 compression halving the bytes.
 PARAMETERS = (64 * 512 + 512) + (512 * 512 + 512) + (512 * 10 + 10)

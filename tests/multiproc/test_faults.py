@@ -20,7 +20,7 @@ FAULT = str(REPO / "tests" / "workers" / "fault_worker.py")
 
 def _run_fault(np_, *args, timeout_s="5", job_timeout=600, expect_success=True):
     return run_job(np_, *args, worker=FAULT, timeout=job_timeout, expect_success=expect_success,
-                   env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": timeout_s})
+                   env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": timeout_s})
 
 
 @pytest.fixture(scope="module")

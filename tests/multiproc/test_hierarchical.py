@@ -24,7 +24,7 @@ FASTHOROVODRUN = str(Path(sys.executable).parent / "fasthorovodrun")
 FAULT = REPO / "tests" / "workers" / "fault_worker.py"
 BROADCAST = REPO / "tests" / "workers" / "broadcast_worker.py"
 NEGOTIATION = REPO / "tests" / "workers" / "negotiation_worker.py"
-ON = {"FASTHOROVOD_HIERARCHICAL": "1", "FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
+ON = {"FASTHOROVOD_HIERARCHICAL": "1", "FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
 netem = skip_unless_usable(("ip", "tc", "ssh", "ssh-keygen", "/usr/sbin/sshd"), "fhvdhierprobe")
 
 
@@ -46,7 +46,7 @@ def across_hosts(np_: int, per_host: int, sizes: list) -> Lanes:
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_one_host_exact_over_sizes_dtypes_and_ops(np_):
-    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(np_), env=ON,
+    result = run_job(np_, "matrix", "--lanes", "2", "--ranks-per-host", str(np_), env=ON,
                      proxied=in_shared_memory(len(matrix_allreduces())))
     for rank in range(np_):
         assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
@@ -57,7 +57,7 @@ def test_one_host_allgather_broadcast_join():
     # the allgathers of 4 non-empty widths, two each (run as sums); join's 3 steps and the allreduce
     # after it; join_order's two allreduces per join: one job, each scenario's lanes checked
     collectives = {"gather": 8, "join": 4, "join_order": 120}
-    job = run_scenarios(3, list(collectives), "--proxies", "2", "--count", "60", env=ON)
+    job = run_scenarios(3, list(collectives), "--lanes", "2", "--count", "60", env=ON)
     for scenario, count in collectives.items():
         check_lanes(job.stdout, in_shared_memory(count), range(3), scenario=scenario)
     assert job.stdout.count("gather ok") == 3 and job.stdout.count("join order ok over 60 joins") == 3, \
@@ -72,7 +72,7 @@ def test_one_host_negotiated_order_and_mismatch():
     result = run_job(4, "permuted", "--count", "32", "--threads", "2", "--seed", "9", worker=NEGOTIATION,
                      timeout=600, env=ON, proxied=in_shared_memory(32))
     assert result.stdout.count("permuted ok") == 4, result.stdout[-3000:]
-    result = run_job(2, "mismatch", "--proxies", "2", "--variant", "dtype", env=ON, proxied=in_shared_memory(1))
+    result = run_job(2, "mismatch", "--lanes", "2", "--variant", "dtype", env=ON, proxied=in_shared_memory(1))
     assert result.stdout.count("raised CollectiveMismatchError") == 2, result.stdout[-3000:]
 
 
@@ -113,7 +113,7 @@ def _cloud(spec: str):
 @pytest.mark.slow
 def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
     counts, dtypes = "0,7,65537,1000003", "float32,float16,bfloat16,int64,uint8"
-    result = run_job(np_, "matrix", "--proxies", "2", "--ranks-per-host", str(per_host),
+    result = run_job(np_, "matrix", "--lanes", "2", "--ranks-per-host", str(per_host),
                      "--counts", counts, "--dtypes", dtypes,
                      launcher=_cloud(spec), timeout=400,
                      env=dict(ON, FASTHOROVOD_HIERARCHICAL="auto"),

@@ -38,7 +38,7 @@ def _can_unshare() -> bool:
 def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_returns_promptly(tmp_path):
     result = run_job(2, "big_then_shutdown", "--mbytes", "256", "--sync-dir", str(tmp_path),
                      worker=LIFECYCLE, wrap=SMALL_DEV_SHM,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2"}, timeout=300,
+                     env={"FASTHOROVOD_NUM_LANES": "2"}, timeout=300,
                      proxied=Lanes(min_bytes=ring_allreduce_bytes(2, 256 << 20)))  # the first one, completed
     lines = re.findall(r"BIG rank \d: .*", result.stdout)
     assert len(lines) == 2, result.stdout[-3000:]
@@ -55,7 +55,7 @@ def test_256_mib_allreduce_with_a_64_mib_dev_shm_and_shutdown_in_flight_returns_
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
 def test_init_from_a_thread_that_exits_and_a_killed_proxy_reaped_within_a_second(pidfds):
     args = () if pidfds else ("--deny-pidfd",)
-    result = run_job(2, "thread_init", *args, worker=LIFECYCLE, env={"FASTHOROVOD_NUM_PROXIES": "2"},
+    result = run_job(2, "thread_init", *args, worker=LIFECYCLE, env={"FASTHOROVOD_NUM_LANES": "2"},
                      timeout=240, proxied=Lanes(min_bytes=ring_allreduce_bytes(2, 4 << 20)))
     lines = re.findall(r"LIFECYCLE rank \d: .*", result.stdout)
     assert len(lines) == 2 and all(f"thread init ok (pidfds {pidfds})" in l for l in lines), result.stdout[-3000:]
@@ -67,7 +67,7 @@ def test_init_from_a_thread_that_exits_and_a_killed_proxy_reaped_within_a_second
 
 def test_init_waits_for_a_slow_rank_before_anyone_can_restart_the_data_plane():
     result = run_job(3, "slow_joiner", "--delay", "3", worker=LIFECYCLE,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "10"}, timeout=240,
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "10"}, timeout=240,
                      proxied=Lanes(min_bytes=ring_allreduce_bytes(3, 4 << 20)))  # after the restart
     lines = re.findall(r"SLOW rank \d: .*", result.stdout)
     assert len(lines) == 3 and all("restart and allreduce ok" in l for l in lines), result.stdout[-3000:]

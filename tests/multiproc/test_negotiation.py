@@ -1,5 +1,5 @@
 """Negotiated collectives with real ranks and proxies: any order, any thread, mismatches that
-leave the job working, the stall inspector, and join with several sockets per proxy."""
+leave the job working, the stall inspector, and join with several sockets per lane."""
 import random
 import re
 
@@ -35,21 +35,21 @@ def join_sizes(scenario: str, np_: int, count: int = 0) -> list:
 @pytest.mark.parametrize("np_, threads", [(3, 1), (4, 1), (3, 4), (4, 2)])
 def test_permuted_order_and_threads_give_exact_results(np_, threads):
     result = run_job(np_, "permuted", "--count", "32", "--threads", str(threads), "--seed", str(np_ + threads),
-                     worker=WORKER, timeout=600, env={"FASTHOROVOD_NUM_PROXIES": "2"},
+                     worker=WORKER, timeout=600, env={"FASTHOROVOD_NUM_LANES": "2"},
                      proxied=allreduces(np_, *permuted_sizes(32, np_ + threads)))
     assert result.stdout.count("permuted ok") == np_, result.stdout[-3000:]
 
 
 def test_grouped_allreduces_in_permuted_order():
     # 6 groups of 3 float32 tensors of MIB/4 + g elements, each group fused into one request
-    result = run_job(3, "grouped", worker=WORKER, env={"FASTHOROVOD_NUM_PROXIES": "2"},
+    result = run_job(3, "grouped", worker=WORKER, env={"FASTHOROVOD_NUM_LANES": "2"},
                      proxied=allreduces(3, *[3 * 4 * (MIB // 4 + g) for g in range(6)]))
     assert result.stdout.count("grouped ok") == 3, result.stdout[-3000:]
 
 
 def test_stall_is_reported_with_the_missing_rank():
     result = run_job(2, "stall", "--delay", "2.5", worker=WORKER,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_STALL_CHECK_SECONDS": "1"},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_STALL_CHECK_SECONDS": "1"},
                      proxied=allreduces(2, 4 * MIB))
     warnings = re.findall(r"stall: tensor 'stall\.late' was submitted by ranks \[0\].*waiting for ranks \[1\]",
                           result.stdout)
@@ -58,15 +58,15 @@ def test_stall_is_reported_with_the_missing_rank():
 
 def test_stall_shutdown_fails_the_tensor_and_the_job_goes_on():
     result = run_job(2, "stall", "--delay", "0", "--shutdown", worker=WORKER,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"},
                      proxied=allreduces(2, 4 * MIB, 4 * MIB))  # the late one and the one after the failure
     assert "stalled tensor failed" in result.stdout and result.stdout.count("stall ok") == 2, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("scenario, args", [("join", ()), ("join_order", ("--count", "20"))])
-def test_join_with_two_sockets_per_proxy(scenario, args):
+def test_join_with_two_sockets_per_lane(scenario, args):
     result = run_job(3, scenario, *args, timeout=400,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "2",
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                           "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
                      proxied=allreduces(3, *join_sizes(scenario, 3, *map(int, args[1:]))))
     assert result.returncode == 0
@@ -77,7 +77,7 @@ def test_dynamic_forward_and_hook_order_match_horovod_step_by_step(tmp_path):
     ours, theirs = tmp_path / "fasthorovod.pt", tmp_path / "horovod.pt"
     # each step allreduces the three 512 x 512 float32 weights (1 MiB each, at the threshold)
     result = run_job(2, "dynamic", "--out", str(ours), worker=WORKER,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_BUCKET_BYTES": str(1 << 20)},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_BUCKET_BYTES": str(1 << 20)},
                      proxied=allreduces(2, *[MIB] * 3 * 8))
     assert "proxies=True" in result.stdout, result.stdout[-2000:]
     run_job(2, "dynamic", "--out", str(theirs), "--module", "horovod.torch", worker=WORKER, proxied=False)

@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.slow, skip_unless_usable(("ip", "tc"), "fhvdrbprobe")]
 
 
 def test_a_halved_lane_loses_share_and_the_collectives_recover_also_during_join(private_netns):
-    env = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "1"}
+    env = {"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "1"}
     env.pop("FASTHOROVOD_REBALANCE_EVERY", None)
     assert "FASTHOROVOD_REBALANCE_EVERY" not in os.environ, "the test is of the default"
     # 100 steady allreduces of 4 MiB, 5 + 10 of 16 MiB, and 10 more of 16 MiB while rank 1 is

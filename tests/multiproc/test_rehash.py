@@ -11,7 +11,7 @@ pytestmark = [skip_unless_usable(("ip", "tc"), "fhvdrhprobe")]
 
 
 def test_a_flow_slower_than_its_siblings_is_replaced_by_a_new_connection(private_netns):
-    env = {"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
+    env = {"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "2"}
     assert "FASTHOROVOD_REHASH" not in os.environ, "the test is of the default"
     sizes = [16 << 20] * 12
     result = run_job(2, "flow_slowdown", "--count", str(len(sizes)), env=env, timeout=240,

@@ -28,7 +28,7 @@ def test_strangers_are_turned_away_by_a_running_job(two_ranks_three_proxies):
 
 def test_shutdown_and_init_again_in_the_same_processes(tmp_path):
     # one allreduce of 500,000 float32 per data plane, over the four planes of the four cycles
-    result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_PROXIES": "2"},
+    result = run_job(2, "restart", "--cycles", "4", "--sync-dir", str(tmp_path), env={"FASTHOROVOD_NUM_LANES": "2"},
                      proxied=allreduces(2, *[500_000 * 4] * 4))
     assert result.stdout.count("restart ok") == 2, result.stdout[-2000:]
     print(*[line for line in result.stdout.splitlines() if "restart ok" in line], sep="\n")
@@ -36,7 +36,7 @@ def test_shutdown_and_init_again_in_the_same_processes(tmp_path):
 
 @pytest.mark.slow
 def test_a_tensor_over_2_gib_and_2_to_the_31_elements():
-    result = run_job(2, "huge", env={"FASTHOROVOD_NUM_PROXIES": "2"}, timeout=900)
+    result = run_job(2, "huge", env={"FASTHOROVOD_NUM_LANES": "2"}, timeout=900)
     assert result.stdout.count("huge ok") == 2, result.stdout[-2000:]
 
 
@@ -46,7 +46,7 @@ def test_soak_random_sizes_dtypes_and_ops():
     the proxies (threshold 0: each of Horovod's small allreduces costs twice a proxied one here,
     and the optimizer's tests mix both paths); benchmarks/soak.py runs 10,000 up to 64 MiB."""
     result = run_job(3, "soak", "--count", "1000", "--max-bytes", str(4 << 20),
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
                      timeout=900, proxied=Lanes(min_collectives=1000))
     counts = re.findall(r"SOAK rank \d+: (\d+) allreduces verified, (\d+) mismatches", result.stdout)
     assert counts == [("1000", "0")] * 3, counts  # counted by the workers, the last ones in flight too

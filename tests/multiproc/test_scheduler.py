@@ -11,13 +11,13 @@ from tests.multiproc import harness
 pytestmark = pytest.mark.multiproc
 
 WORKER = harness.REPO / "tests" / "workers" / "scheduler_worker.py"
-ENV = {"FASTHOROVOD_NUM_PROXIES": "1", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
+ENV = {"FASTHOROVOD_NUM_LANES": "1", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"}
 
 
 def test_sync_weights_leaves_every_rank_with_identical_parameters():
     # the worker checks each policy's collectives against its lanes (check_lanes_carried)
     result = harness.run_job(4, "identical", "--algorithms", "od-sgd,ssd-sgd,cd-sgd,local-sgd,ssgd-2bit",
-                             env={**ENV, "FASTHOROVOD_NUM_PROXIES": "2"}, timeout=240, worker=WORKER, proxied=True)
+                             env={**ENV, "FASTHOROVOD_NUM_LANES": "2"}, timeout=240, worker=WORKER, proxied=True)
     assert result.stdout.count("identical after sync_weights") == 4 * 5, result.stdout[-3000:]
 
 

@@ -11,6 +11,6 @@ ROUNDS = 5
 def test_two_ranks_allreduce_exactly_through_the_proxies():
     sizes = [(300_001 + i) * 8 for i in range(ROUNDS)] + [70_000 * 8] * ROUNDS
     result = run_job(2, "salted", "--seed", "7", "--count", str(ROUNDS), timeout=180,
-                     env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": str(256 << 10)},
+                     env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": str(256 << 10)},
                      proxied=Lanes(min_bytes=ring_allreduce_bytes(2, *sizes), min_collectives=2 * ROUNDS))
     assert result.stdout.count("salted job 7 ok") == 2, result.stdout[-3000:]

@@ -28,7 +28,7 @@ def ring_sent_elements(shard: int, size: int, rank: int) -> int:
 
 def test_worker_traces_of_two_ranks_share_one_clock(tmp_path):
     d = tmp_path / "trace"
-    run_job(2, "clock", "--dir", str(d), worker=WORKER, env={"FASTHOROVOD_NUM_PROXIES": "0"}, timeout=180,
+    run_job(2, "clock", "--dir", str(d), worker=WORKER, env={"FASTHOROVOD_NUM_LANES": "0"}, timeout=180,
             proxied=False)
     files = sorted(os.listdir(d))
     assert files == ["rank0.worker.jsonl", "rank1.worker.jsonl"], files
@@ -56,7 +56,7 @@ def test_worker_traces_of_two_ranks_share_one_clock(tmp_path):
 def test_two_rank_trace_byte_totals_match_what_was_allreduced(tmp_path, np_=2):
     d = tmp_path / "trace"
     run_job(np_, "allreduce", "--dir", str(d), worker=WORKER, timeout=240,
-            env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TRACE_DIR": str(d),
+            env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TRACE_DIR": str(d),
                  "FASTHOROVOD_SEGMENT_BYTES": "65536", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
                  "FASTHOROVOD_BUCKET_BYTES": "40000"},
             proxied=True)  # the frame records below are checked against the counters byte for byte

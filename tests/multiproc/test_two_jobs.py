@@ -20,7 +20,7 @@ def test_two_jobs_with_different_tokens_on_one_host_do_not_interfere():
         start = time.monotonic()
         try:
             results[seed] = run_job(2, "salted", "--seed", str(seed), "--count", "25", timeout=400,
-                                    env={"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
+                                    env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0"},
                                     proxied=SALTED)
         except BaseException as e:  # noqa: BLE001 (reported below)
             errors.append(e)

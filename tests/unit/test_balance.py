@@ -147,7 +147,7 @@ def test_rebalancing_off_only_counts():
 
 
 def test_proxy_group_alloc_and_supports():
-    group = ProxyGroup(Config(num_proxies=2), 0, 2)
+    group = ProxyGroup(Config(num_lanes=2), 0, 2)
     group.plan = planner.plan(group.config, [Peer("127.0.0.1", 2)] * 2, 0, single_host=True)
     assert group.supports(torch.bfloat16) and not group.supports(torch.complex64)
     group.pool = BufferPool()
@@ -181,7 +181,7 @@ def test_every_collective_passes_the_hooks_once_on_the_one_submit_path():
     """allreduce, broadcast and allgather all run the before_submit hooks before they are cut into
     lane shards (so a policy's new weights apply to that very collective; the allgather keeps
     equal shares) and the after_submit hooks with what the rank contributed, once each."""
-    group = ProxyGroup(Config(num_proxies=2), 0, 2)
+    group = ProxyGroup(Config(num_lanes=2), 0, 2)
     # two hosts: the flat ring, whose allgather has its own schedule (one host: a sum, plan.py)
     group.plan = planner.plan(group.config, [Peer("10.0.0.1", 2), Peer("10.0.0.2", 2)], 0, single_host=False)
     assert group.plan.layout is None

@@ -1,13 +1,14 @@
 """docs/env.md against fasthorovod.config.Config: every FASTHOROVOD_* variable Config reads has a row
-with Config's default, the table has no row for a variable Config does not read, and every Horovod
-variable Config falls back to is named there."""
+with Config's default (a former name, config.ALIASES, is named in its variable's row instead), the
+table has no row for a variable Config does not read, and every Horovod variable Config falls back
+to is named there."""
 import dataclasses
 import pathlib
 import re
 
 import pytest
 
-from fasthorovod.config import PREFIX, Config
+from fasthorovod.config import ALIASES, PREFIX, Config
 
 ENV_MD = pathlib.Path(__file__).resolve().parents[2] / "docs" / "env.md"
 
@@ -38,14 +39,15 @@ def _variables_config_reads():
     return env.asked
 
 
-def _table_rows():
-    """{variable: default cell} of env.md's table (the first column's variable, *wire* marks aside)."""
+def _table_rows(cell=2):
+    """{variable: a cell (2: default, 3: meaning)} of env.md's table (the first column's variable,
+    *wire* marks aside)."""
     rows = {}
     for line in ENV_MD.read_text().splitlines():
-        match = re.match(r"\|\s*`(FASTHOROVOD_[A-Z0-9_]+)`[^|]*\|([^|]*)\|", line)
+        match = re.match(r"\|\s*`(FASTHOROVOD_[A-Z0-9_]+)`[^|]*\|([^|]*)\|([^|]*)\|", line)
         if match:
             assert match.group(1) not in rows, f"docs/env.md has two rows for {match.group(1)}"
-            rows[match.group(1)] = match.group(2).strip()
+            rows[match.group(1)] = match.group(cell).strip()
     return rows
 
 
@@ -67,11 +69,13 @@ def _spelled(value):
 
 def test_the_recorder_sees_what_config_reads():
     read = _variables_config_reads()
-    assert {PREFIX + "NUM_PROXIES", PREFIX + "IFACE", "HOROVOD_STALL_CHECK_TIME_SECONDS"} <= read
+    assert {PREFIX + "NUM_LANES", PREFIX + "NUM_PROXIES", PREFIX + "IFACE",
+            "HOROVOD_STALL_CHECK_TIME_SECONDS"} <= read
 
 
 def test_env_md_documents_exactly_the_variables_config_reads():
-    read = {name for name in _variables_config_reads() if name.startswith(PREFIX)}
+    former = set(ALIASES.values())
+    read = {name for name in _variables_config_reads() if name.startswith(PREFIX) and name not in former}
     documented = set(_table_rows())
     assert read - documented == set(), "read by Config but not in docs/env.md"
     assert documented - read == set(), "in docs/env.md but not read by Config"
@@ -81,6 +85,12 @@ def test_every_variable_is_a_field_of_config():
     fields = {field.name for field in dataclasses.fields(Config)}
     for name in _table_rows():
         assert name[len(PREFIX):].lower() in fields, f"{name} names no field of Config"
+
+
+@pytest.mark.parametrize("name, former", sorted(ALIASES.items()))
+def test_a_former_name_is_named_in_its_variables_row(name, former):
+    assert former in _variables_config_reads()
+    assert f"`{former}`" in _table_rows(cell=3)[name], f"docs/env.md's {name} row does not name {former}"
 
 
 @pytest.mark.parametrize("name", sorted(_table_rows()))

@@ -39,7 +39,7 @@ def test_the_probes_curves_choose_the_sockets_per_lane_from_the_knee():
     p = planner.plan(settings(), FOUR_HOSTS, 2, single_host=False, hops=hops)
     assert p.flow_choice.knee_flows == 8 and (p.lanes, p.sockets_per_lane) == (4, 2)
     assert p.sockets_because == "probe" and p.flows == 8
-    assert "needs 1 proxy" in p.lanes_because and "at least 4" in p.lanes_because
+    assert "needs 1 lane" in p.lanes_because and "at least 4" in p.lanes_because
     assert p.describe()["probe"]["knee_flows"] == 8
     assert p.summary().startswith("data plane: 4 lanes x 2 sockets (slowest hop carries")
 
@@ -61,12 +61,12 @@ def test_a_fast_network_gets_more_lanes_but_never_more_than_the_fewest_cpus_of_a
 
 def test_the_users_settings_win_over_the_probe():
     hops = [capped_hop() for _ in FOUR_HOSTS]
-    p = planner.plan(settings(num_proxies="2"), FOUR_HOSTS, 0, single_host=False, hops=hops)
-    assert p.lanes == 2 and p.lanes_because == "lanes from FASTHOROVOD_NUM_PROXIES"
+    p = planner.plan(settings(num_lanes="2"), FOUR_HOSTS, 0, single_host=False, hops=hops)
+    assert p.lanes == 2 and p.lanes_because == "lanes from FASTHOROVOD_NUM_LANES"
     assert p.sockets_per_lane == 4  # the knee's 8 flows over the user's 2 lanes
-    told = planner.plan(settings(sockets_per_proxy="3", probe="1"), FOUR_HOSTS, 0, single_host=False, hops=hops)
+    told = planner.plan(settings(sockets_per_lane="3", probe="1"), FOUR_HOSTS, 0, single_host=False, hops=hops)
     assert not told.probes and told.flow_choice is None  # nothing left for the probe to choose
-    assert told.sockets_per_lane == 3 and told.sockets_because == "FASTHOROVOD_SOCKETS_PER_PROXY"
+    assert told.sockets_per_lane == 3 and told.sockets_because == "FASTHOROVOD_SOCKETS_PER_LANE"
 
 
 def test_the_probe_runs_only_where_it_can_choose_and_there_is_a_network():
@@ -74,7 +74,7 @@ def test_the_probe_runs_only_where_it_can_choose_and_there_is_a_network():
     assert not planner.probes(settings(), single_host=True)
     assert planner.probes(settings(probe="1"), single_host=True)
     assert not planner.probes(settings(probe="0"), single_host=False)
-    assert not planner.probes(settings(num_proxies="0", probe="1"), single_host=False)
+    assert not planner.probes(settings(num_lanes="0", probe="1"), single_host=False)
     on_loopback = planner.plan(settings(), peers("127.0.0.1", "127.0.0.1"), 0, single_host=True)
     assert on_loopback.sockets_because == "default (one host: no probe)"
     assert planner.plan(settings(probe="0"), FOUR_HOSTS, 0, single_host=False).sockets_because == \
@@ -153,5 +153,5 @@ def test_bad_ranks_and_missing_measurements_are_refused():
 
 def test_proxies_run_only_where_there_is_someone_to_talk_to():
     assert planner.enabled(settings(), 2) and not planner.enabled(settings(), 1)
-    assert not planner.enabled(settings(num_proxies="0"), 8)
+    assert not planner.enabled(settings(num_lanes="0"), 8)
     assert probe.MIN_LANES == planner.DEFAULT_LANES  # the floor the probe keeps is the default

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fasthorovod.config import MAX_PROXIES
+from fasthorovod.config import MAX_LANES
 from fasthorovod.proxy import probe
 
 MBIT = 1e6 / 8
@@ -145,7 +145,7 @@ def test_lanes_grow_only_where_four_proxies_cpu_cannot_carry_the_ring_and_the_cp
     assert probe.choose_lanes(12.5e9, cpus_per_worker=6) == 6        # the CPUs bound it ...
     assert probe.choose_lanes(12.5e9, cpus_per_worker=2) == 4        # ... but not below MIN_LANES
     assert probe.choose_lanes(12.5e9, cpus_per_worker=12, rings_per_link=8) == 4  # 8 rings share the link
-    assert probe.choose_lanes(1e15, cpus_per_worker=1000) == MAX_PROXIES == 64  # csrc/shm/channel.h kMaxLanes
+    assert probe.choose_lanes(1e15, cpus_per_worker=1000) == MAX_LANES == 64  # csrc/shm/channel.h kMaxLanes
     for bad in ((-1.0, 4), (1e9, 0), (float("nan"), 4)):
         with pytest.raises(ValueError, match="choose_lanes"):
             probe.choose_lanes(*bad)

@@ -1,4 +1,5 @@
 """Shared-memory lifecycle, the buffer pool, and the configuration's validation."""
+import hashlib
 import os
 from pathlib import Path
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from fasthorovod import _C
-from fasthorovod.config import Config, ConfigError
+from fasthorovod.config import ALIASES, Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy.buffers import BufferPool, copy_tensor, size_class, zero_tensor
 
@@ -111,27 +112,70 @@ def test_size_classes():
 def test_config_defaults_and_errors():
     cfg = Config.from_env({})
     # what the user did not set stays unset (the data plane's plan decides it: test_plan.py)
-    assert cfg.num_proxies is None and cfg.sockets_per_proxy is None and cfg.proxy_threshold_bytes is None
+    assert cfg.num_lanes is None and cfg.sockets_per_lane is None and cfg.proxy_threshold_bytes is None
     assert cfg.probe == "auto" and cfg.hierarchical == "auto"
-    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": " "}).num_proxies is None  # blank is unset
-    assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "3"}).sockets_per_proxy == 3
-    with pytest.raises(ConfigError, match="FASTHOROVOD_SOCKETS_PER_PROXY=65 must be in"):
-        Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "65"})
+    assert Config.from_env({"FASTHOROVOD_NUM_LANES": " "}).num_lanes is None  # blank is unset
+    assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_LANE": "3"}).sockets_per_lane == 3
+    with pytest.raises(ConfigError, match="FASTHOROVOD_SOCKETS_PER_LANE=65 must be in"):
+        Config.from_env({"FASTHOROVOD_SOCKETS_PER_LANE": "65"})
     with pytest.raises(ConfigError, match="FASTHOROVOD_PROBE='yes' must be one of auto, 0, 1"):
         Config.from_env({"FASTHOROVOD_PROBE": "yes"})
-    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"}).num_proxies == 2
-    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_PROXIES='two' is not an integer"):
-        Config.from_env({"FASTHOROVOD_NUM_PROXIES": "two"})
-    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_PROXIES=65 must be in"):
-        Config.from_env({"FASTHOROVOD_NUM_PROXIES": "65"})
+    assert Config.from_env({"FASTHOROVOD_NUM_LANES": "2"}).num_lanes == 2
+    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_LANES='two' is not an integer"):
+        Config.from_env({"FASTHOROVOD_NUM_LANES": "two"})
+    with pytest.raises(ConfigError, match="FASTHOROVOD_NUM_LANES=65 must be in"):
+        Config.from_env({"FASTHOROVOD_NUM_LANES": "65"})
     with pytest.raises(ConfigError, match="FASTHOROVOD_TIMEOUT_SECONDS=0.0 must be > 0"):
         Config.from_env({"FASTHOROVOD_TIMEOUT_SECONDS": "0"})
-    a = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2"})
+    a = Config.from_env({"FASTHOROVOD_NUM_LANES": "2"})
     assert a.wire_hash() != Config.from_env({}).wire_hash()
-    assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_PROXIES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
+    assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
     assert Config.from_env({"FASTHOROVOD_PROBE": "0"}).wire_hash() != Config.from_env({}).wire_hash()
     # set to the default is not unset: a rank that set it and one that did not may plan differently
-    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "4"}).wire_hash() != Config.from_env({}).wire_hash()
+    assert Config.from_env({"FASTHOROVOD_NUM_LANES": "4"}).wire_hash() != Config.from_env({}).wire_hash()
+
+
+def test_the_lane_settings_former_names_are_still_read():
+    """FASTHOROVOD_NUM_PROXIES and FASTHOROVOD_SOCKETS_PER_PROXY are the former names of
+    FASTHOROVOD_NUM_LANES and FASTHOROVOD_SOCKETS_PER_LANE (docs/env.md)."""
+    assert ALIASES == {"FASTHOROVOD_NUM_LANES": "FASTHOROVOD_NUM_PROXIES",
+                       "FASTHOROVOD_SOCKETS_PER_LANE": "FASTHOROVOD_SOCKETS_PER_PROXY"}
+    old = Config.from_env({"FASTHOROVOD_NUM_PROXIES": "3", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"})
+    new = Config.from_env({"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_SOCKETS_PER_LANE": "2"})
+    assert (old.num_lanes, old.sockets_per_lane) == (3, 2) and old == new
+    assert old.wire_hash() == new.wire_hash()  # a rank using either name connects to the other
+    assert Config.from_env({"FASTHOROVOD_NUM_PROXIES": "0"}).num_lanes == 0
+    # both names, the same value (however written): fine; a blank one is unset
+    both = {"FASTHOROVOD_NUM_LANES": "8", "FASTHOROVOD_NUM_PROXIES": " 0x8 ",
+            "FASTHOROVOD_SOCKETS_PER_LANE": "", "FASTHOROVOD_SOCKETS_PER_PROXY": "4"}
+    assert (Config.from_env(both).num_lanes, Config.from_env(both).sockets_per_lane) == (8, 4)
+    # a bad value's error names the variable that holds it
+    with pytest.raises(ConfigError, match="^FASTHOROVOD_NUM_PROXIES='two' is not an integer$"):
+        Config.from_env({"FASTHOROVOD_NUM_PROXIES": "two"})
+    with pytest.raises(ConfigError, match="^FASTHOROVOD_SOCKETS_PER_PROXY=0 must be in \\[1, 64\\]$"):
+        Config.from_env({"FASTHOROVOD_SOCKETS_PER_PROXY": "0"})
+    with pytest.raises(ConfigError, match="^FASTHOROVOD_NUM_PROXIES=65 must be in"):
+        Config.from_env({"FASTHOROVOD_NUM_LANES": "4", "FASTHOROVOD_NUM_PROXIES": "65"})
+
+
+@pytest.mark.parametrize("new, old", sorted(ALIASES.items()))
+def test_a_setting_and_its_former_name_set_to_different_values_is_an_error(new, old):
+    with pytest.raises(ConfigError) as err:
+        Config.from_env({new: "2", old: "3"})
+    assert str(err.value) == (f"{new}=2 and {old}=3 disagree ({old} is the former name of {new}); "
+                              "set only one of them")
+
+
+def test_the_wire_hash_compares_the_same_settings_as_before_the_lanes_were_named():
+    """The wire hash is over the values, not the field names: the tuple below (lanes, sockets per lane,
+    probe, threshold, segment bytes, rebalance period, hierarchical) is what it hashed before the
+    fields were named after the lanes, so ranks compare the same settings as before."""
+    cfg = Config.from_env({"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
+                           "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_HIERARCHICAL": "0"})
+    shared = (3, 2, "auto", 0, 1 << 20, 1, "0")
+    expected = int.from_bytes(hashlib.sha256(repr(shared).encode()).digest()[:8], "little")
+    assert cfg.wire_hash() == expected
+    assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_LANE": "2"}).wire_hash() != Config.from_env({}).wire_hash()
 
 
 def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_path):

@@ -11,7 +11,7 @@ are kept when it closes (``hvd.shutdown()``, ``hvd.restart_proxies()``, an elast
     FASTHOROVOD_LANES {"rank": R, "planes": [{"rank": R, "size": N, "lanes": [{"bytes_sent": ..,
                        "bytes_received": .., "collectives": ..}, ...]}, ...]}
 
-``planes`` is empty when no proxies ran (size 1, ``FASTHOROVOD_NUM_PROXIES=0``, or Horovod's own
+``planes`` is empty when no proxies ran (size 1, ``FASTHOROVOD_NUM_LANES=0``, or Horovod's own
 module). A job that runs several scenarios one after another (worker.py's ``SCENARIO,SCENARIO``)
 also prints one line per scenario, with ``"scenario": NAME`` and what the lanes did during it
 (:func:`since`), so that each test sharing the job checks its own scenario's claim.

@@ -39,7 +39,7 @@ def scenario_matrix(args):
     """Exact allreduce results for sizes × dtypes × ops × in-place/out-of-place × grouped."""
     rank, size = hvd.rank(), hvd.size()
     group = hvd.proxy_group()
-    assert group is not None and len(group.processes) == args.proxies, "proxies must be running"
+    assert group is not None and len(group.processes) == args.lanes, "proxies must be running"
     for count in [int(c) for c in args.counts.split(",")]:
         for name in args.dtypes.split(","):
             dtype = DTYPES[name]
@@ -693,7 +693,7 @@ def main():
     parser.add_argument("scenario")
     parser.add_argument("--counts", default="0,1,7,1000,65537")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
-    parser.add_argument("--proxies", type=int, default=4)
+    parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--inflight", type=int, default=40)
     parser.add_argument("--mbytes", type=int, default=100)
     parser.add_argument("--runs", default="model:", help="train: NAME:KEY=VALUE,...;... (parse_train_runs)")

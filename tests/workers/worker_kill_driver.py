@@ -90,7 +90,7 @@ def worker(rank: int, sock: socket.socket, kind: str, rng: random.Random) -> Non
         import fasthorovod_testing
 
         fasthorovod_testing.deny_pidfd_open()
-    config = Config(num_proxies=2, timeout_seconds=10.0, proxy_threshold_bytes=0, probe="0")
+    config = Config(num_lanes=2, timeout_seconds=10.0, proxy_threshold_bytes=0, probe="0")
     group = ProxyGroup.start(config, rank, 2, relay.broadcast_object, relay.allgather_object, single_host=True)
     bucket = group.alloc(1 << 18, torch.float32)  # a gradient bucket: views of shared memory
     relay.report(ready=True, proxies=[p.pid for p in group.processes], pidfds=group.channel.uses_pidfds)
