@@ -31,7 +31,7 @@ def allgather_packed(words: torch.Tensor, name: str) -> Handle:
     Returns a handle whose wait() gives the (size, len(words)) int32 tensor of every rank's words.
     With the proxies running it is their ring allgather, sharded over the lanes like an allreduce
     (each lane gathers its share of the columns over its own TCP connections); without them
-    (FASTHOROVOD_NUM_PROXIES=0, one rank) Horovod's allgather.
+    (FASTHOROVOD_NUM_LANES=0, one rank) Horovod's allgather.
     """
     group = mpi_ops.proxy_group()
     if group is not None:

@@ -11,7 +11,7 @@ hands ``synchronize``, ``zero_grad`` and the hooks to it. ``algorithm=`` names a
 (OD-SGD, SSD-SGD, CD-SGD, ...), which is then the optimizer itself.
 
 Adasum, process sets other than the global one, and jobs without proxies (size 1,
-FASTHOROVOD_NUM_PROXIES=0) use Horovod's own DistributedOptimizer unchanged.
+FASTHOROVOD_NUM_LANES=0) use Horovod's own DistributedOptimizer unchanged.
 """
 from __future__ import annotations
 

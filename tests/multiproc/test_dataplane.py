@@ -128,8 +128,8 @@ def test_proxies_own_their_tcp_connections():
             proxied=through_the_ring(3, [4 << 20]))
 
 
-# Three trainings in each job (worker.py's --runs): one job with the proxies, one without.
-TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1"
+# The trainings, several in each job (worker.py's --runs): one job with the proxies, one without.
+TRAININGS = "p1:passes=1;p2:passes=2;p1fp16:passes=1,fp16=1;sparse:sparse=1"
 OURS = {"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_BUCKET_BYTES": "100000"}
 HOROVODS = {"FASTHOROVOD_NUM_LANES": "0"}
 # worker.py's train_once: 64-512-512-10 MLP, TRAIN_STEPS optimizer steps (each allreduces every
@@ -154,13 +154,13 @@ def trained(tmp_path_factory):
     references without them (our module with no proxies, and Horovod's own optimizer)."""
     ours, theirs = tmp_path_factory.mktemp("fasthorovod"), tmp_path_factory.mktemp("horovod")
     run_job(3, "train", "--out", str(ours), "--runs", f"{TRAININGS};factor:fp16=1,staged=1,{PREDIVIDE}", env=OURS,
-            proxied=training(3, 4, 4, 2, 2))
+            proxied=training(3, 4, 4, 2, 2, 4))
     run_job(3, "train", "--out", str(theirs), "--runs",
             f"{TRAININGS};factor:fp16=1,{PREDIVIDE},horovod=1;plain:fp16=1,horovod=1", env=HOROVODS, proxied=False)
     return lambda side, name: torch.load((ours if side == "ours" else theirs) / f"{name}.pt")
 
 
-@pytest.mark.parametrize("name", ["p1", "p2", "p1fp16"])
+@pytest.mark.parametrize("name", ["p1", "p2", "p1fp16", "sparse"])
 def test_distributed_optimizer_matches_horovod(trained, name):
     # The ring through the proxies adds each element's partial sums in another order than
     # Horovod's ring, so fp32 results differ in their last bits at every step, and steps of SGD with

@@ -275,18 +275,20 @@ def _flag(value: str) -> bool:
 
 
 TRAIN_STEPS = 10  # tests/multiproc/test_dataplane.py counts the gradients' bytes from it
-TRAIN_KEYS = {"passes": int, "fp16": _flag, "staged": _flag, "predivide": float, "horovod": _flag}
+TRAIN_KEYS = {"passes": int, "fp16": _flag, "staged": _flag, "predivide": float, "horovod": _flag, "sparse": _flag}
 
 
 def parse_train_runs(spec: str) -> list:
-    """--runs "NAME:KEY=VALUE,...;NAME:..." (keys: passes, fp16, staged, predivide, horovod) into a
+    """--runs "NAME:KEY=VALUE,...;NAME:..." (keys: passes, fp16, staged, predivide, horovod, sparse) into a
     list of (name, options): several trainings in one job, each from the same seed, instead of one
     job each. staged=1 with fp16=1: a subclass of Horovod's fp16 compressor, which the proxies do not
-    take over (the worker compresses, as Horovod does), instead of Compression.fp16 itself."""
+    take over (the worker compresses, as Horovod does), instead of Compression.fp16 itself. sparse=1:
+    the MLP's input comes from an nn.Embedding(sparse=True), whose gradient travels as Horovod's
+    sparse allreduce."""
     runs = []
     for item in filter(None, spec.split(";")):
         name, _, options = item.partition(":")
-        parsed = {"passes": 1, "fp16": False, "staged": False, "predivide": 1.0, "horovod": False}
+        parsed = {"passes": 1, "fp16": False, "staged": False, "predivide": 1.0, "horovod": False, "sparse": False}
         for pair in filter(None, options.split(",")):
             key, _, value = pair.partition("=")
             if key not in TRAIN_KEYS:
@@ -306,10 +308,12 @@ def scenario_train(args):
     print(f"rank {hvd.rank()}: train ok, proxies={hvd.proxy_group() is not None}", flush=True)
 
 
-def train_once(passes: int, fp16: bool, staged: bool, predivide: float, horovod: bool) -> torch.Tensor:
+def train_once(passes: int, fp16: bool, staged: bool, predivide: float, horovod: bool,
+               sparse: bool) -> torch.Tensor:
     rank = hvd.rank()
     torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+    model = torch.nn.Sequential(*([torch.nn.Embedding(256, 64, sparse=True)] if sparse else []),
+                                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                 torch.nn.ReLU(), torch.nn.Linear(512, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     api = __import__("horovod.torch", fromlist=["torch"]) if horovod else hvd
@@ -324,7 +328,7 @@ def train_once(passes: int, fp16: bool, staged: bool, predivide: float, horovod:
     for step in range(TRAIN_STEPS):
         opt.zero_grad()
         for _ in range(passes):
-            x = torch.randn(32, 64, generator=data_gen)
+            x = torch.randint(0, 256, (32,), generator=data_gen) if sparse else torch.randn(32, 64, generator=data_gen)
             y = torch.randint(0, 10, (32,), generator=data_gen)
             torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
