@@ -366,6 +366,10 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              return p;
            }),
            py::arg("channel"), py::arg("options"), py::keep_alive<1, 2>())
+      .def("set_lane_weights",
+           [](PyMember& m, const std::vector<double>& weights) { Check(m.impl->SetLaneWeights(weights)); },
+           py::arg("weights"),
+           R"pbdoc(The lane weights of the collectives this rank submits from now on (sent to the coordinator, which cuts each run order by the lead rank's).)pbdoc")
       .def("submit",
            [](PyMember& m, const RequestDesc& request, const std::string& shape) {
              uint64_t ticket = 0;
@@ -409,6 +413,14 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
           RunReleasedIf(nbytes >= (size_t{1} << 20), [&] { std::memset(reinterpret_cast<void*>(dst), 0, nbytes); });
         },
         py::arg("dst"), py::arg("nbytes"), R"pbdoc(Zeroes nbytes at address dst on the calling thread.)pbdoc");
+  m.def("shard_boundaries",
+        [](uint64_t count, const std::vector<double>& weights) {
+          const std::string problem = LaneWeightsProblem(weights, 0);
+          if (!problem.empty()) ThrowInvalidArgument("lane weights with " + problem);
+          return ShardBoundaries(count, weights);
+        },
+        py::arg("count"), py::arg("weights"),
+        R"pbdoc(Element boundaries of each lane's shard of `count` elements, proportional to `weights` (lane j takes [b_j, b_j+1); 0 first, count last): the coordinator's one computation (csrc/negotiation/wire.h).)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;

@@ -57,6 +57,7 @@ Status Coordinator::Start(const CoordinatorOptions& options, std::unique_ptr<Coo
   c->members_.resize(options.size);
   c->joined_.assign(options.size, false);
   c->gone_.assign(options.size, false);
+  c->weights_.resize(options.size);
   c->thread_ = std::thread([p = c.get()] { p->Run(); });
   *out = std::move(c);
   return Status::Ok();
@@ -175,6 +176,8 @@ Status Coordinator::Handle(uint32_t rank, MsgType type, const std::string& paylo
   switch (type) {
     case MsgType::kAnnounce:
       return Announce(rank, in);
+    case MsgType::kWeights:
+      return SetWeights(rank, in);
     case MsgType::kJoin:
       Join(rank);
       return Status::Ok();
@@ -211,11 +214,18 @@ Status Coordinator::Announce(uint32_t rank, WireReader& in) {
       desc = in.Desc();
       if (!in.ok()) break;
       FHVD_RETURN_IF_ERROR(CheckWireDesc(desc, opt_.max_tensor_bytes, who));
+      // An allgather of `size` rows: its boundaries are size x those of one row (Finish).
+      if (desc.op == static_cast<uint32_t>(ReduceOp::kGather) && desc.count % opt_.size != 0) {
+        return Status::Error(Code::kIoError, Str("protocol error: ", who, " described allgather '", desc.name,
+                                                 "' with count ", desc.count, " (not a multiple of the ", opt_.size,
+                                                 " ranks' rows)"));
+      }
     }
-    std::vector<uint64_t> bounds = in.U64s();
-    if (!in.ok()) break;
-    FHVD_RETURN_IF_ERROR(CheckLaneBounds(bounds, desc.count, 0, desc.name, who));
-    FHVD_RETURN_IF_ERROR(Submit(rank, std::move(desc), std::move(bounds)));
+    if (weights_[rank] == nullptr) {
+      return Status::Error(Code::kIoError, Str("protocol error: ", who, " announced tensor '", desc.name,
+                                               "' before its lane weights"));
+    }
+    FHVD_RETURN_IF_ERROR(Submit(rank, std::move(desc)));
   }
   if (!in.ok() || !in.done()) {
     return Status::Error(Code::kIoError, Str("protocol error: malformed announcement from ", who,
@@ -224,7 +234,23 @@ Status Coordinator::Announce(uint32_t rank, WireReader& in) {
   return Status::Ok();
 }
 
-Status Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds) {
+Status Coordinator::SetWeights(uint32_t rank, WireReader& in) {
+  std::vector<double> weights = in.F64s();
+  if (!in.ok() || !in.done()) {
+    return Status::Error(Code::kIoError, Str("protocol error: malformed lane weights from rank ", rank,
+                                             in.ok() ? " (bytes after the last)" : " (cut short)"));
+  }
+  // A rank's lanes are fixed at start-up; its first weights say how many it runs.
+  const uint32_t lanes = weights_[rank] != nullptr ? static_cast<uint32_t>(weights_[rank]->size()) : 0;
+  const std::string problem = LaneWeightsProblem(weights, lanes);
+  if (!problem.empty()) {
+    return Status::Error(Code::kIoError, Str("protocol error: rank ", rank, " sent lane weights with ", problem));
+  }
+  weights_[rank] = std::make_shared<const std::vector<double>>(std::move(weights));
+  return Status::Ok();
+}
+
+Status Coordinator::Submit(uint32_t rank, WireDesc desc) {
   auto it = pending_.find(desc.name);
   if (it == pending_.end()) {
     if (pending_.size() >= kMaxPendingCollectives) {
@@ -236,19 +262,19 @@ Status Coordinator::Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> b
     p.name = desc.name;
     p.submitted.assign(opt_.size, false);
     p.desc.resize(opt_.size);
-    p.bounds.resize(opt_.size);
+    p.weights.resize(opt_.size);
     p.first_ns = NowNs();
     p.arrival = arrivals_++;
     it = pending_.emplace(desc.name, std::move(p)).first;
   }
   Pending& p = it->second;
-  if (p.submitted[rank]) {  // the facade refuses a second in-flight tensor of one name, so: a bug
+  if (p.submitted[rank]) {  // a member refuses a second tensor of a name in flight, so: a bug
     Error(p.name, Code::kInvalidArgument, Str("rank ", rank, " submitted tensor '", p.name, "' twice"));
     return Status::Ok();
   }
   p.submitted[rank] = true;
   p.desc[rank] = std::move(desc);
-  p.bounds[rank] = std::move(bounds);
+  p.weights[rank] = weights_[rank];
   ++p.count;
   return Status::Ok();
 }
@@ -320,19 +346,23 @@ void Coordinator::Finish(Pending& p) {
               Disagreement(submitters, p.desc), ". A tensor name must describe the same collective on every rank."));
     return;
   }
-  // An allgather's boundaries are part of its layout (each rank stages its row by them).
-  const bool gather = p.desc[lead].op == static_cast<uint32_t>(ReduceOp::kGather);
+  const std::vector<double>& weights = *p.weights[lead];
   for (uint32_t r : submitters) {
-    if (p.bounds[r].size() != p.bounds[lead].size()) {  // every rank runs as many lanes (config hash)
+    if (p.weights[r]->size() != weights.size()) {  // every rank runs as many lanes (config hash)
       Error(p.name, Code::kMismatch, Str("collective mismatch for tensor '", p.name, "': rank ", r, " has ",
-                                         p.bounds[r].size() - 1, " lanes, rank ", lead, " ", p.bounds[lead].size() - 1));
+                                         p.weights[r]->size(), " lanes, rank ", lead, " ", weights.size()));
       return;
     }
-    if (gather && p.bounds[r] != p.bounds[lead]) {
-      Error(p.name, Code::kMismatch, Str("collective mismatch for allgather '", p.name,
-                                         "': the ranks disagree on its lane boundaries"));
-      return;
-    }
+  }
+  // The lead's weights cut the run order; an allgather's row is laid out by equal shares of its
+  // width on every rank (gather.py), so its lanes carry size x those boundaries.
+  std::vector<uint64_t> bounds;
+  const WireDesc& desc = p.desc[lead];
+  if (desc.op == static_cast<uint32_t>(ReduceOp::kGather)) {
+    bounds = ShardBoundaries(desc.count / opt_.size, std::vector<double>(weights.size(), 1.0));
+    for (uint64_t& b : bounds) b *= opt_.size;
+  } else {
+    bounds = ShardBoundaries(desc.count, weights);
   }
   uint32_t id;
   bool describe = false;
@@ -351,7 +381,7 @@ void Coordinator::Finish(Pending& p) {
   batch_.U32(id);
   batch_.U8(describe ? 1 : 0);
   if (describe) batch_.Desc(p.desc[lead]);
-  batch_.U64s(p.bounds[lead]);
+  batch_.U64s(bounds);
   ++batch_count_;
 }
 

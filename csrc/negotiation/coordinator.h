@@ -12,9 +12,14 @@
 //     its id alone (the response cache: 4 bytes instead of the description).
 //   * A collective is ready when every rank has either submitted it or joined (hvd.join: it takes
 //     part with zeros). Ready collectives are sent to every rank in the order they became ready,
-//     so a tensor ready everywhere never waits behind one that is not. The lane boundaries travel
-//     with each run order, taken from the lowest rank that submitted it: ranks need not agree on
-//     lane weights, rank 0's (or the lowest submitter's) decide.
+//     so a tensor ready everywhere never waits behind one that is not.
+//   * Lane boundaries are computed here, once per run order, by ShardBoundaries (wire.h). Each
+//     member tells its rank's lane weights when they change (kWeights, equal at start-up); the
+//     coordinator records with every announcement the weights its rank had then, and cuts the run
+//     order by those of the lead rank (the lowest rank that submitted the tensor): ranks need not
+//     agree on lane weights, rank 0's (or the lowest submitter's) decide. An allgather's row is
+//     laid out by equal shares of its width (count / size elements) on every rank, so its
+//     boundaries are size x ShardBoundaries(width, equal), whatever the weights.
 //   * Ranks that disagree about a name (shape, dtype, op, scale factors, size) get an error for
 //     that tensor on every rank, naming the field and the ranks; nothing reaches the proxies, so
 //     the lanes stay up and the next collective works.
@@ -25,8 +30,9 @@
 //   * A rank whose connection drops without saying goodbye has died: every rank is told, and
 //     their pending collectives fail instead of hanging.
 //   * What a member sends is checked before it is stored or indexed (wire.h: name, shape text,
-//     dtype, op, size against max_tensor_bytes, lane boundaries, cached ids, at most
-//     kMaxPendingCollectives waiting): a member that breaks the protocol — it holds the token, so
+//     dtype, op, size against max_tensor_bytes, an allgather's count against the ranks, lane
+//     weights and their number, cached ids, at most kMaxPendingCollectives waiting): a member
+//     that breaks the protocol — it holds the token, so
 //     it is a bug or a compromised process of the job — fails the job on every rank, with an
 //     error naming it and the field.
 #pragma once
@@ -68,11 +74,12 @@ class Coordinator {
   std::string error() const;
 
  private:
+  using Weights = std::shared_ptr<const std::vector<double>>;  // shared until the rank's next kWeights
   struct Pending {
     std::string name;
     std::vector<bool> submitted;           // per rank
     std::vector<WireDesc> desc;            // per rank, valid where submitted
-    std::vector<std::vector<uint64_t>> bounds;
+    std::vector<Weights> weights;          // per rank where submitted: its lane weights when it announced
     uint32_t count = 0;
     int64_t first_ns = 0;
     uint64_t arrival = 0;                  // order of first submission
@@ -85,7 +92,8 @@ class Coordinator {
   Status AcceptMembers();
   Status Handle(uint32_t rank, MsgType type, const std::string& payload);
   Status Announce(uint32_t rank, WireReader& in);
-  Status Submit(uint32_t rank, WireDesc desc, std::vector<uint64_t> bounds);
+  Status SetWeights(uint32_t rank, WireReader& in);
+  Status Submit(uint32_t rank, WireDesc desc);
   void Join(uint32_t rank);
   void Leave(uint32_t rank);
   void Settle();                             // moves ready or doomed pending entries to the batch
@@ -100,6 +108,7 @@ class Coordinator {
   Socket listener_;
   std::vector<Socket> members_;              // by rank
   std::vector<bool> joined_, gone_;
+  std::vector<Weights> weights_;             // by rank: its current lane weights (null before its first)
   uint32_t joined_count_ = 0;
   std::unordered_map<std::string, Pending> pending_;
   uint64_t arrivals_ = 0;

@@ -52,6 +52,11 @@ Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::u
     return Status::Error(Code::kIoError, Str("protocol error: ", who, " sent message type ",
                                              static_cast<uint32_t>(type), " before its welcome"));
   }
+  // The coordinator cuts this rank's collectives by its lane weights: equal until SetLaneWeights.
+  WireWriter weights;
+  weights.F64s(std::vector<double>(channel->num_lanes(), 1.0));
+  FHVD_RETURN_IF_ERROR(SendFrame(m->sock_.fd(), weights.Frame(MsgType::kWeights),
+                                 Deadline::After(options.timeout_seconds), who));
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   *out = std::move(m);
   return Status::Ok();
@@ -102,11 +107,30 @@ Status Member::Submit(const RequestDesc& request, const std::string& shape, uint
   t.desc.shape_hash = request.shape_hash;
   t.desc.prescale = request.prescale;
   t.desc.postscale = request.postscale;
+  t.request.num_lanes = 0;  // the run order's boundaries, set when it is posted
   *ticket = next_ticket_++;
   t.request.trace_id = *ticket;
   tickets_.emplace(*ticket, std::move(t));
   by_name_[name] = *ticket;
-  outbox_.push_back(*ticket);
+  outbox_.push_back(Outgoing{*ticket, {}});
+  Wake();
+  return Status::Ok();
+}
+
+Status Member::SetLaneWeights(const std::vector<double>& weights) {
+  const std::string problem = LaneWeightsProblem(weights, channel_->num_lanes());
+  if (!problem.empty()) {
+    return Status::Error(Code::kInvalidArgument, Str("lane weights must be ", channel_->num_lanes(),
+                                                     " finite numbers > 0, one per lane; got ", problem));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_.ok()) return broken_;
+  if (stopping_) return Status::Error(Code::kAborted, "the data plane is shut down");
+  if (!outbox_.empty() && !outbox_.back().weights.empty()) {
+    outbox_.back().weights = weights;  // nothing submitted since the last change: it never applied
+  } else {
+    outbox_.push_back(Outgoing{0, weights});
+  }
   Wake();
   return Status::Ok();
 }
@@ -240,14 +264,32 @@ Status Member::Serve() {
 }
 
 Status Member::Announce() {
-  WireWriter w;
-  uint32_t n = 0;
-  bool join = false;
+  // One kAnnounce per run of submissions, a kWeights between two runs where the weights changed.
+  std::vector<std::string> frames;
   {
     std::lock_guard<std::mutex> lock(mu_);
     WireWriter entries;
-    for (uint64_t id : outbox_) {
-      const Ticket& t = tickets_.at(id);
+    uint32_t n = 0;
+    auto flush = [&] {
+      if (n == 0) return;
+      WireWriter w;
+      w.U32(n);
+      w.Bytes(entries.body());
+      frames.push_back(w.Frame(MsgType::kAnnounce));
+      entries.Clear();
+      n = 0;
+    };
+    for (const Outgoing& out : outbox_) {
+      if (!out.weights.empty()) {
+        flush();
+        WireWriter w;
+        w.F64s(out.weights);
+        frames.push_back(w.Frame(MsgType::kWeights));
+        continue;
+      }
+      auto it = tickets_.find(out.ticket);
+      if (it == tickets_.end() || it->second.finished) continue;  // failed before its announcement
+      const Ticket& t = it->second;
       auto cached = id_of_.find(t.desc.name);
       if (cached != id_of_.end() && by_id_[cached->second] == t.desc) {
         entries.U8(1);
@@ -256,23 +298,18 @@ Status Member::Announce() {
         entries.U8(0);
         entries.Desc(t.desc);
       }
-      entries.U64s(std::vector<uint64_t>(t.request.lane_begin, t.request.lane_begin + t.request.num_lanes + 1));
       ++n;
     }
+    flush();
     outbox_.clear();
-    if (n > 0) {
-      w.U32(n);
-      w.Bytes(entries.body());
-    }
     if (join_requested_) {
       join_requested_ = false;
       joined_ = true;
-      join = true;
+      frames.push_back(WireWriter().Frame(MsgType::kJoin));
     }
   }
   Deadline deadline = Deadline::After(opt_.timeout_seconds);
-  if (n > 0) FHVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), w.Frame(MsgType::kAnnounce), deadline, "the coordinator"));
-  if (join) FHVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), WireWriter().Frame(MsgType::kJoin), deadline, "the coordinator"));
+  for (const std::string& frame : frames) FHVD_RETURN_IF_ERROR(SendFrame(sock_.fd(), frame, deadline, "the coordinator"));
   return Status::Ok();
 }
 
@@ -379,7 +416,9 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
     return Status::Error(Code::kIoError, Str("protocol error: the coordinator ran tensor '", desc.name, "' with ",
                                              desc.count, " elements; rank ", opt_.rank, " submitted ", request.count));
   }
-  if (desc.op != static_cast<uint32_t>(ReduceOp::kGather)) std::copy(bounds.begin(), bounds.end(), request.lane_begin);
+  // The coordinator's boundaries, for an allgather too (it computes the row layout gather.py used).
+  request.num_lanes = static_cast<uint32_t>(bounds.size() - 1);
+  std::copy(bounds.begin(), bounds.end(), request.lane_begin);
   uint64_t seq = 0;
   Status st = channel_->Post(request, &seq);
   std::lock_guard<std::mutex> lock(mu_);

@@ -9,6 +9,11 @@
 // order for a collective it did not submit is posted with a zero buffer of the right size, so the
 // proxies of a joined rank take part like any other.
 //
+// Lane weights: this rank's lane weights reach the coordinator (kWeights) only when they change
+// (SetLaneWeights), ordered among the announcements: the collectives submitted after the change are
+// announced after it. Start-up sends equal weights. The coordinator cuts every run order by the
+// lead rank's weights (coordinator.h); the member checks the boundaries it receives.
+//
 // What the coordinator sends is checked before anything is allocated or indexed for it (wire.h:
 // ids, descriptions, sizes against max_tensor_bytes, lane boundaries, the last joiner's rank); a
 // violation is a protocol error that fails this rank's data plane, naming the field.
@@ -52,9 +57,12 @@ class Member {
   static Status Start(ProxyChannel* channel, const MemberOptions& options, std::unique_ptr<Member>* out);
   ~Member();
 
-  // Files `request` (name, dtype, op, count, scale factors, hashes, buffer, boundaries) under its
-  // name; `shape` is for error messages. Returns a ticket.
+  // Files `request` (name, dtype, op, count, scale factors, hashes, buffer; its lane boundaries
+  // are the run order's) under its name; `shape` is for error messages. Returns a ticket.
   Status Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket);
+  // The lane weights of the collectives this rank submits from now on (one per lane, each finite
+  // and > 0; else kInvalidArgument). Ranks need not agree: the lead rank's decide.
+  Status SetLaneWeights(const std::vector<double>& weights);
   // This rank joins: the ticket completes when every rank has joined, with the last one.
   Status Join(uint64_t* ticket);
   bool Poll(uint64_t ticket);
@@ -73,6 +81,11 @@ class Member {
     bool finished = false; // join done, or failed before posting
     Status status;
     int64_t last_joined = -1;
+  };
+  // What the thread sends next, in order: a submitted ticket's announcement or new lane weights.
+  struct Outgoing {
+    uint64_t ticket = 0;
+    std::vector<double> weights;  // non-empty: a kWeights
   };
   struct ZeroBuffer {
     ShmSegment segment;
@@ -103,7 +116,7 @@ class Member {
   uint64_t next_ticket_ = 0;
   std::unordered_map<uint64_t, Ticket> tickets_;
   std::unordered_map<std::string, uint64_t> by_name_;  // submitted, not yet run
-  std::deque<uint64_t> outbox_;                        // tickets to announce
+  std::deque<Outgoing> outbox_;                        // to announce, in order
   bool join_requested_ = false;                        // a kJoin to send
   bool joined_ = false;
   uint64_t join_ticket_ = 0;

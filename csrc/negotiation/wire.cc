@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/collective.h"
 #include "common/dtype.h"
@@ -54,6 +55,40 @@ Status CheckLaneBounds(const std::vector<uint64_t>& bounds, uint64_t count, uint
     if (bounds[i] < bounds[i - 1]) return bad(Str("decrease (entry ", i, ": ", bounds[i], " < ", bounds[i - 1], ")"));
   }
   return Status::Ok();
+}
+
+std::string LaneWeightsProblem(const std::vector<double>& weights, uint32_t lanes) {
+  if (weights.empty() || weights.size() > kMaxLanes) {
+    return Str(weights.size(), " entries (1..", kMaxLanes, " allowed)");
+  }
+  if (lanes > 0 && weights.size() != lanes) return Str(weights.size(), " entries for ", lanes, " lanes");
+  double total = 0.0;
+  for (size_t j = 0; j < weights.size(); ++j) {
+    if (!std::isfinite(weights[j]) || !(weights[j] > 0.0)) {
+      return Str("entry ", j, " = ", weights[j], " (each must be finite and > 0)");
+    }
+    total += weights[j];
+  }
+  if (!std::isfinite(total)) return Str("a sum of ", total, " (it must be finite)");
+  return "";
+}
+
+std::vector<uint64_t> ShardBoundaries(uint64_t count, const std::vector<double>& weights) {
+  double total = 0.0;
+  for (double w : weights) total += w;
+  std::vector<uint64_t> bounds;
+  bounds.reserve(weights.size() + 1);
+  bounds.push_back(0);
+  double acc = 0.0;
+  for (size_t j = 0; j + 1 < weights.size(); ++j) {
+    acc += weights[j];
+    const double at = static_cast<double>(count) * acc / total;
+    // Never past count nor below the previous boundary (only extreme weights could round there).
+    uint64_t b = at < static_cast<double>(count) ? static_cast<uint64_t>(at) : count;
+    bounds.push_back(std::min(count, std::max(bounds.back(), b)));
+  }
+  bounds.push_back(count);
+  return bounds;
 }
 
 Status SendFrame(int fd, const std::string& frame, Deadline deadline, const std::string& who) {

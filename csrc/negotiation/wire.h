@@ -8,17 +8,25 @@
 // kNegotiation: the member proves rank, size and the job token, which never travels, and the
 // coordinator proves the token back); frames follow.
 //
-//   member → coordinator   kAnnounce  the collectives this rank has submitted since its last
+//   member → coordinator   kWeights   this rank's lane weights (u32 n, n f64: one per lane, each
+//                                     finite and > 0), for the collectives it announces from now
+//                                     on: sent once at start-up (equal weights) and again whenever
+//                                     they change, ordered among the announcements on the one
+//                                     connection. A rank's first kWeights precedes its first
+//                                     kAnnounce, and its number of lanes never changes
+//                          kAnnounce  the collectives this rank has submitted since its last
 //                                     announcement (a batch): each either a full description or,
 //                                     when it equals one the coordinator has already run under
-//                                     the same name, that description's id (the response cache)
+//                                     the same name, that description's id (the response cache);
+//                                     no lane boundaries (the coordinator computes them)
 //                          kJoin      this rank has joined (hvd.join)
 //                          kBye       this rank shuts down
 //                          kBroken    this rank's data plane failed (code, message): the job
 //                                     cannot go on, every rank must be told
 //   coordinator → member   kResponses a batch, in the order every rank follows: kRun (id, the
 //                                     description when it is new to the members, the lane
-//                                     boundaries), kError (a tensor that cannot run: mismatch,
+//                                     boundaries: ShardBoundaries of the lead rank's weights, see
+//                                     coordinator.h), kError (a tensor that cannot run: mismatch,
 //                                     stall), kJoinDone (every rank has joined; the last one)
 //                          kFailed    the job cannot go on (a rank disconnected)
 #pragma once
@@ -42,7 +50,8 @@ constexpr size_t kMaxPendingCollectives = 1u << 16; // submitted by some ranks, 
 enum class MsgType : uint32_t {
   // 1 was kHello (the token in clear), replaced by the handshake
   kAnnounce = 2, kJoin = 3, kBye = 4, kResponses = 5, kFailed = 6, kBroken = 7,
-  kWelcome = 8  // every rank is connected: the members' start-up returns (a barrier)
+  kWelcome = 8,  // every rank is connected: the members' start-up returns (a barrier)
+  kWeights = 9
 };
 enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3 };
 
@@ -85,6 +94,10 @@ class WireWriter {
   void U64s(const std::vector<uint64_t>& v) {
     U32(static_cast<uint32_t>(v.size()));
     for (uint64_t x : v) U64(x);
+  }
+  void F64s(const std::vector<double>& v) {
+    U32(static_cast<uint32_t>(v.size()));
+    for (double x : v) F64(x);
   }
   void Desc(const WireDesc& d) {
     Text(d.name);
@@ -133,6 +146,13 @@ class WireReader {
     if (!ok_ || static_cast<uint64_t>(n) * 8 > left_) return Fail<std::vector<uint64_t>>();
     std::vector<uint64_t> v(n);
     for (auto& x : v) x = U64();
+    return v;
+  }
+  std::vector<double> F64s() {
+    uint32_t n = U32();
+    if (!ok_ || static_cast<uint64_t>(n) * 8 > left_) return Fail<std::vector<double>>();
+    std::vector<double> v(n);
+    for (auto& x : v) x = F64();
     return v;
   }
   WireDesc Desc() {
@@ -187,6 +207,18 @@ Status CheckWireDesc(const WireDesc& d, uint64_t max_tensor_bytes, const std::st
 // lanes + 1 when lanes > 0), starting at 0, never decreasing, ending at count.
 Status CheckLaneBounds(const std::vector<uint64_t>& bounds, uint64_t count, uint32_t lanes, const std::string& tensor,
                        const std::string& who);
+
+// What is wrong with lane weights ("" when nothing): 1..kMaxLanes entries (exactly `lanes` when
+// lanes > 0), each finite and > 0, their sum finite. The caller words the error (a protocol error
+// on the coordinator, an invalid argument on the member and in the binding).
+std::string LaneWeightsProblem(const std::vector<double>& weights, uint32_t lanes);
+// The one computation of lane boundaries: lane j of a collective of `count` elements takes
+// [bounds[j], bounds[j+1]), its share proportional to weights[j]. bounds[j] = floor(count *
+// (w_0 + ... + w_{j-1}) / total) in double (the partial and total sums added left to right), 0
+// first, count last. `weights` must pass LaneWeightsProblem. The coordinator cuts every run order
+// by it (the lead rank's weights; an allgather's row by equal shares), and the workers lay out an
+// allgather's row by it (_C.shard_boundaries).
+std::vector<uint64_t> ShardBoundaries(uint64_t count, const std::vector<double>& weights);
 
 // Sends one whole frame (bounded by the deadline).
 Status SendFrame(int fd, const std::string& frame, Deadline deadline, const std::string& who);

@@ -19,10 +19,12 @@ so a lane that recovers is measured again and wins its share back.
 
 A lane's ring runs at its slowest hop's pace and every rank's collective lasts until the ring
 has finished, so one rank's own counters already see the ring's rate; no exchange between ranks
-is needed. Nor do the ranks need equal weights: the negotiation's run order carries the lane
-boundaries of the lowest rank that submitted the collective (rank 0, unless it has joined), and
-every rank cuts its shards there. So the policy is purely local — nothing collective, nothing
-that blocks, no Horovod call — and keeps working while ranks are in ``hvd.join()``.
+is needed. Nor do the ranks need equal weights: ``set_lane_weights`` tells the rank's negotiation
+member, which passes new weights to the coordinator only when they change; the coordinator cuts
+each run order by the weights the lowest rank that submitted the collective (rank 0, unless it
+has joined) had when it submitted it, and every rank cuts its shards there. So the policy is
+purely local — nothing collective, nothing that blocks, no Horovod call — and keeps working while
+ranks are in ``hvd.join()``.
 """
 from __future__ import annotations
 

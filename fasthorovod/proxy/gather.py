@@ -2,7 +2,9 @@
 
 A ring allgather is sharded over the lanes: lane j gathers columns [b_j, b_j+1) of every rank's
 row. The lanes' shares are equal whatever the lane weights, which rebalancing sets per rank: each
-rank lays its row out by the boundaries before the collective is negotiated. The hierarchical
+rank lays its row out before the collective is negotiated, by equal shares of its width
+(``_C.shard_boundaries``, the function the coordinator computes the run order's boundaries with:
+size x those of one row, csrc/negotiation/coordinator.h). The hierarchical
 allreduce has no allgather schedule; there each rank writes its row into a (size, len) buffer of
 zeros, read as integer words, and the ranks sum it (adding integer zeros changes no bit, so every
 row arrives exactly): twice the bytes of a ring allgather, with the same description, so that a
@@ -17,7 +19,6 @@ import torch
 from fasthorovod import _C
 from fasthorovod.proxy.buffers import copy_tensor, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_GATHER, OP_SUM
-from fasthorovod.proxy.plan import shard_boundaries
 from fasthorovod.proxy.requests import GatherRequest
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, name: str) -> GatherRequest:
     if group.plan.layout is not None:
         return _post_as_sum(group, tensor, name)
     n, width, itemsize = group.size, tensor.numel(), tensor.element_size()
-    bounds = shard_boundaries(width, [1.0] * group.lanes)
+    bounds = _C.shard_boundaries(width, [1.0] * group.lanes)  # the coordinator's layout of a row
     output = torch.empty((n, width), dtype=tensor.dtype)
     buffer = group.pool.acquire(max(1, n * width * itemsize))
     own = _C.allgather_own_chunk(group.rank, n)
@@ -41,7 +42,7 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, name: str) -> GatherRequest:
             m = end - begin
             copy_tensor(buffer.view(tensor.dtype, (n * begin + own * m) * itemsize, m), tensor[begin:end])
         ticket = group._submit(buffer, name, str(width), width * itemsize, buffer_offset=0, count=n * width,
-                               dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER, lane_begin=[n * b for b in bounds])
+                               dtype=DTYPE_CODES[tensor.dtype], op=OP_GATHER)
     return GatherRequest(group, ticket, buffer, output, bounds)
 
 

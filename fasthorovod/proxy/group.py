@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import subprocess
 import threading
@@ -36,7 +37,7 @@ from fasthorovod.exceptions import FastHorovodError
 from fasthorovod.proxy import gather, startup
 from fasthorovod.proxy.buffers import Buffer, BufferPool, stage, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_SUM, WIRE_CODES, hash64, request
-from fasthorovod.proxy.plan import DataPlanePlan, shard_boundaries
+from fasthorovod.proxy.plan import DataPlanePlan
 from fasthorovod.proxy.requests import GatherRequest, Request
 
 SHUTDOWN_GRACE_SECONDS = 0.3  # at shutdown, before the proxies are killed (aborting can take seconds)
@@ -55,8 +56,9 @@ class ProxyGroup:
         self.processes: List[subprocess.Popen] = []
         self.lane_weights: List[float] = []
         # The one submit path (_submit) calls these for every collective, whatever its kind:
-        # before_submit() just before it is cut into lane shards (where the policies above steer
-        # the data plane: the lane balancer, balance.py, may set new weights), and
+        # before_submit() just before it is submitted (where the policies above steer the data
+        # plane: the lane balancer, balance.py, may set new weights, which that collective then
+        # carries), and
         # after_submit(name, nbytes, ticket) once it is posted (where observers see it: the trace).
         self.before_submit: List[Callable[[], None]] = []
         self.after_submit: List[Callable[[str, int, int], None]] = []
@@ -126,16 +128,20 @@ class ProxyGroup:
         return flat
 
     def set_lane_weights(self, weights: Sequence[float]) -> None:
-        """Shard boundaries of later requests follow `weights` (one positive number per lane).
-        Every rank must switch at the same request, or the ranks' shards disagree."""
+        """The lane weights of the collectives this rank submits from now on (one positive finite
+        number per lane). The member tells the coordinator, which cuts each run order by the
+        weights of its lead rank (the lowest that submitted it): the ranks need not agree."""
         weights = [float(w) for w in weights]
-        if len(weights) != self.lanes or not all(w > 0.0 for w in weights):
+        if len(weights) != self.lanes or not all(0.0 < w < math.inf for w in weights):
             raise ValueError(f"lane weights must be {self.lanes} positive numbers, got {weights}")
+        if self.member is not None:
+            self.member.set_lane_weights(weights)
         self.lane_weights = weights
 
     def lane_boundaries(self, count: int) -> List[int]:
-        """Element boundaries of each lane's shard of `count` elements, by the lane weights."""
-        return shard_boundaries(count, self.lane_weights)
+        """Element boundaries of each lane's shard of `count` elements by this rank's lane weights:
+        those of a collective it leads (the coordinator's computation, ``_C.shard_boundaries``)."""
+        return _C.shard_boundaries(count, self.lane_weights)
 
     def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str,
                   average: bool, prescale: float, postscale: float, wire: Optional[torch.dtype] = None) -> Request:
@@ -181,14 +187,12 @@ class ProxyGroup:
         return Request(self, ticket, buffer, staged, tensors, outputs, offsets)
 
     def _submit(self, buffer: Buffer, name: str, description: str, nbytes: int, **fields) -> int:
-        """The one way a collective reaches the negotiation: runs the ``before_submit`` hooks, cuts
-        the collective into lane shards by the weights they leave (unless the caller laid out its
-        own, ``lane_begin``), submits the request on `buffer` (`description`: what the ranks
-        compare) and runs the ``after_submit`` hooks with `nbytes`, what the caller contributed."""
+        """The one way a collective reaches the negotiation: runs the ``before_submit`` hooks,
+        submits the request on `buffer` (`description`: what the ranks compare; the run order
+        brings its lane boundaries) and runs the ``after_submit`` hooks with `nbytes`, what the
+        caller contributed."""
         for hook in self.before_submit:
             hook()
-        if "lane_begin" not in fields:
-            fields["lane_begin"] = self.lane_boundaries(fields["count"])
         ticket = self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
                                             shape_hash=hash64(description), **fields), description)
         for hook in self.after_submit:

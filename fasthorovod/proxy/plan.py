@@ -205,18 +205,6 @@ def _lanes(settings: Config, peers: Sequence[Peer], layout: Optional[host_layout
     return probe.choose_lanes(rate, cpus, rings), because
 
 
-def shard_boundaries(count: int, weights: Sequence[float]) -> list:
-    """Element boundaries of each lane's shard of `count` elements, proportional to `weights`
-    (lane j takes [b_j, b_j+1); 0 first, `count` last)."""
-    total = sum(weights)
-    bounds, acc = [0], 0.0
-    for w in weights[:-1]:
-        acc += w
-        bounds.append(int(count * acc / total))
-    bounds.append(count)
-    return bounds
-
-
 def probes(settings: Config, single_host: bool) -> bool:
     """Whether start-up measures the path: the sockets per lane are not set, and the ranks span
     hosts (FASTHOROVOD_PROBE=auto) or the user asks for it (=1). The settings are equal on every

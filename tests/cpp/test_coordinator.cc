@@ -1,9 +1,17 @@
 // The negotiation's coordinator, driven by hand-written members speaking its wire protocol:
-// ready order, the response cache, mismatches, join, the stall shutdown and a dead rank.
+// ready order, the response cache, the lead rank's lane weights, mismatches, join, the stall
+// shutdown and a dead rank; and real members: where they cut their shards.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +22,8 @@
 #include "negotiation/member.h"
 #include "negotiation/wire.h"
 #include "proxy/client.h"
+#include "shm/channel.h"
+#include "shm/handoff.h"
 
 using namespace fasthorovod;
 
@@ -38,7 +48,8 @@ struct Reply {
 
 class FakeMember {
  public:
-  FakeMember(int port, uint32_t rank, uint32_t size, const std::string& token = kToken) {
+  FakeMember(int port, uint32_t rank, uint32_t size, const std::string& token = kToken,
+             const std::vector<double>& weights = {1.0, 1.0}) {
     CHECK(ConnectWithRetry("127.0.0.1", port, Deadline::After(5), &sock_).ok());
     LinkIdentity self;
     std::memcpy(self.token, token.data(), kTokenBytes);
@@ -46,9 +57,16 @@ class FakeMember {
     self.size = size;
     handshake = AuthenticateToPeer(sock_.fd(), self, LinkPurpose::kNegotiation, 0, 0, Deadline::After(5),
                                    "coordinator");
+    if (handshake.ok()) Weights(weights);  // as a member's start-up does (equal weights, one per lane)
   }
   Status handshake;
-  // Announces (full description, or the cached id when id >= 0) with two-lane boundaries.
+  // This rank's lane weights from its next announcement on.
+  void Weights(const std::vector<double>& weights) {
+    WireWriter w;
+    w.F64s(weights);
+    CHECK(SendFrame(sock_.fd(), w.Frame(MsgType::kWeights), Deadline::After(5), "coordinator").ok());
+  }
+  // Announces (full description, or the cached id when id >= 0).
   void Announce(const std::vector<std::pair<WireDesc, int64_t>>& entries) {
     WireWriter w;
     w.U32(static_cast<uint32_t>(entries.size()));
@@ -59,7 +77,6 @@ class FakeMember {
       } else {
         w.Desc(desc);
       }
-      w.U64s({0, desc.count / 2, desc.count});
     }
     CHECK(SendFrame(sock_.fd(), w.Frame(MsgType::kAnnounce), Deadline::After(5), "coordinator").ok());
   }
@@ -166,6 +183,72 @@ TEST(CoordinatorRunsWhatEveryRankSubmittedInTheOrderItBecameReady) {
   Reply third = a.Receive();
   b.Receive();
   CHECK(third.runs.size() == 1 && third.runs[0].id == x && !third.runs[0].described);
+}
+
+TEST(CoordinatorCutsEachRunOrderByTheWeightsItsLeadRankHadWhenItAnnounced) {
+  int port = 0;
+  auto coordinator = Start(3, &port);
+  FakeMember a(port, 0, 3), b(port, 1, 3), c(port, 2, 3);
+  a.Weights({1.0, 3.0});
+  b.Weights({3.0, 1.0});  // the ranks need not agree
+  auto runs = [&](size_t n) {
+    std::vector<std::vector<Run>> got;
+    for (FakeMember* m : {&a, &b, &c}) {
+      std::vector<Run> mine;
+      while (mine.size() < n) {
+        Reply r = m->Receive();
+        if (r.runs.empty()) break;
+        mine.insert(mine.end(), r.runs.begin(), r.runs.end());
+      }
+      CHECK_EQ(mine.size(), n);
+      got.push_back(mine);
+    }
+    CHECK(got[1].size() == n && got[2].size() == n);
+    for (size_t i = 0; i < n && got[1].size() == n && got[2].size() == n; ++i) {
+      CHECK(got[1][i].bounds == got[0][i].bounds && got[2][i].bounds == got[0][i].bounds);
+    }
+    return got[0];
+  };
+  c.Announce({{Desc("x", 8), -1}});
+  b.Announce({{Desc("x", 8), -1}});
+  a.Announce({{Desc("x", 8), -1}});  // the lead (rank 0) comes last: its weights still decide
+  std::vector<Run> x = runs(1);
+  CHECK(x.size() == 1 && x[0].bounds == std::vector<uint64_t>({0, 2, 8}));
+  // The weights rank 0 had when it announced y, not those it sent after.
+  a.Announce({{Desc("y", 8), -1}});
+  a.Weights({1.0, 1.0});
+  a.Announce({{Desc("z", 8), -1}});
+  b.Announce({{Desc("y", 8), -1}, {Desc("z", 8), -1}});
+  c.Announce({{Desc("y", 8), -1}, {Desc("z", 8), -1}});
+  std::vector<Run> yz = runs(2);
+  CHECK(yz.size() == 2 && yz[0].bounds == std::vector<uint64_t>({0, 2, 8}));
+  CHECK(yz.size() == 2 && yz[1].bounds == std::vector<uint64_t>({0, 4, 8}));
+  // Rank 0 has joined: the lowest rank that submitted leads.
+  a.Send(MsgType::kJoin);
+  b.Announce({{Desc("w", 8), -1}});
+  c.Announce({{Desc("w", 8), -1}});
+  std::vector<Run> w = runs(1);
+  CHECK(w.size() == 1 && w[0].bounds == std::vector<uint64_t>({0, 6, 8}));
+  // An allgather's rows (3 of 5 elements) are laid out by equal shares whatever the weights.
+  WireDesc gather = Desc("g", 15);
+  gather.op = static_cast<uint32_t>(ReduceOp::kGather);
+  b.Announce({{gather, -1}});
+  c.Announce({{gather, -1}});
+  std::vector<Run> g = runs(1);
+  CHECK(g.size() == 1 && g[0].bounds == std::vector<uint64_t>({0, 6, 15}));
+}
+
+TEST(CoordinatorFailsATensorWhoseRanksRunDifferentNumbersOfLanes) {
+  int port = 0;
+  auto coordinator = Start(2, &port);
+  FakeMember a(port, 0, 2), b(port, 1, 2, kToken, {1.0, 1.0, 1.0});
+  a.Announce({{Desc("l", 8), -1}});
+  b.Announce({{Desc("l", 8), -1}});
+  for (FakeMember* m : {&a, &b}) {
+    Reply r = m->Receive();
+    CHECK(r.runs.empty() && r.errors.size() == 1);
+    CHECK(r.errors[0].first == "l" && r.errors[0].second == Code::kMismatch);
+  }
 }
 
 TEST(CoordinatorFailsAMismatchOnEveryRankAndGoesOn) {
@@ -339,4 +422,126 @@ TEST(MemberStartFailsWithTheCoordinatorsReasonWhenARankNeverComes) {
   Status st = StartMember(port, 0, &channel, &member);
   std::printf("    %s\n", st.message().c_str());
   CHECK(!st.ok() && st.message().find("missing: [1]") != std::string::npos);
+}
+
+namespace {
+
+// Stands in for a channel's proxies: maps the channel (handed to lane 0's socket) and completes
+// every request at once, moving no data; records each request's lane boundaries by its name.
+class FakeLanes {
+ public:
+  explicit FakeLanes(ProxyChannel* channel) : sock_(channel->ProxyFd(0)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FakeLanes() {
+    stop_.store(true);
+    thread_.join();
+    if (header_ != nullptr) munmap(header_, sizeof(ChannelHeader));
+  }
+  std::vector<uint64_t> Bounds(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bounds_[name];
+  }
+
+ private:
+  void Run() {
+    uint64_t next = 0;
+    while (!stop_.load()) {
+      SegmentGrant grant;  // the channel first, then data buffers (dropped: nothing is read)
+      if (ReceiveSegment(sock_, header_ == nullptr ? 50 : 0, &grant).ok() && grant.fd >= 0) {
+        if (grant.id == kChannelSegment && header_ == nullptr) {
+          void* p = mmap(nullptr, sizeof(ChannelHeader), PROT_READ | PROT_WRITE, MAP_SHARED, grant.fd, 0);
+          if (p != MAP_FAILED) header_ = static_cast<ChannelHeader*>(p);
+        }
+        close(grant.fd);
+      }
+      if (header_ == nullptr) continue;
+      for (const uint32_t head = header_->head.load(std::memory_order_acquire); next < head; ++next) {
+        RequestSlot& slot = header_->slots[next % kNumSlots];
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          bounds_[slot.desc.name].assign(slot.desc.lane_begin, slot.desc.lane_begin + slot.desc.num_lanes + 1);
+        }
+        slot.lanes_done.store(header_->num_lanes, std::memory_order_release);
+        FutexWakeAll(&slot.lanes_done);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  int sock_;
+  ChannelHeader* header_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<std::string, std::vector<uint64_t>> bounds_;
+};
+
+// Two real members (two lanes each) of a real coordinator, their proxies faked.
+struct TwoMembers {
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<ProxyChannel> channel[2];
+  std::unique_ptr<Member> member[2];
+  std::unique_ptr<FakeLanes> lanes[2];
+
+  TwoMembers() {
+    int port = 0;
+    coordinator = Start(2, &port);
+    std::thread second([&] { CHECK(StartMember(port, 1, &channel[1], &member[1]).ok()); });
+    CHECK(StartMember(port, 0, &channel[0], &member[0]).ok());
+    second.join();
+    for (int r = 0; r < 2; ++r) lanes[r] = std::make_unique<FakeLanes>(channel[r].get());
+  }
+  ~TwoMembers() {
+    for (auto& m : member) m->Close();
+  }
+};
+
+Status Submit(Member& member, const std::string& name, uint64_t count, uint64_t* ticket,
+              ReduceOp op = ReduceOp::kSum) {
+  RequestDesc request;
+  request.dtype = static_cast<uint32_t>(DType::kFloat32);
+  request.op = static_cast<uint32_t>(op);
+  request.count = count;
+  request.shape_hash = count;
+  CopyString(request.name, name);
+  return member.Submit(request, std::to_string(count), ticket);
+}
+
+}  // namespace
+
+TEST(MembersCutTheirShardsWhereTheLeadRanksWeightsSay) {
+  TwoMembers job;
+  Member& m0 = *job.member[0];
+  Member& m1 = *job.member[1];
+  CHECK(m0.SetLaneWeights({1.0, 3.0}).ok());
+  CHECK(m1.SetLaneWeights({3.0, 1.0}).ok());
+  auto run = [&](const std::string& name, uint64_t count, ReduceOp op = ReduceOp::kSum) {
+    uint64_t t0 = 0, t1 = 0;
+    CHECK(Submit(m0, name, count, &t0, op).ok() && Submit(m1, name, count, &t1, op).ok());
+    CHECK(m0.Wait(t0, 5, nullptr).ok() && m1.Wait(t1, 5, nullptr).ok());
+    CHECK(job.lanes[0]->Bounds(name) == job.lanes[1]->Bounds(name));
+    return job.lanes[0]->Bounds(name);
+  };
+  CHECK(run("x", 8) == std::vector<uint64_t>({0, 2, 8}));  // rank 0's
+  CHECK(m0.SetLaneWeights({1.0, 1.0}).ok());                // applies to the very next submission
+  CHECK(run("y", 8) == std::vector<uint64_t>({0, 4, 8}));
+  CHECK(m0.SetLaneWeights({1.0, 3.0}).ok());
+  CHECK(run("g", 10, ReduceOp::kGather) == std::vector<uint64_t>({0, 4, 10}));  // 2 rows x equal halves of 5
+  for (const std::vector<double>& bad : std::vector<std::vector<double>>{
+           {1.0}, {1.0, 0.0}, {1.0, -2.0}, {1.0, std::nan("")}, {1.0, INFINITY}, {}}) {
+    Status st = m0.SetLaneWeights(bad);
+    std::printf("    %s\n", st.message().c_str());
+    CHECK(st.code() == Code::kInvalidArgument);
+  }
+}
+
+TEST(ShardBoundariesCutInProportionToTheWeights) {
+  CHECK(ShardBoundaries(8, {1.0, 3.0}) == std::vector<uint64_t>({0, 2, 8}));
+  CHECK(ShardBoundaries(10, {1.0, 1.0, 1.0}) == std::vector<uint64_t>({0, 3, 6, 10}));
+  CHECK(ShardBoundaries(0, {1.0, 2.0}) == std::vector<uint64_t>({0, 0, 0}));
+  CHECK(ShardBoundaries(5, {2.0}) == std::vector<uint64_t>({0, 5}));
+  CHECK(ShardBoundaries(3, {1e-300, 1e300}) == std::vector<uint64_t>({0, 0, 3}));
+  CHECK(LaneWeightsProblem({1.0, 2.0}, 2).empty());
+  CHECK(!LaneWeightsProblem({1.0, 2.0}, 3).empty() && !LaneWeightsProblem({1e308, 1e308}, 0).empty());
 }

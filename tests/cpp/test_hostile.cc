@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -247,15 +248,22 @@ WireDesc Good(const std::string& name, uint64_t count) {
   return d;
 }
 
-std::string Announcement(const std::vector<std::pair<WireDesc, std::vector<uint64_t>>>& entries) {
+std::string Weights(const std::vector<double>& weights) {
+  WireWriter w;
+  w.F64s(weights);
+  return w.Frame(MsgType::kWeights);
+}
+
+// A kAnnounce of full descriptions, after the two equal lane weights a member's start-up sends
+// (unless `weights` is false).
+std::string Announcement(const std::vector<WireDesc>& entries, bool weights = true) {
   WireWriter w;
   w.U32(static_cast<uint32_t>(entries.size()));
-  for (const auto& [desc, bounds] : entries) {
+  for (const auto& desc : entries) {
     w.U8(0);
     w.Desc(desc);
-    w.U64s(bounds);
   }
-  return w.Frame(MsgType::kAnnounce);
+  return (weights ? Weights({1.0, 1.0}) : "") + w.Frame(MsgType::kAnnounce);
 }
 
 // Rank 1 of two sends `hostile` after its handshake (then closes, or stays); rank 0 is honest and
@@ -275,7 +283,8 @@ std::string CoordinatorFacesHostileMember(const std::string& hostile, bool close
   CHECK(Coordinator::Start(o, &coordinator, &port).ok());
   Socket honest = JoinAs(port, 0, 2);
   Socket hostile_sock = JoinAs(port, 1, 2);
-  CHECK(SendFrame(honest.fd(), Announcement({{Good("w", 100), {0, 100}}}), Deadline::After(5), "c").ok());
+  const std::string announced = Announcement({Good("w", 100)});
+  CHECK(SendAll(honest.fd(), announced.data(), announced.size(), Deadline::After(5), "c").ok());
   const int64_t rss_before = RssBytes();
   const int64_t start = NowNs();
   CHECK(SendAll(hostile_sock.fd(), hostile.data(), hostile.size(), Deadline::After(10), "coordinator").ok());
@@ -305,13 +314,15 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
   compressed_gather.dtype = static_cast<uint32_t>(DType::kFloat32WireFloat16);
   compressed_gather.op = static_cast<uint32_t>(ReduceOp::kGather);
   WireDesc long_name = Good(std::string(300, 'n'), 10);
+  WireDesc odd_gather = Good("og", 11);
+  odd_gather.op = static_cast<uint32_t>(ReduceOp::kGather);
   WireWriter unknown_id;
   unknown_id.U32(1);
   unknown_id.U8(1);
   unknown_id.U32(5);
-  unknown_id.U64s({0, 10});
   WireWriter endless;  // claims 4 billion entries
   endless.U32(0xffffffffu);
+  const std::string equal = Weights({1.0, 1.0});
   struct Case {
     std::string frame;
     const char* field;
@@ -320,17 +331,24 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
       {RawFrame(2, kMaxFrameBytes + 1, ""), "too large (length field 67108865 bytes"},
       {std::string(200, '\xab'), "bad magic"},
       {RawFrame(99, 0, ""), "rank 1 sent message type 99"},
-      {Announcement({{huge, {0, huge.count}}}), "tensor 'huge' with count 2305843009213693952"},
-      {Announcement({{bad_dtype, {0, 10}}}), "with dtype code 99 (not a dtype)"},
-      {Announcement({{bad_op, {0, 10}}}), "with op code 7 (not an op)"},
-      {Announcement({{compressed_gather, {0, 10}}}), "op code 2 for dtype code 9 (a compression of sums only)"},
-      {Announcement({{long_name, {0, 10}}}), "a name of 300 bytes"},
-      {Announcement({{Good("b", 10), {0, 4, 11}}}), "end at 11, not at its count 10"},
-      {Announcement({{Good("b", 10), {0, 6, 4, 10}}}), "decrease (entry 2: 4 < 6)"},
-      {Announcement({{Good("b", 10), std::vector<uint64_t>(1000, 0)}}), "have 1000 entries"},
-      {Announcement({{Good("b", 10), {0}}}), "have 1 entries"},
-      {unknown_id.Frame(MsgType::kAnnounce), "used unknown id 5 (0 known)"},
-      {endless.Frame(MsgType::kAnnounce), "malformed announcement from rank 1 (cut short)"},
+      {Announcement({huge}), "tensor 'huge' with count 2305843009213693952"},
+      {Announcement({bad_dtype}), "with dtype code 99 (not a dtype)"},
+      {Announcement({bad_op}), "with op code 7 (not an op)"},
+      {Announcement({compressed_gather}), "op code 2 for dtype code 9 (a compression of sums only)"},
+      {Announcement({long_name}), "a name of 300 bytes"},
+      {Announcement({odd_gather}), "allgather 'og' with count 11 (not a multiple of the 2 ranks' rows)"},
+      {Announcement({Good("b", 10)}, false), "announced tensor 'b' before its lane weights"},
+      {Weights({1.0, std::nan("")}), "sent lane weights with entry 1 = nan (each must be finite and > 0)"},
+      {Weights({0.0, 1.0}), "sent lane weights with entry 0 = 0 (each must be finite and > 0)"},
+      {Weights({-1.0, 1.0}), "sent lane weights with entry 0 = -1"},
+      {Weights({1.0, INFINITY}), "sent lane weights with entry 1 = inf"},
+      {Weights({1e308, 1e308}), "sent lane weights with a sum of inf"},
+      {Weights({}), "sent lane weights with 0 entries (1..64 allowed)"},
+      {Weights(std::vector<double>(65, 1.0)), "sent lane weights with 65 entries (1..64 allowed)"},
+      {equal + Weights({1.0, 1.0, 1.0}), "sent lane weights with 3 entries for 2 lanes"},
+      {endless.Frame(MsgType::kWeights), "malformed lane weights from rank 1 (cut short)"},
+      {equal + unknown_id.Frame(MsgType::kAnnounce), "used unknown id 5 (0 known)"},
+      {equal + endless.Frame(MsgType::kAnnounce), "malformed announcement from rank 1 (cut short)"},
   };
   for (const Case& c : cases) {
     double seconds = 0;
@@ -360,8 +378,8 @@ TEST(HostileMemberTruncatedFrameFailsWithinTheTimeoutWithoutCommittingItsLength)
 }
 
 TEST(HostileMemberCannotGrowThePendingTableWithoutBound) {
-  std::vector<std::pair<WireDesc, std::vector<uint64_t>>> entries;
-  for (size_t i = 0; i <= kMaxPendingCollectives; ++i) entries.push_back({Good(Str("t", i), 4), {0, 4}});
+  std::vector<WireDesc> entries;
+  for (size_t i = 0; i <= kMaxPendingCollectives; ++i) entries.push_back(Good(Str("t", i), 4));
   const std::string failure = CoordinatorFacesHostileMember(Announcement(entries), false);
   std::printf("    %s\n", failure.c_str());
   CHECK(failure.find("rank 1 submitted tensor") != std::string::npos);
@@ -373,7 +391,8 @@ TEST(HostileMemberCannotGrowThePendingTableWithoutBound) {
 
 namespace {
 
-// Runs a fake coordinator that accepts one member, reads its first frame, and answers `hostile`.
+// Runs a fake coordinator that accepts one member, reads its frames up to its first kAnnounce or
+// kJoin (its lane weights come first), and answers `hostile`.
 // The member (rank 1 of 2, two lanes, no proxies) has submitted a tensor "w" of 100 float32
 // elements and, with join, joined; returns what its ticket's wait says.
 Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int64_t* rss_growth = nullptr) {
@@ -389,9 +408,13 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
                           [&](const PeerClaim&, Socket s) { member = std::move(s); }).ok());
     }
     CHECK(SendFrame(member.fd(), WireWriter().Frame(MsgType::kWelcome), Deadline::After(5), "member").ok());
-    MsgType type;
+    MsgType type = MsgType::kWeights;
     std::string payload;
-    CHECK(RecvFrame(member.fd(), Deadline::After(5), "member", &type, &payload).ok());
+    while (type == MsgType::kWeights) {
+      Status st = RecvFrame(member.fd(), Deadline::After(5), "member", &type, &payload);
+      CHECK(st.ok());
+      if (!st.ok()) break;
+    }
     CHECK(SendAll(member.fd(), hostile.data(), hostile.size(), Deadline::After(5), "member").ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   });
@@ -422,9 +445,6 @@ Status MemberFacesHostileCoordinator(const std::string& hostile, bool join, int6
     RequestDesc request;
     request.dtype = static_cast<uint32_t>(DType::kFloat32);
     request.count = 100;
-    request.num_lanes = 2;
-    request.lane_begin[1] = 50;
-    request.lane_begin[2] = 100;
     std::strncpy(request.name, "w", kNameBytes - 1);
     CHECK(member->Submit(request, "100", &ticket).ok());
   }

@@ -13,7 +13,7 @@ HOSTILE = str(REPO / "tests" / "workers" / "hostile_worker.py")
 
 
 def test_hostile_member_frames_fail_every_honest_rank_within_the_timeout():
-    variants = "length,count,bounds,truncated,random"
+    variants = "length,count,weights,truncated,random"
     result = run_job(3, "--variants", variants, worker=HOSTILE, timeout=300,
                      env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"})
     lines = re.findall(r"HOSTILE .*", result.stdout)

@@ -1,9 +1,12 @@
 """Policies on top of the data plane's mechanisms, without processes: the lane balancer (local,
-never blocking a post), and the data plane's public API for buffers and dtypes."""
+never blocking a post), the lane boundaries its weights give, and the data plane's public API for
+buffers and dtypes."""
+import random
 
 import pytest
 import torch
 
+from fasthorovod import _C
 from fasthorovod.config import Config
 from fasthorovod.proxy.balance import DEADBAND, MIN_BYTES, MIN_SHARE, SETTLE, LaneBalancer, rebalanced
 from fasthorovod.proxy.buffers import BufferPool
@@ -167,20 +170,25 @@ def test_proxy_group_alloc_and_supports():
 
 
 class RecordingMember:
-    """The negotiation member's submit, recorded: (request, description) per call."""
+    """The negotiation member's submit and lane weights, recorded in order: ("submit", request,
+    description) and ("weights", weights) per call."""
 
     def __init__(self):
-        self.submitted = []
+        self.calls = []
+
+    def set_lane_weights(self, weights):
+        self.calls.append(("weights", list(weights)))
 
     def submit(self, request, description):
-        self.submitted.append((request, description))
-        return 100 + len(self.submitted)
+        self.calls.append(("submit", request, description))
+        return 100 + sum(call[0] == "submit" for call in self.calls)
 
 
 def test_every_collective_passes_the_hooks_once_on_the_one_submit_path():
-    """allreduce, broadcast and allgather all run the before_submit hooks before they are cut into
-    lane shards (so a policy's new weights apply to that very collective; the allgather keeps
-    equal shares) and the after_submit hooks with what the rank contributed, once each."""
+    """allreduce, broadcast and allgather all run the before_submit hooks before they are submitted
+    (so a policy's new weights reach the member first and apply to that very collective) and the
+    after_submit hooks with what the rank contributed, once each. No request carries lane
+    boundaries (the run order does); the allgather lays its row out by equal shares."""
     group = ProxyGroup(Config(num_lanes=2), 0, 2)
     # two hosts: the flat ring, whose allgather has its own schedule (one host: a sum, plan.py)
     group.plan = planner.plan(group.config, [Peer("10.0.0.1", 2), Peer("10.0.0.2", 2)], 0, single_host=False)
@@ -189,15 +197,48 @@ def test_every_collective_passes_the_hooks_once_on_the_one_submit_path():
     group.set_lane_weights([1.0, 1.0])
     calls = []
     group.before_submit.append(lambda: (calls.append("before"), group.set_lane_weights([1.0, 3.0])))
+    gathered = []
     group.after_submit.append(lambda name, nbytes, ticket: calls.append((name, nbytes, ticket)))
     try:
         x = torch.arange(8, dtype=torch.float32)
         group.allreduce([x], [torch.empty(8)], "sum", average=False, prescale=1.0, postscale=1.0)
         group.broadcast(x, torch.empty(8), "bcast", root=0)
-        group.allgather(torch.arange(6, dtype=torch.int32), "gather")
+        request = group.allgather(torch.arange(6, dtype=torch.int32) + 10, "gather")
+        gathered = request._buffer.view(torch.int32, 0, 12).tolist()
     finally:
         group.pool.close()
     assert calls == ["before", ("sum", 32, 101), "before", ("bcast", 32, 102), "before", ("gather", 24, 103)]
-    (reduce, _), (bcast, _), (gather, _) = group.member.submitted
-    assert list(reduce.lane_begin) == [0, 2, 8] and list(bcast.lane_begin) == [0, 2, 8]
-    assert list(gather.lane_begin) == [0, 6, 12]  # 2 ranks x equal halves of 6 columns
+    kinds = [call[0] for call in group.member.calls]
+    assert kinds == ["weights", "weights", "submit", "weights", "submit", "weights", "submit"]
+    assert group.member.calls[1] == ("weights", [1.0, 3.0])
+    assert all(list(call[1].lane_begin) == [] for call in group.member.calls if call[0] == "submit")
+    # Rank 0's row in chunk 1 of each lane's region: lane 0 columns [0, 3), lane 1 [3, 6).
+    assert gathered[3:6] == [10, 11, 12] and gathered[9:12] == [13, 14, 15]
+
+
+def _reference_boundaries(count, weights):
+    """The lane boundaries as the workers once computed them in Python: the coordinator's C++
+    function (_C.shard_boundaries) must give the same integers."""
+    total = 0.0
+    for w in weights:
+        total += w
+    bounds, acc = [0], 0.0
+    for w in weights[:-1]:
+        acc += w
+        bounds.append(int(count * acc / total))
+    bounds.append(count)
+    return bounds
+
+
+def test_shard_boundaries_are_computed_once_in_cpp_with_the_same_integers():
+    rng = random.Random(7)
+    cases = [(8, [1.0, 3.0]), (10, [1.0, 1.0, 1.0]), (0, [1.0, 2.0]), (5, [2.0]), (2**40 + 3, [0.1, 0.2, 0.7])]
+    for _ in range(2000):
+        lanes = rng.randint(1, 16)
+        weights = [rng.choice([1.0, rng.uniform(0.2, 1.0), rng.random() + 1e-9]) for _ in range(lanes)]
+        cases.append((rng.choice([rng.randint(0, 100), rng.randint(0, 1 << 34)]), weights))
+    for count, weights in cases:
+        assert _C.shard_boundaries(count, weights) == _reference_boundaries(count, weights), (count, weights)
+    for bad in ([], [1.0, 0.0], [1.0, -1.0], [float("nan")], [float("inf"), 1.0]):
+        with pytest.raises(ValueError, match="lane weights"):
+            _C.shard_boundaries(10, bad)

@@ -4,7 +4,7 @@ tests/multiproc/test_hostile.py as Horovod ranks.
 Rank HOSTILE's data plane starts as usual (its proxies join the rings), but in place of its
 negotiation member it connects to the coordinator with fasthorovod_testing._hostile_member: it proves the
 job token, then sends the frames of one variant (an oversized length field, a collective of 2^61
-elements, lane boundaries past the tensor, a frame cut short and then silence, random bytes). The
+elements, a lane weight that is not a number, a frame cut short and then silence, random bytes). The
 other ranks run an allreduce through the proxies; each must raise FastHorovodError naming the
 hostile rank and the field, within FASTHOROVOD_TIMEOUT_SECONDS, and its resident memory must not
 grow by what the frames claim. Between variants the ranks restart the data plane
@@ -27,6 +27,8 @@ from fasthorovod.proxy import group as group_module
 HOSTILE = 1
 MAGIC = 0x464E4731  # "FNG1" (csrc/negotiation/wire.h)
 ANNOUNCE = 2
+WEIGHTS = 9
+LANES = 2  # FASTHOROVOD_NUM_LANES of the job (tests/multiproc/test_hostile.py)
 
 
 def frame(msg_type: int, payload: bytes, length=None) -> bytes:
@@ -38,18 +40,23 @@ def text(s: str) -> bytes:
     return struct.pack("<I", len(b)) + b
 
 
-def announcement(name: str, count: int, bounds) -> bytes:
-    """One kAnnounce entry with a full description (WireWriter::Desc) and lane boundaries."""
+def weights(values) -> bytes:
+    """A kWeights frame: this rank's lane weights (u32 count, f64 each)."""
+    return frame(WEIGHTS, struct.pack("<I", len(values)) + b"".join(struct.pack("<d", w) for w in values))
+
+
+def announcement(name: str, count: int) -> bytes:
+    """The equal lane weights a member's start-up sends, then one kAnnounce entry with a full
+    description (WireWriter::Desc)."""
     desc = (text(name) + text(str(count)) + struct.pack("<IIQQQdd", 7, 0, count, 1, 2, 1.0, 1.0))  # float32, sum
-    entry = b"\x00" + desc + struct.pack("<I", len(bounds)) + b"".join(struct.pack("<Q", b) for b in bounds)
-    return frame(ANNOUNCE, struct.pack("<I", 1) + entry)
+    return weights([1.0] * LANES) + frame(ANNOUNCE, struct.pack("<I", 1) + b"\x00" + desc)
 
 
 # variant -> (the hostile bytes, what every honest rank's error must contain)
 VARIANTS = {
     "length": (frame(ANNOUNCE, b"", length=0xFFFFFFFF), "too large (length field 4294967295 bytes"),
-    "count": (announcement("evil", 1 << 61, [0, 1 << 60, 1 << 61]), "with count 2305843009213693952"),
-    "bounds": (announcement("evil", 1000, [0, 500, 5000]), "end at 5000, not at its count 1000"),
+    "count": (announcement("evil", 1 << 61), "with count 2305843009213693952"),
+    "weights": (weights([1.0, float("nan")]), "sent lane weights with entry 1 = nan"),
     "truncated": (frame(ANNOUNCE, b"\x01" * 10, length=60 << 20), "cut short after 0 of 62914560 payload bytes"),
     "random": (bytes(random.Random(15).randrange(256) for _ in range(4096)), "bad magic"),
 }
