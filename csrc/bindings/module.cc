@@ -366,6 +366,9 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              return p;
            }),
            py::arg("channel"), py::arg("options"), py::keep_alive<1, 2>())
+      .def("number_tickets_from", [](PyMember& m, uint64_t first) { Check(m.impl->NumberTicketsFrom(first)); },
+           py::arg("first"),
+           R"pbdoc(Numbers this member's tickets from `first` on (only before its first ticket).)pbdoc")
       .def("set_lane_weights",
            [](PyMember& m, const std::vector<double>& weights) { Check(m.impl->SetLaneWeights(weights)); },
            py::arg("weights"),
@@ -377,7 +380,7 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              return ticket;
            },
            py::arg("request"), py::arg("shape"),
-           R"pbdoc(Submits a Request under its name; returns a ticket for poll/wait.)pbdoc")
+           R"pbdoc(Submits a Request under its name; returns a ticket for poll/wait. A name in flight (submitted, its ticket not yet waited on) raises FastHorovodValueError with Horovod's message.)pbdoc")
       .def("join",
            [](PyMember& m) {
              uint64_t ticket = 0;

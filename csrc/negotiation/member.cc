@@ -17,6 +17,13 @@ namespace {
 constexpr uint32_t kZeroBufferIds = 0x80000000u;  // the worker's Python buffer pool counts up from 0
 constexpr int64_t kHealthCheckNs = 100'000'000;    // how often the thread looks at the channel
 
+// Horovod's word for the collective a request is (its duplicate-name message names it).
+const char* Verb(uint32_t op) {
+  if (op == static_cast<uint32_t>(ReduceOp::kBroadcast)) return "broadcast";
+  if (op == static_cast<uint32_t>(ReduceOp::kGather)) return "allgather";
+  return "allreduce";
+}
+
 }  // namespace
 
 Status Member::Start(ProxyChannel* channel, const MemberOptions& options, std::unique_ptr<Member>* out) {
@@ -88,13 +95,25 @@ void Member::Wake() {
   (void)!::write(wake_fd_, &one, sizeof(one));
 }
 
+Status Member::NumberTicketsFrom(uint64_t first) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (numbered_) {
+    return Status::Error(Code::kInvalidArgument, Str("tickets are numbered from ", next_ticket_,
+                                                     " already: a ticket has been filed"));
+  }
+  next_ticket_ = first;
+  return Status::Ok();
+}
+
 Status Member::Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   if (stopping_) return Status::Error(Code::kAborted, "the data plane is shut down");
   const std::string name(request.name, strnlen(request.name, kNameBytes));
-  if (by_name_.count(name)) {
-    return Status::Error(Code::kInvalidArgument, Str("tensor '", name, "' is already being reduced"));
+  if (by_name_.count(name)) {  // Horovod's message, word for word
+    return Status::Error(Code::kInvalidArgument,
+                         Str("Requested to ", Verb(request.op), " a tensor with the same name as another tensor "
+                             "that is currently being processed: '", name, "'"));
   }
   Ticket t;
   t.request = request;
@@ -109,6 +128,7 @@ Status Member::Submit(const RequestDesc& request, const std::string& shape, uint
   t.desc.postscale = request.postscale;
   t.request.num_lanes = 0;  // the run order's boundaries, set when it is posted
   *ticket = next_ticket_++;
+  numbered_ = true;
   t.request.trace_id = *ticket;
   tickets_.emplace(*ticket, std::move(t));
   by_name_[name] = *ticket;
@@ -142,6 +162,7 @@ Status Member::Join(uint64_t* ticket) {
   Ticket t;
   t.join = true;
   *ticket = next_ticket_++;
+  numbered_ = true;
   tickets_.emplace(*ticket, std::move(t));
   join_ticket_ = *ticket;
   join_requested_ = true;
@@ -167,22 +188,37 @@ Status Member::Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joine
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto it = tickets_.find(ticket);
-    if (it == tickets_.end()) return Status::Error(Code::kInvalidArgument, Str("unknown or finished ticket ", ticket));
+    if (it == tickets_.end() || it->second.waiting) {
+      return Status::Error(Code::kInvalidArgument, Str("unknown or finished ticket ", ticket));
+    }
+    Ticket& t = it->second;  // stays valid while other tickets come and go (an iterator would not)
+    t.waiting = true;
     // Waiting for the other ranks to submit has no time limit of its own (Horovod's semantics; the
     // stall inspector reports it), but any failure ends it: of this rank's data plane (the member's
     // thread checks it every 100 ms), of another rank or of the coordinator (FailAll).
-    cv_.wait(lock, [&] { return it->second.posted || it->second.finished; });
-    Ticket& t = it->second;
+    cv_.wait(lock, [&] { return t.posted || t.finished; });
     if (t.finished) {
       Status st = t.status;
       if (last_joined != nullptr) *last_joined = t.last_joined;
-      tickets_.erase(it);
+      Release(ticket);
+      tickets_.erase(ticket);
       return st;
     }
     seq = t.request.seq;
-    tickets_.erase(it);
   }
-  return channel_->Wait(seq, timeout_seconds);
+  Status st = channel_->Wait(seq, timeout_seconds);
+  // Consumed: its name is free again (Horovod's rule: from the synchronize on).
+  std::lock_guard<std::mutex> lock(mu_);
+  Release(ticket);
+  tickets_.erase(ticket);
+  return st;
+}
+
+void Member::Release(uint64_t ticket) {
+  auto t = tickets_.find(ticket);
+  if (t == tickets_.end()) return;
+  auto named = by_name_.find(t->second.desc.name);
+  if (named != by_name_.end() && named->second == ticket) by_name_.erase(named);
 }
 
 void Member::FailAll(const Status& why) {
@@ -289,7 +325,8 @@ Status Member::Announce() {
       }
       auto it = tickets_.find(out.ticket);
       if (it == tickets_.end() || it->second.finished) continue;  // failed before its announcement
-      const Ticket& t = it->second;
+      Ticket& t = it->second;
+      t.announced = true;
       auto cached = id_of_.find(t.desc.name);
       if (cached != id_of_.end() && by_id_[cached->second] == t.desc) {
         entries.U8(1);
@@ -350,13 +387,17 @@ Status Member::Respond(const std::string& payload) {
         std::string message = in.Text();
         if (!in.ok()) break;
         std::lock_guard<std::mutex> lock(mu_);
+        // Only a ticket the coordinator knows of fails: announced, not yet run (a posted one of the
+        // name is an earlier collective, an unannounced one a later one).
         auto it = by_name_.find(name);
         if (it != by_name_.end()) {
           Ticket& t = tickets_.at(it->second);
-          t.finished = true;
-          t.status = Status::Error(code, message);
-          by_name_.erase(it);
-          cv_.notify_all();
+          if (t.announced && !t.posted && !t.finished) {
+            t.finished = true;
+            t.status = Status::Error(code, message);
+            by_name_.erase(it);  // failed: the name is free again
+            cv_.notify_all();
+          }
         }
         break;
       }
@@ -400,12 +441,14 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
   bool mine = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // This rank's collective of the name: announced and not yet run. A posted one not yet waited on
+    // is an earlier collective of the name, so this one is not this rank's (it has joined).
     auto it = by_name_.find(desc.name);
-    if (it != by_name_.end()) {
+    const Ticket* t = it != by_name_.end() ? &tickets_.at(it->second) : nullptr;
+    if (t != nullptr && t->announced && !t->posted && !t->finished) {
       mine = true;
       ticket = it->second;
-      by_name_.erase(it);
-      request = tickets_.at(ticket).request;
+      request = t->request;
     } else if (!joined_) {
       return Status::Error(Code::kIoError, Str("protocol error: the coordinator ran tensor '", desc.name,
                                                "', which rank ", opt_.rank, " neither submitted nor joined for"));
@@ -429,6 +472,7 @@ Status Member::RunOrder(uint32_t id, const std::vector<uint64_t>& bounds) {
   } else {
     t.finished = true;
     t.status = st;
+    Release(ticket);
   }
   cv_.notify_all();
   return Status::Ok();

@@ -9,6 +9,16 @@
 // order for a collective it did not submit is posted with a zero buffer of the right size, so the
 // proxies of a joined rank take part like any other.
 //
+// Names: the member is the rank's one registry of the names in flight (Horovod's rule). A name is
+// registered from Submit until its ticket is consumed by Wait, or until it fails (an error from
+// the coordinator, a post that failed, the data plane closing or failing); a second Submit of a
+// registered name fails with kInvalidArgument and Horovod's message. So a name can be used again
+// as soon as its handle is synchronized, and a run order finds the ticket of its name among those
+// submitted and not yet posted (a posted one that is not yet waited on is an earlier collective).
+//
+// Tickets are numbered from a base the caller chooses (NumberTicketsFrom), so that the facade's
+// handle is the ticket itself, and the ticket is also the proxies' trace request number.
+//
 // Lane weights: this rank's lane weights reach the coordinator (kWeights) only when they change
 // (SetLaneWeights), ordered among the announcements: the collectives submitted after the change are
 // announced after it. Start-up sends equal weights. The coordinator cuts every run order by the
@@ -57,8 +67,14 @@ class Member {
   static Status Start(ProxyChannel* channel, const MemberOptions& options, std::unique_ptr<Member>* out);
   ~Member();
 
+  // Numbers the tickets of this member from `first` on; only before its first ticket (else
+  // kInvalidArgument). Without it they start at 0.
+  Status NumberTicketsFrom(uint64_t first);
   // Files `request` (name, dtype, op, count, scale factors, hashes, buffer; its lane boundaries
-  // are the run order's) under its name; `shape` is for error messages. Returns a ticket.
+  // are the run order's) under its name; `shape` is for error messages. Returns a ticket. A name
+  // already registered (see above) fails with kInvalidArgument: "Requested to allreduce a tensor
+  // with the same name as another tensor that is currently being processed: 'NAME'" (broadcast
+  // for OP_BROADCAST, allgather for OP_GATHER).
   Status Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket);
   // The lane weights of the collectives this rank submits from now on (one per lane, each finite
   // and > 0; else kInvalidArgument). Ranks need not agree: the lead rank's decide.
@@ -77,8 +93,10 @@ class Member {
     RequestDesc request;
     WireDesc desc;
     bool join = false;
+    bool announced = false;  // sent to the coordinator: a run order or an error of its name is for it
     bool posted = false;   // request.seq is valid
     bool finished = false; // join done, or failed before posting
+    bool waiting = false;  // a Wait has taken it (consumed once that returns)
     Status status;
     int64_t last_joined = -1;
   };
@@ -100,6 +118,7 @@ class Member {
   Status Announce();
   Status Respond(const std::string& payload);
   Status RunOrder(uint32_t id, const std::vector<uint64_t>& bounds);
+  void Release(uint64_t ticket);  // frees its name if it still holds it (mu_ held)
   Status PostZeros(const WireDesc& desc, const std::vector<uint64_t>& bounds);
   void ReapZeros();
   void FailAll(const Status& why);
@@ -114,8 +133,9 @@ class Member {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t next_ticket_ = 0;
+  bool numbered_ = false;                              // a ticket was filed: the numbering is fixed
   std::unordered_map<uint64_t, Ticket> tickets_;
-  std::unordered_map<std::string, uint64_t> by_name_;  // submitted, not yet run
+  std::unordered_map<std::string, uint64_t> by_name_;  // names in flight: submitted, not yet consumed
   std::deque<Outgoing> outbox_;                        // to announce, in order
   bool join_requested_ = false;                        // a kJoin to send
   bool joined_ = false;

@@ -69,14 +69,18 @@ class ProxyGroup:
 
     @classmethod
     def start(cls, config: Config, rank: int, size: int, broadcast_object: Callable, allgather_object: Callable,
-              single_host: bool = False, previous: Optional[DataPlanePlan] = None) -> "ProxyGroup":
+              single_host: bool = False, previous: Optional[DataPlanePlan] = None,
+              first_ticket: int = 0) -> "ProxyGroup":
         """Starts a data plane for `rank` of `size` (collective: every rank calls it), with Horovod's
         ``broadcast_object``/``allgather_object`` (or any that behave alike) for start-up's
         exchanges; `single_host`: every rank runs on this host (Horovod's local_size == size);
-        `previous`: this process's last plan, whose probe curves may be reused (startup.run)."""
+        `previous`: this process's last plan, whose probe curves may be reused (startup.run);
+        `first_ticket`: the number of the group's first ticket (the negotiation numbers every
+        collective's ticket from it, and the facade uses the tickets as its handles)."""
         group = cls(config, rank, size)
         try:
             startup.run(group, single_host, broadcast_object, allgather_object, previous)
+            group.member.number_tickets_from(first_ticket)
         except BaseException:
             group.close()
             raise
@@ -190,7 +194,8 @@ class ProxyGroup:
         """The one way a collective reaches the negotiation: runs the ``before_submit`` hooks,
         submits the request on `buffer` (`description`: what the ranks compare; the run order
         brings its lane boundaries) and runs the ``after_submit`` hooks with `nbytes`, what the
-        caller contributed."""
+        caller contributed. A name in flight (submitted and not yet waited on) raises
+        FastHorovodValueError, a ValueError, with Horovod's message."""
         for hook in self.before_submit:
             hook()
         ticket = self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),

@@ -15,8 +15,11 @@ unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, 
 
 The proxy path stages tensors through shared memory, so it also accepts non-contiguous tensors
 (out-of-place allreduces of small non-contiguous tensors are made contiguous before Horovod sees
-them). Proxy handles are plain ints like Horovod's (drawn from a range Horovod never uses), so
-``poll``/``synchronize`` accept both kinds.
+them). Proxy handles are plain ints like Horovod's: a proxy collective's handle is its negotiation
+ticket, numbered from a range Horovod never uses (``_ticket_base``), so ``poll``/``synchronize``
+accept both kinds. A name stays in flight from the call until its handle is synchronized (the
+negotiation's member keeps the names): a second collective of that name meanwhile raises
+``ValueError`` with Horovod's message.
 
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
 ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``broadcast_object`` of
@@ -57,10 +60,11 @@ class _Runtime:
 
     ``group``, ``balancer`` and ``rehasher`` are the running data plane and its policies (None
     without proxies); ``plan`` is the last data plane's plan, whose probe curves a later one among
-    the same hosts reuses. ``handles`` maps the int handles of proxy allreduces in flight to what
-    ``synchronize`` needs, ``in_flight_names`` keeps two proxy allreduces of one name from being in
-    flight together (Horovod's rule), ``horovod_names`` names traced Horovod-path handles. Handle
-    ids and unnamed-tensor numbers only ever grow, so a stale handle never aliases a new one.
+    the same hosts reuses. ``handles`` maps the handles of proxy collectives in flight (their
+    negotiation tickets) to what ``synchronize`` needs; ``horovod_names`` names traced Horovod-path
+    handles. ``data_planes`` counts the data planes this process started: each numbers its tickets
+    from its own base (``_ticket_base``), and unnamed-tensor numbers only ever grow, so a stale
+    handle never aliases a new one.
     """
 
     def __init__(self) -> None:
@@ -70,9 +74,8 @@ class _Runtime:
         self.rehasher: Optional[FlowRehasher] = None
         self.plan: Optional[planner.DataPlanePlan] = None
         self.handles: Dict[int, "_ProxyHandle"] = {}
-        self.handle_ids = itertools.count(1 << 48)
         self.names = itertools.count()
-        self.in_flight_names: set = set()
+        self.data_planes = 0
         self.horovod_names: Dict[int, str] = {}
         self.epoch = 0  # hvd.init() calls so far: buffers and requests of an older epoch are void
 
@@ -92,7 +95,6 @@ class _Runtime:
         with self.lock:
             group, self.group, self.balancer, self.rehasher = self.group, None, None, None
             self.handles.clear()
-            self.in_flight_names.clear()
         return group
 
 
@@ -143,12 +145,22 @@ def shutdown(*args, **kwargs):
     return _hvd.shutdown(*args, **kwargs)
 
 
+def _ticket_base(data_plane: int) -> int:
+    """The first ticket (and so handle) of this process's `data_plane`-th data plane: above 2**48,
+    where Horovod's handles (small ints counted from 0) never reach, and 2**32 tickets apart, so
+    that a handle of a data plane that is gone (``shutdown()``/``init()``, ``restart_proxies()``)
+    never names a collective of a later one."""
+    return (1 << 48) + (data_plane << 32)
+
+
 def _start_proxies() -> Config:
     config = Config.from_env()
     if planner.enabled(config, _hvd.size()):
+        _runtime.data_planes += 1
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
-                                         single_host=_hvd.local_size() == _hvd.size(), previous=_runtime.plan))
+                                         single_host=_hvd.local_size() == _hvd.size(), previous=_runtime.plan,
+                                         first_ticket=_ticket_base(_runtime.data_planes)))
     return config
 
 
@@ -219,9 +231,9 @@ def wire_for(compression, tensors: Sequence[torch.Tensor], op=Average,
 
 
 class _ProxyHandle:
-    """What ``synchronize`` needs of a proxy collective: its one data-plane request, the outputs it
-    fills, where it lands them first (the same tensors, or contiguous stand-ins for
-    non-contiguous outputs), the result to return and the name it holds in flight."""
+    """What ``synchronize`` needs of a proxy collective: its one data-plane request (whose ticket
+    is the handle), the outputs it fills, where it lands them first (the same tensors, or
+    contiguous stand-ins for non-contiguous outputs), the result to return and its name."""
 
     def __init__(self, request: Request, outputs: List[torch.Tensor], landing: List[torch.Tensor],
                  result, name: str) -> None:
@@ -232,17 +244,10 @@ class _ProxyHandle:
         self.name = name
 
 
-def _reserve(name: Optional[str], verb: str) -> str:
-    """The collective's name (a fresh one when None), marked in flight: Horovod refuses a second
-    collective of a name while the first is in flight, and so does the negotiation."""
-    if name is None:
-        name = f"{verb}.noname.{next(_runtime.names)}"
-    with _runtime.lock:
-        if name in _runtime.in_flight_names:
-            raise ValueError(f"Requested to {verb} a tensor with the same name as another tensor that is "
-                             f"currently being processed: {name!r}")
-        _runtime.in_flight_names.add(name)
-    return name
+def _named(name: Optional[str], verb: str) -> str:
+    """The collective's name: a fresh one when None. A name in flight is refused by the negotiation's
+    member when the collective is submitted (Horovod's ValueError and message)."""
+    return name if name is not None else f"{verb}.noname.{next(_runtime.names)}"
 
 
 def _trace_request(name: str, nbytes: int, ticket: int) -> None:
@@ -253,39 +258,29 @@ def _trace_request(name: str, nbytes: int, ticket: int) -> None:
 
 
 def _register(request: Request, outputs, landing, result, name: str) -> int:
-    """A new handle for a posted proxy request."""
-    handle = next(_runtime.handle_ids)
-    _runtime.handles[handle] = _ProxyHandle(request, list(outputs), list(landing), result, name)
-    return handle
+    """The handle of a posted proxy request: its negotiation ticket."""
+    _runtime.handles[request.ticket] = _ProxyHandle(request, list(outputs), list(landing), result, name)
+    return request.ticket
 
 
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
           name: Optional[str], op, prescale_factor: float, postscale_factor: float, result,
           wire: Optional[torch.dtype] = None) -> int:
     """Posts one fused allreduce of `tensors` (one dtype: ``_proxies_for`` routes nothing else)."""
-    name = _reserve(name, "allreduce")
-    try:
-        # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
-        # only a non-contiguous output lands in a host tensor first.
-        landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
-        request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
-    except BaseException:
-        with _runtime.lock:
-            _runtime.in_flight_names.discard(name)
-        raise
+    name = _named(name, "allreduce")
+    # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
+    # only a non-contiguous output lands in a host tensor first.
+    landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
+    request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
     return _register(request, outputs, landing, result, name)
 
 
 def _finish(handle: int):
     entry = _runtime.handles.pop(handle)
-    try:
-        entry.request.wait()
-        for out, landed in zip(entry.outputs, entry.landing):
-            if out is not landed:
-                out.copy_(landed)
-    finally:
-        with _runtime.lock:
-            _runtime.in_flight_names.discard(entry.name)
+    entry.request.wait()  # consumes the ticket, success or not: the name is free again
+    for out, landed in zip(entry.outputs, entry.landing):
+        if out is not landed:
+            out.copy_(landed)
     return entry.result
 
 
@@ -473,15 +468,10 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         return handle
     if not 0 <= root_rank < group.size:  # Horovod's message (EnqueueTensorBroadcast)
         raise ValueError(f"broadcast received invalid root rank {root_rank} for provided process set")
-    name = _reserve(name, "broadcast")
-    try:
-        # Horovod's checks made both contiguous; a CUDA tensor is copied into shared memory (the
-        # root's only) and back, as an allreduce's.
-        req = group.broadcast(tensor, output, name, root_rank)
-    except BaseException:
-        with _runtime.lock:
-            _runtime.in_flight_names.discard(name)
-        raise
+    name = _named(name, "broadcast")
+    # Horovod's checks made both contiguous; a CUDA tensor is copied into shared memory (the root's
+    # only) and back, as an allreduce's.
+    req = group.broadcast(tensor, output, name, root_rank)
     return _register(req, [output], [output], output, name)
 
 

@@ -1,6 +1,6 @@
 // The negotiation's coordinator, driven by hand-written members speaking its wire protocol:
 // ready order, the response cache, the lead rank's lane weights, mismatches, join, the stall
-// shutdown and a dead rank; and real members: where they cut their shards.
+// shutdown and a dead rank; and real members: the names they keep in flight, their tickets.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -508,7 +508,67 @@ Status Submit(Member& member, const std::string& name, uint64_t count, uint64_t*
   return member.Submit(request, std::to_string(count), ticket);
 }
 
+bool PollFor(Member& member, uint64_t ticket, double seconds = 5) {
+  Deadline deadline = Deadline::After(seconds);
+  while (!member.Poll(ticket)) {
+    if (deadline.Expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+std::string Duplicate(const char* verb, const std::string& name) {
+  return Str("Requested to ", verb, " a tensor with the same name as another tensor that is currently being "
+             "processed: '", name, "'");
+}
+
 }  // namespace
+
+TEST(MemberKeepsANameInFlightUntilItsTicketIsWaitedOnOrFails) {
+  TwoMembers job;
+  Member& m0 = *job.member[0];
+  Member& m1 = *job.member[1];
+  constexpr uint64_t kBase = uint64_t{1} << 48;
+  CHECK(m0.NumberTicketsFrom(kBase).ok());
+  uint64_t a0 = 0, a1 = 0, again = 0;
+  CHECK(Submit(m0, "a", 8, &a0).ok());
+  CHECK_EQ(a0, kBase);                         // the facade's handle is the ticket
+  CHECK(!m0.NumberTicketsFrom(7).ok());        // fixed once a ticket is filed
+  Status dup = Submit(m0, "a", 8, &again);     // Horovod's error, word for word
+  CHECK(dup.code() == Code::kInvalidArgument && dup.message() == Duplicate("allreduce", "a"));
+  CHECK(Submit(m1, "a", 8, &a1).ok());
+  CHECK(PollFor(m0, a0));                      // run and done, not yet waited on: still in flight
+  CHECK(Submit(m0, "a", 8, &again).code() == Code::kInvalidArgument);
+  CHECK(m0.Wait(a0, 5, nullptr).ok() && m1.Wait(a1, 5, nullptr).ok());
+  CHECK(m0.Wait(a0, 5, nullptr).code() == Code::kInvalidArgument);  // consumed
+  CHECK(Submit(m0, "a", 8, &a0).ok() && Submit(m1, "a", 8, &a1).ok());  // free at once after the wait
+  CHECK_EQ(a0, kBase + 1);
+  CHECK(m0.Wait(a0, 5, nullptr).ok() && m1.Wait(a1, 5, nullptr).ok());
+
+  // Horovod's verb for each kind of collective.
+  uint64_t b0 = 0, b1 = 0, g0 = 0, g1 = 0;
+  CHECK(Submit(m0, "b", 8, &b0, ReduceOp::kBroadcast).ok());
+  dup = Submit(m0, "b", 8, &again, ReduceOp::kBroadcast);
+  CHECK(dup.code() == Code::kInvalidArgument && dup.message() == Duplicate("broadcast", "b"));
+  CHECK(Submit(m0, "g", 8, &g0, ReduceOp::kGather).ok());
+  dup = Submit(m0, "g", 8, &again, ReduceOp::kGather);
+  CHECK(dup.code() == Code::kInvalidArgument && dup.message() == Duplicate("allgather", "g"));
+  CHECK(Submit(m1, "b", 8, &b1, ReduceOp::kBroadcast).ok() && Submit(m1, "g", 8, &g1, ReduceOp::kGather).ok());
+  for (auto [m, t] : {std::pair{&m0, b0}, {&m0, g0}, {&m1, b1}, {&m1, g1}}) CHECK(m->Wait(t, 5, nullptr).ok());
+
+  // A collective that fails frees its name when it fails; waiting on it afterwards frees nothing
+  // that a later collective of the name holds.
+  uint64_t f0 = 0, f1 = 0;
+  CHECK(Submit(m0, "m", 8, &f0).ok() && Submit(m1, "m", 9, &f1).ok());  // a mismatch
+  CHECK(PollFor(m0, f0) && PollFor(m1, f1));
+  uint64_t n0 = 0, n1 = 0;
+  CHECK(Submit(m0, "m", 8, &n0).ok());
+  CHECK(m0.Wait(f0, 5, nullptr).code() == Code::kMismatch);
+  CHECK(m1.Wait(f1, 5, nullptr).code() == Code::kMismatch);
+  CHECK(Submit(m0, "m", 8, &again).code() == Code::kInvalidArgument);  // n0 holds it
+  CHECK(Submit(m1, "m", 8, &n1).ok());
+  CHECK(m0.Wait(n0, 5, nullptr).ok() && m1.Wait(n1, 5, nullptr).ok());
+}
 
 TEST(MembersCutTheirShardsWhereTheLeadRanksWeightsSay) {
   TwoMembers job;

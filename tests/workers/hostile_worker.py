@@ -70,6 +70,9 @@ class HostileMember:
         self.fd = fasthorovod_testing._hostile_member(options.coordinator_host, options.coordinator_port, options.token,
                                              options.rank, options.size, HostileMember.payload)
 
+    def number_tickets_from(self, first: int) -> None:
+        pass
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

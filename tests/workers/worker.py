@@ -86,18 +86,32 @@ def scenario_matrix(args):
 
 
 def scenario_async(args):
-    """Many allreduces in flight at once, completed in reverse order, plus autograd."""
+    """Many allreduces in flight at once, completed in reverse order, plus autograd. A proxy
+    handle is its negotiation ticket; a name in flight is refused with Horovod's ValueError until
+    its handle is synchronized, and can be used again at once after that."""
+    from fasthorovod.torch.mpi_ops import _runtime
+
     rank, size = hvd.rank(), hvd.size()
     count = 400_000
     handles = [hvd.allreduce_async(torch.full((count,), float(rank + i)), op=hvd.Sum, name=f"async.{i}")
                for i in range(args.inflight)]
+    assert all(_runtime.handles[h].request.ticket == h for h in handles), handles[:3]
+    assert min(handles) >= 1 << 48 and len(set(handles)) == len(handles), handles[:3]  # never Horovod's
     assert sum(hvd.poll(h) for h in handles) <= len(handles)
+    try:
+        hvd.allreduce_async(torch.zeros(count), op=hvd.Sum, name="async.0")
+    except ValueError as e:
+        assert str(e) == ("Requested to allreduce a tensor with the same name as another tensor that is "
+                          "currently being processed: 'async.0'"), e
+    else:
+        raise AssertionError("a second allreduce of a name in flight must raise ValueError")
     for i, h in reversed(list(enumerate(handles))):
         out = hvd.synchronize(h)
         expected = float(size * i + size * (size - 1) // 2)
         assert torch.all(out == expected), (i, out[:4], expected)
     w = torch.ones(count, requires_grad=True)
-    y = hvd.allreduce(w * (rank + 1), op=hvd.Sum, name="autograd")
+    # async.0 was synchronized last: its name is free again at once (the autograd allreduce takes it)
+    y = hvd.allreduce(w * (rank + 1), op=hvd.Sum, name="async.0")
     y.sum().backward()
     assert torch.all(w.grad == (rank + 1) * size), w.grad[:4]  # d/dw of Σ_ranks, times rank+1
     print(f"rank {rank}: async ok", flush=True)
