@@ -5,7 +5,7 @@ Every function here has the signature and behaviour of its namesake in ``horovod
 An allreduce goes through FastHorovod's proxies when all of these hold, and through Horovod
 unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, unsupported dtypes):
 
-* proxies are running (``hvd.init()`` with size > 1 and FASTHOROVOD_NUM_PROXIES > 0);
+* proxies are running (``hvd.init()`` with size > 1 and FASTHOROVOD_NUM_LANES > 0);
 * op is Sum or Average and the process set is the global one;
 * the dtype is one the proxies reduce (uint8, int8, int16, int32, int64, float16, bfloat16,
   float32, float64) and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES — or, for
@@ -33,6 +33,7 @@ or succeeds where Horovod's would.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -46,6 +47,7 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compatibility
 
 from fasthorovod.config import Config
+from fasthorovod.exceptions import FastHorovodValueError
 from fasthorovod.proxy.balance import LaneBalancer
 from fasthorovod.proxy.rehash import FlowRehasher
 from fasthorovod.proxy import plan as planner
@@ -62,9 +64,10 @@ class _Runtime:
     without proxies); ``plan`` is the last data plane's plan, whose probe curves a later one among
     the same hosts reuses. ``handles`` maps the handles of proxy collectives in flight (their
     negotiation tickets) to what ``synchronize`` needs; ``horovod_names`` names traced Horovod-path
-    handles. ``data_planes`` counts the data planes this process started: each numbers its tickets
-    from its own base (``_ticket_base``), and unnamed-tensor numbers only ever grow, so a stale
-    handle never aliases a new one.
+    handles. ``epoch`` counts the data planes this process started (every ``init()`` and
+    ``restart_proxies()``, with proxies or without): buffers and requests of an older epoch are
+    void, each epoch numbers its tickets from its own base (``_ticket_base``), and unnamed-tensor
+    numbers only ever grow, so a stale handle never aliases a new one.
     """
 
     def __init__(self) -> None:
@@ -75,9 +78,8 @@ class _Runtime:
         self.plan: Optional[planner.DataPlanePlan] = None
         self.handles: Dict[int, "_ProxyHandle"] = {}
         self.names = itertools.count()
-        self.data_planes = 0
         self.horovod_names: Dict[int, str] = {}
-        self.epoch = 0  # hvd.init() calls so far: buffers and requests of an older epoch are void
+        self.epoch = 0
 
     def attach(self, group: ProxyGroup) -> None:
         """Runs `group` with the facade's policies (the lane balancer, the flow re-hasher) and
@@ -111,7 +113,6 @@ def init(comm=None, process_sets=None):
     """
     _stop_proxies()
     _hvd.init(comm, process_sets)
-    _runtime.epoch += 1
     config = _start_proxies()
     if config.trace_dir:
         start_trace(config.trace_dir)
@@ -145,22 +146,22 @@ def shutdown(*args, **kwargs):
     return _hvd.shutdown(*args, **kwargs)
 
 
-def _ticket_base(data_plane: int) -> int:
-    """The first ticket (and so handle) of this process's `data_plane`-th data plane: above 2**48,
+def _ticket_base(epoch: int) -> int:
+    """The first ticket (and so handle) of this process's data plane of `epoch`: above 2**48,
     where Horovod's handles (small ints counted from 0) never reach, and 2**32 tickets apart, so
     that a handle of a data plane that is gone (``shutdown()``/``init()``, ``restart_proxies()``)
     never names a collective of a later one."""
-    return (1 << 48) + (data_plane << 32)
+    return (1 << 48) + (epoch << 32)
 
 
 def _start_proxies() -> Config:
     config = Config.from_env()
+    _runtime.epoch += 1
     if planner.enabled(config, _hvd.size()):
-        _runtime.data_planes += 1
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
                                          single_host=_hvd.local_size() == _hvd.size(), previous=_runtime.plan,
-                                         first_ticket=_ticket_base(_runtime.data_planes)))
+                                         first_ticket=_ticket_base(_runtime.epoch)))
     return config
 
 
@@ -183,8 +184,9 @@ def _stop_proxies() -> None:
 
 
 def epoch() -> int:
-    """How many times ``init()`` has run in this process: a buffer or request made under an
-    earlier value belongs to a data plane that is gone (an elastic reset, shutdown + init)."""
+    """How many data planes this process has started (``init()``, ``restart_proxies()``): a buffer
+    or request made under an earlier value belongs to a data plane that is gone (an elastic reset,
+    shutdown + init, a restart of the proxies)."""
     return _runtime.epoch
 
 
@@ -271,8 +273,20 @@ def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[
     # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
     # only a non-contiguous output lands in a host tensor first.
     landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
-    request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
+    with _horovods_value_error():
+        request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
     return _register(request, outputs, landing, result, name)
+
+
+@contextlib.contextmanager
+def _horovods_value_error():
+    """Raises a bad argument the data plane refuses (a name already in flight among them) as the
+    plain ValueError Horovod raises: the data plane's FastHorovodValueError is also a
+    HorovodInternalError, which Horovod elastic would take for a failed peer and reset on."""
+    try:
+        yield
+    except FastHorovodValueError as e:
+        raise ValueError(str(e)) from None
 
 
 def _finish(handle: int):
@@ -471,7 +485,8 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     name = _named(name, "broadcast")
     # Horovod's checks made both contiguous; a CUDA tensor is copied into shared memory (the root's
     # only) and back, as an allreduce's.
-    req = group.broadcast(tensor, output, name, root_rank)
+    with _horovods_value_error():
+        req = group.broadcast(tensor, output, name, root_rank)
     return _register(req, [output], [output], output, name)
 
 

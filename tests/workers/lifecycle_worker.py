@@ -138,10 +138,21 @@ def slow_joiner(args) -> None:
     hvd.init()
     init_s = time.monotonic() - started
     group_module._C.Member = real_member
+    model = torch.nn.Linear(1024, 1024)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(2, 1024)).sum().backward()
+    opt.step()
     hvd.restart_proxies()
     out = hvd.allreduce(torch.ones(1 << 20), op=hvd.Sum, name="after.slow.joiner")  # 4 MiB: the proxies
     assert torch.all(out == size), f"rank {rank}: wrong result"
-    print(f"SLOW rank {rank}: init took {init_s:.2f} s, restart and allreduce ok", flush=True)
+    opt.zero_grad()
+    model(torch.ones(2, 1024)).sum().backward()
+    opt.step()
+    flat = opt._policy._buckets[0].flat  # the optimizer's gradients moved into the new data plane's memory
+    assert hvd.proxy_group().pool.locate(flat) is not None, f"rank {rank}: the bucket stayed behind"
+    assert torch.all(model.bias.grad == 2.0), f"rank {rank}: wrong gradient after the restart"
+    print(f"SLOW rank {rank}: init took {init_s:.2f} s, restart, allreduce and optimizer ok", flush=True)
     hvd.shutdown()
     lanes.report(rank)
 
