@@ -13,6 +13,7 @@ OP_SUM: int
 OP_AVERAGE: int
 OP_GATHER: int
 OP_BROADCAST: int
+OP_REDUCESCATTER: int
 REQUEST_ALLREDUCE: int
 DTYPES: Dict[str, int]       # torch dtype name -> the core's dtype code
 WIRE_DTYPES: Dict[Tuple[str, str], int]  # (dtype in memory, dtype on the wire) -> compressed code

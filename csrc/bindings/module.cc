@@ -432,6 +432,7 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
   m.attr("OP_AVERAGE") = static_cast<uint32_t>(ReduceOp::kAverage);
   m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
   m.attr("OP_BROADCAST") = static_cast<uint32_t>(ReduceOp::kBroadcast);
+  m.attr("OP_REDUCESCATTER") = static_cast<uint32_t>(ReduceOp::kReduceScatter);
   m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
   py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
   py::dict wire;    // (torch's name in memory, on the wire) -> the compressed codes

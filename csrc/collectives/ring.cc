@@ -14,7 +14,8 @@
 //
 // An allgather (op kGather, e.g. the scheduler's packed 2-bit payloads) runs the allgather steps
 // only: each rank starts with its own data in chunk rank+1 (AllgatherOwnChunk) and ends with
-// every rank's.
+// every rank's. A reduce-scatter (op kReduceScatter) runs the reduce-scatter steps only: each rank
+// ends with chunk rank+1 reduced and postscaled (the same AllgatherOwnChunk), the rest partial.
 //
 // The chunk sent at step t+1 is always the chunk received at step t. Chunks are cut further into
 // segments of at most `segment_bytes`, and each segment travels as one frame {step, segment,
@@ -65,7 +66,7 @@ class RingRun : public FrameSink {
       : lane_(links, opt), desc_(desc), work_(work), opt_(opt), elem_(DTypeSize(work.dtype)),
         wire_(WireDType(work.dtype)), compressed_(WireCompressed(work.dtype)), unit_(DTypeSize(wire_)) {
     seg_elems_ = RingSegmentElements(work.count, opt.size, links.to_next.size(), opt.segment_bytes, unit_);
-    steps_ = 2 * (opt.size - 1);
+    steps_ = desc.op == static_cast<uint32_t>(ReduceOp::kReduceScatter) ? opt.size - 1 : 2 * (opt.size - 1);
     first_step_ = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? opt.size - 1 : 0;
     temp_.resize(links.from_prev.size());
   }
@@ -173,7 +174,7 @@ class RingRun : public FrameSink {
     if (compressed_ && (gather || desc_.op == static_cast<uint32_t>(ReduceOp::kBroadcast))) {
       return Status::Error(Code::kInvalidArgument, Str(DTypeName(work_.dtype), " is a compression of sums only"));
     }
-    if (work_.host != nullptr && (gather || work_.prescale != 1.0)) {
+    if (work_.host != nullptr && (RowsPerRank(desc_.op) || work_.prescale != 1.0)) {
       return Status::Error(Code::kInvalidArgument, "a host's contributions are summed (not gathered) and prescaled "
                                                    "by their owners");
     }

@@ -49,7 +49,8 @@ struct RingStats : LaneStats {
 
 // Runs reduce-scatter then allgather of `work` with the neighbours on `links` (desc.op kGather:
 // the allgather only, with this rank's contribution in chunk AllgatherOwnChunk(rank, size) of the
-// shard and nothing reduced or scaled; chunk c is [c·count/size, (c+1)·count/size)). On failure the
+// shard and nothing reduced or scaled; kReduceScatter: the reduce-scatter only, after which chunk
+// AllgatherOwnChunk(rank, size) is this rank's, reduced and postscaled; chunk c is [c·count/size, (c+1)·count/size)). On failure the
 // lane is unusable; the returned Status says why, and every rank of the ring fails with the same
 // code and explanation (the lane transport forwards an abort frame, transport/lane.h).
 Status RingAllreduce(RingLinks& links, const CollectiveDesc& desc, const ShardWork& work,
@@ -73,7 +74,8 @@ size_t ChunkBegin(size_t count, uint32_t size, uint32_t chunk);
 // every socket (not below kMinRingSegmentBytes).
 size_t RingSegmentElements(size_t count, uint32_t size, size_t sockets, size_t segment_bytes, size_t elem);
 size_t SegmentCount(size_t chunk_elements, size_t segment_elements);
-// The chunk a rank holds complete when the allgather phase starts (its contribution to a kGather).
+// The chunk a rank holds complete when the allgather phase starts (its contribution to a kGather,
+// its result of a kReduceScatter).
 uint32_t AllgatherOwnChunk(uint32_t rank, uint32_t size);
 
 }  // namespace fasthorovod

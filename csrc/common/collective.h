@@ -17,12 +17,22 @@ namespace fasthorovod {
 constexpr size_t kWireNameBytes = 32;
 
 // kGather is not a reduction: the collective is an allgather (see RingAllreduce).
+// kReduceScatter is a sum that stops after the ring's reduce-scatter phase: each rank keeps the
+// chunk it holds reduced (see RingAllreduce). The worker lays each rank's part out as an
+// allgather's rows (fasthorovod/proxy/scatter.py).
 // kBroadcast is reduced as kSum of integer words: the worker stages the root's tensor on the root and
 // zeros everywhere else (fasthorovod/proxy/group.py, ProxyGroup.broadcast), so every rank receives the
 // root's bytes. It has its own code so that a broadcast and an allreduce of one name never match, and
 // so that the negotiation can refuse it while a rank has joined (a joined rank's zeros could stand in
 // for the root's tensor), as Horovod does.
-enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2, kBroadcast = 3 };
+enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2, kBroadcast = 3, kReduceScatter = 4 };
+
+// Whether a collective of `op` holds `size` equal rows, one per rank, each laid out by equal shares
+// of its width over the lanes (an allgather, a reduce-scatter); other collectives are cut by the
+// lane weights.
+inline bool RowsPerRank(uint32_t op) {
+  return op == static_cast<uint32_t>(ReduceOp::kGather) || op == static_cast<uint32_t>(ReduceOp::kReduceScatter);
+}
 
 // Plain data, embedded in the wire header: the layout is fixed (88 bytes, static_assert below).
 struct CollectiveDesc {

@@ -214,9 +214,9 @@ Status Coordinator::Announce(uint32_t rank, WireReader& in) {
       desc = in.Desc();
       if (!in.ok()) break;
       FHVD_RETURN_IF_ERROR(CheckWireDesc(desc, opt_.max_tensor_bytes, who));
-      // An allgather of `size` rows: its boundaries are size x those of one row (Finish).
-      if (desc.op == static_cast<uint32_t>(ReduceOp::kGather) && desc.count % opt_.size != 0) {
-        return Status::Error(Code::kIoError, Str("protocol error: ", who, " described allgather '", desc.name,
+      // An allgather or reduce-scatter of `size` rows: its boundaries are size x those of one row (Finish).
+      if (RowsPerRank(desc.op) && desc.count % opt_.size != 0) {
+        return Status::Error(Code::kIoError, Str("protocol error: ", who, " described row-per-rank collective '", desc.name,
                                                  "' with count ", desc.count, " (not a multiple of the ", opt_.size,
                                                  " ranks' rows)"));
       }
@@ -354,11 +354,12 @@ void Coordinator::Finish(Pending& p) {
       return;
     }
   }
-  // The lead's weights cut the run order; an allgather's row is laid out by equal shares of its
-  // width on every rank (gather.py), so its lanes carry size x those boundaries.
+  // The lead's weights cut the run order; an allgather's or a reduce-scatter's row is laid out by
+  // equal shares of its width on every rank (gather.py, scatter.py), so its lanes carry size x
+  // those boundaries.
   std::vector<uint64_t> bounds;
   const WireDesc& desc = p.desc[lead];
-  if (desc.op == static_cast<uint32_t>(ReduceOp::kGather)) {
+  if (RowsPerRank(desc.op)) {
     bounds = ShardBoundaries(desc.count / opt_.size, std::vector<double>(weights.size(), 1.0));
     for (uint64_t& b : bounds) b *= opt_.size;
   } else {

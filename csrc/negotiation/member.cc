@@ -21,6 +21,7 @@ constexpr int64_t kHealthCheckNs = 100'000'000;    // how often the thread looks
 const char* Verb(uint32_t op) {
   if (op == static_cast<uint32_t>(ReduceOp::kBroadcast)) return "broadcast";
   if (op == static_cast<uint32_t>(ReduceOp::kGather)) return "allgather";
+  if (op == static_cast<uint32_t>(ReduceOp::kReduceScatter)) return "reducescatter";
   return "allreduce";
 }
 

@@ -230,7 +230,7 @@ class Proxy {
 
   Status Execute(const RequestDesc& r) {
     if (r.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(r.dtype) ||
-        r.op > static_cast<uint32_t>(ReduceOp::kBroadcast)) {
+        r.op > static_cast<uint32_t>(ReduceOp::kReduceScatter)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
     const DType dtype = static_cast<DType>(r.dtype);
@@ -381,9 +381,9 @@ class Proxy {
 
   Status HostPhases(const RequestDesc& r, CollectiveDesc desc, ShardWork work, RingStats* stats, bool* ring_ran) {
     stats->start_ns = NowNs();
-    if (r.op == static_cast<uint32_t>(ReduceOp::kGather)) {
-      return Status::Error(Code::kInvalidArgument, "an allgather does not run hierarchically (the worker sends it "
-                                                   "as a sum of integer words)");
+    if (RowsPerRank(r.op)) {
+      return Status::Error(Code::kInvalidArgument, "an allgather or a reduce-scatter does not run hierarchically (the "
+                                                   "worker sends them to Horovod or as a sum)");
     }
     HostHeader* host = host_.header();
     const uint32_t L = ch_->local_size, me = ch_->local_rank;

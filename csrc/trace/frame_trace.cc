@@ -25,8 +25,9 @@ int64_t TraceFrameObserver::OnFrame(const CollectiveDesc& desc, const FrameEvent
   r.segment = e.frame.segment;
   r.lane = static_cast<uint16_t>(e.lane);
   r.socket = static_cast<uint16_t>(e.socket);
-  r.op = static_cast<uint8_t>(desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? TraceOp::kAllgather
-                                                                                 : TraceOp::kAllreduce);
+  r.op = static_cast<uint8_t>(desc.op == static_cast<uint32_t>(ReduceOp::kGather)          ? TraceOp::kAllgather
+                              : desc.op == static_cast<uint32_t>(ReduceOp::kReduceScatter) ? TraceOp::kReducescatter
+                                                                                           : TraceOp::kAllreduce);
   r.dep_type = static_cast<uint8_t>(e.dep);
   r.dep_id = e.dep_id;
   r.flags = flags_;

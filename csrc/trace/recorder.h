@@ -55,7 +55,7 @@ enum class TraceDirection : uint8_t { kSend = 0, kRecv = 1 };
 
 // What the frame belongs to. Ring steps t < size−1 of an allreduce are its reduce-scatter, the
 // rest its allgather; the reader derives the phase from `step` and the file's `size`.
-enum class TraceOp : uint8_t { kAllreduce = 1, kAllgather = 2, kAbort = 3 };
+enum class TraceOp : uint8_t { kAllreduce = 1, kAllgather = 2, kAbort = 3, kReducescatter = 4 };
 
 // Why the frame could not move earlier (SketchDLC's dep_type adapted to a ring):
 enum class TraceDep : uint8_t {

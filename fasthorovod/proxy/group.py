@@ -11,8 +11,8 @@ with it (they watch it; a stopped one gets SIGHUP and SIGCONT from its orphaned 
 shared memory has a name, so no crash leaves anything in /dev/shm (docs/reliability.md).
 
 The public API: ``supports``, ``alloc`` (a zero-copy shared-memory tensor), ``allreduce``,
-``broadcast``, ``allgather`` (asynchronous requests), ``begin_join``/``end_join``, and what the
-policies and observers above use: ``before_submit``/``after_submit`` hooks (every collective passes
+``broadcast``, ``allgather``, ``reducescatter`` (asynchronous requests), ``begin_join``/``end_join``,
+and what the policies and observers above use: ``before_submit``/``after_submit`` hooks (every collective passes
 them on its one submit path), ``lane_stats``, ``lane_progress``, ``set_lane_weights`` (balance.py),
 ``socket_progress``, ``request_rehash`` (rehash.py).
 Nothing here blocks on another rank except a wait on a request or on the join, and nothing talks
@@ -34,7 +34,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config
 from fasthorovod.exceptions import FastHorovodError
-from fasthorovod.proxy import gather, startup
+from fasthorovod.proxy import gather, scatter, startup
 from fasthorovod.proxy.buffers import Buffer, BufferPool, stage, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_SUM, WIRE_CODES, hash64, request
 from fasthorovod.proxy.plan import DataPlanePlan
@@ -209,6 +209,13 @@ class ProxyGroup:
         wait() fills ``request.output``, a (size, len) tensor whose row r is rank r's (gather.py)."""
         self._require_running()
         return gather.post(self, tensor, name)
+
+    def reducescatter(self, tensors: Sequence[torch.Tensor], name: str, average: bool, prescale: float,
+                      postscale: float, wire: Optional[torch.dtype] = None) -> Request:
+        """Posts Horovod's reduce-scatter of `tensors` (one dtype, same shapes on every rank): wait()
+        fills the request's outputs with this rank's rows of each reduced tensor (scatter.py)."""
+        self._require_running()
+        return scatter.post(self, tensors, name, average, prescale, postscale, wire)
 
     def begin_join(self) -> None:
         """This rank has joined: until every rank has, its proxies take part in the collectives the

@@ -1,7 +1,7 @@
 """Drop-in replacement for ``horovod.torch``: ``import fasthorovod.torch as hvd``.
 
 Every public name of ``horovod.torch`` 0.28.1 is available here with the same signature. The
-lifecycle (``init``/``shutdown``), the allreduce and broadcast families, ``poll``/``synchronize``,
+lifecycle (``init``/``shutdown``), the allreduce, broadcast and reducescatter families, ``poll``/``synchronize``,
 ``join`` and ``DistributedOptimizer`` are FastHorovod's own (large Sum/Average allreduces and large
 broadcasts travel through the proxy processes); ``broadcast_parameters``,
 ``broadcast_optimizer_state`` and ``broadcast_object`` are Horovod's functions running with these
@@ -35,8 +35,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     gloo_enabled,
     grouped_allgather,
     grouped_allgather_async,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
     is_initialized,
     local_rank,
     local_size,
@@ -45,8 +43,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     mpi_threads_supported,
     nccl_built,
     rank,
-    reducescatter,
-    reducescatter_async,
     remove_process_set,
     rocm_built,
     size,
@@ -71,10 +67,14 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
     init,
     join,
     poll,
     proxy_group,
+    reducescatter,
+    reducescatter_async,
     restart_proxies,
     shutdown,
     start_trace,

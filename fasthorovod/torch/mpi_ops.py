@@ -21,6 +21,11 @@ accept both kinds. A name stays in flight from the call until its handle is sync
 negotiation's member keeps the names): a second collective of that name meanwhile raises
 ``ValueError`` with Horovod's message.
 
+A reduce-scatter (``reducescatter``, ``grouped_reducescatter`` and their ``_async`` forms) goes
+through the proxies under the allreduce's conditions, on a flat ring (not the hierarchical
+layout), once Horovod's own checks of the tensors passed: the ring's reduce-scatter phase alone,
+with Horovod's split of the first dimension (fasthorovod/proxy/scatter.py).
+
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
 ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``broadcast_object`` of
 fasthorovod/torch/functions.py) goes through the proxies when proxies are running, the process set
@@ -454,6 +459,128 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
     reduced = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set, None,
                                       *compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+# -- reducescatter ------------------------------------------------------------------------------------
+
+def _reducescatter_proxies_for(tensors: Sequence[torch.Tensor], op, process_set,
+                               wire: Optional[torch.dtype] = None) -> Optional[ProxyGroup]:
+    """The proxies for a reduce-scatter of `tensors` that Horovod would take (its checks run first:
+    a dtype it cannot reduce-scatter, a non-contiguous tensor raise its own errors), as for an
+    allreduce, on a flat ring (the hierarchical layout has no reduce-scatter schedule)."""
+    for t in tensors:
+        _hvd._check_function(_hvd._reducescatter_function_factory, t)
+    group = _proxies_for(tensors, op, process_set, wire) if tensors else None
+    if group is None or group.plan.layout is not None or any(t.dim() == 0 for t in tensors):
+        return None
+    return group
+
+
+def _scatter_wire(compression, tensors: Sequence[torch.Tensor], op, process_set) -> Optional[torch.dtype]:
+    """``wire_for`` of a reduce-scatter: the proxies' wire type only where they take it."""
+    wire = wire_for(compression, tensors, op, process_set)
+    return wire if wire is not None and _reducescatter_proxies_for(tensors, op, process_set, wire) else None
+
+
+def _post_scatter(group: ProxyGroup, tensors: Sequence[torch.Tensor], name: Optional[str], op,
+                  prescale_factor: float, postscale_factor: float, wire: Optional[torch.dtype], grouped: bool) -> int:
+    name = _named(name, "reducescatter")
+    with _horovods_value_error():
+        request = group.reducescatter(tensors, name, op == Average, prescale_factor, postscale_factor, wire)
+    outputs = request.outputs
+    return _register(request, outputs, outputs, tuple(outputs) if grouped else outputs[0], name)
+
+
+def _reducescatter_async(tensor, output, name, op, process_set, prescale_factor, postscale_factor, wire=None):
+    group = _reducescatter_proxies_for([tensor], op, process_set, wire)
+    if group is None:
+        return _hvd._reducescatter_async(tensor, output, name, op, process_set, prescale_factor, postscale_factor)
+    return _post_scatter(group, [tensor], name, op, prescale_factor, postscale_factor, wire, grouped=False)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Asynchronous reduce-scatter: this rank's rows of the reduced `tensor` (the first ``dim0 % size``
+    ranks get one row more). See ``horovod.torch.reducescatter_async``."""
+    return _reducescatter_async(tensor, tensor.new(), name, op, process_set, prescale_factor, postscale_factor)
+
+
+class _Reducescatter(torch.autograd.Function):
+    """reducescatter as an autograd function: Horovod's gradient (an allgather of the scaled gradient)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor, wire):
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return synchronize(_reducescatter_async(tensor, tensor.new(), name, op, process_set, prescale_factor,
+                                                postscale_factor, wire))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (_hvd.allgather(_scattered_gradient(grad_output, *ctx.args), process_set=ctx.args[1]),
+                None, None, None, None, None, None)
+
+
+def _scattered_gradient(grad, op, process_set, prescale_factor, postscale_factor):
+    """Horovod's scaling of a reduce-scatter's gradient before it is allgathered."""
+    if op == Sum:
+        grad = grad * process_set.size()
+    return grad * (prescale_factor * postscale_factor) if prescale_factor * postscale_factor != 1.0 else grad
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's rows of `tensor` reduced over all ranks (differentiable). See
+    ``horovod.torch.reducescatter``; ``Compression.fp16`` of a float32 tensor the proxies carry is
+    done by them on the wire, as for :func:`allreduce`."""
+    wire = _scatter_wire(compression, [tensor], op, process_set)
+    if wire is not None:
+        return _Reducescatter.apply(tensor, name, op, process_set, prescale_factor, postscale_factor, wire)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor, None)
+    return compression.decompress(reduced, ctx)
+
+
+def _grouped_reducescatter_async(tensors, outputs, name, op, process_set, prescale_factor, postscale_factor,
+                                 wire=None):
+    group = _reducescatter_proxies_for(tensors, op, process_set, wire)
+    if group is None:
+        return _hvd._grouped_reducescatter_async(tensors, outputs, name, op, process_set, prescale_factor,
+                                                 postscale_factor)
+    return _post_scatter(group, list(tensors), name, op, prescale_factor, postscale_factor, wire, grouped=True)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    """Asynchronous reduce-scatter of a list of tensors as one group. See Horovod's."""
+    return _grouped_reducescatter_async(tensors, [t.new() for t in tensors], name, op, process_set,
+                                        prescale_factor, postscale_factor)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, wire, *tensors):
+        ctx.args = (op, process_set, prescale_factor, postscale_factor)
+        return synchronize(_grouped_reducescatter_async(list(tensors), [t.new() for t in tensors], name, op,
+                                                        process_set, prescale_factor, postscale_factor, wire))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = [_scattered_gradient(g, *ctx.args) for g in grad_output]
+        return (None,) * 6 + tuple(_hvd.grouped_allgather(grads, process_set=ctx.args[1]))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's rows of each of `tensors` reduced over all ranks, as one group (differentiable).
+    See Horovod's; ``Compression.fp16`` of float32 tensors as in :func:`reducescatter`."""
+    wire = _scatter_wire(compression, list(tensors), op, process_set)
+    if wire is not None:
+        return list(_GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, wire,
+                                                *tensors))
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    reduced = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, None,
+                                          *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
 
 

@@ -47,7 +47,7 @@ END = "_end"               # last line of a cleanly stopped worker file
 
 # TraceDirection / TraceOp / TraceDep of csrc/trace/recorder.h
 SEND, RECV = 0, 1
-OP_ALLREDUCE, OP_ALLGATHER, OP_ABORT = 1, 2, 3
+OP_ALLREDUCE, OP_ALLGATHER, OP_ABORT, OP_REDUCESCATTER = 1, 2, 3, 4
 DEP_NONE, DEP_ON_REQUEST, DEP_ON_RECEIVE, DEP_ON_PEER_SEND = 0, 1, 2, 3
 NO_REQUEST = (1 << 64) - 1
 FLAG_ZERO_FILL = 1

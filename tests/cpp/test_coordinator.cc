@@ -588,6 +588,7 @@ TEST(MembersCutTheirShardsWhereTheLeadRanksWeightsSay) {
   CHECK(run("y", 8) == std::vector<uint64_t>({0, 4, 8}));
   CHECK(m0.SetLaneWeights({1.0, 3.0}).ok());
   CHECK(run("g", 10, ReduceOp::kGather) == std::vector<uint64_t>({0, 4, 10}));  // 2 rows x equal halves of 5
+  CHECK(run("s", 10, ReduceOp::kReduceScatter) == std::vector<uint64_t>({0, 4, 10}));  // laid out as a gather
   for (const std::vector<double>& bad : std::vector<std::vector<double>>{
            {1.0}, {1.0, 0.0}, {1.0, -2.0}, {1.0, std::nan("")}, {1.0, INFINITY}, {}}) {
     Status st = m0.SetLaneWeights(bad);

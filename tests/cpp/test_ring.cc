@@ -168,6 +168,41 @@ TEST(RingAllgatherDeliversEveryRanksChunk) {
   }
 }
 
+TEST(RingReduceScatterLeavesEachRankItsOwnChunkReducedAndScaled) {
+  for (uint32_t size = 1; size <= 5; ++size) {
+    for (size_t width : {0, 1, 7, 5000}) {
+      auto links = ConnectRing(size, 2);
+      const size_t count = width * size;
+      std::vector<std::vector<float>> data(size, std::vector<float>(count));
+      std::vector<float> sum(count, 0.0f);
+      for (uint32_t r = 0; r < size; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          data[r][i] = static_cast<float>((r + 1) * (i % 101));
+          sum[i] += 3.0f * data[r][i];  // prescale 3
+        }
+      }
+      RunRanks(size, [&](uint32_t r) {
+        CollectiveDesc desc;
+        desc.total_bytes = desc.shard_bytes = count * 4;
+        desc.dtype = static_cast<uint16_t>(DType::kFloat32);
+        desc.op = static_cast<uint16_t>(ReduceOp::kReduceScatter);
+        RingOptions o;
+        static_cast<LaneOptions&>(o) = Options(r, size);
+        o.segment_bytes = 4096;
+        ShardWork work{data[r].data(), count, DType::kFloat32, 3.0, 0.5};
+        RingStats stats;
+        CHECK(RingAllreduce(links[r], desc, work, o, &stats).ok());
+        // only the reduce-scatter phase ran: size - 1 chunks out and in (every frame counted)
+        CHECK(stats.bytes_sent <= (size - 1) * (width * 4 + 4096) + 1 && stats.frames_sent >= size - 1);
+      });
+      for (uint32_t r = 0; r < size; ++r) {
+        const size_t own = AllgatherOwnChunk(r, size) * width;
+        for (size_t i = 0; i < width; ++i) CHECK(data[r][own + i] == 0.5f * sum[own + i]);
+      }
+    }
+  }
+}
+
 namespace {
 
 // Local rank `me`'s part of a host's L buffers, as the hierarchical allreduce hands it to the ring:

@@ -91,6 +91,40 @@ def test_sharded_allgather_through_the_proxies(np_, proxies, request):
                 range(np_), scenario="gather")
 
 
+RS_ITEMSIZE = {torch.float32: 4, torch.float64: 8, torch.int32: 4, torch.int64: 8}
+
+
+def scattered_rows(np_: int, threshold: int) -> list:
+    """The row sizes in bytes (one rank's padded share) of worker.py's reduce-scatters that reach the
+    proxies at `threshold`: each case, the group of its float32 cases, each of those again
+    asynchronously, the first case once more through autograd, as float64 and with fp16 on the wire
+    (mirrors scenario_reducescatter)."""
+    from tests.workers.worker import reducescatter_cases
+
+    def row(shape, dtype):
+        return -(-shape[0] // np_) * (torch.Size(shape[1:]).numel()) * RS_ITEMSIZE[dtype]
+
+    def total(shape, dtype):
+        return torch.Size(shape).numel() * RS_ITEMSIZE[dtype]
+
+    cases = reducescatter_cases(np_)
+    floats = [(shape, dtype) for shape, dtype, _ in cases if dtype == torch.float32]
+    rows = [row(shape, dtype) for shape, dtype, _ in cases if total(shape, dtype) >= threshold]
+    if sum(total(*c) for c in floats) >= threshold:
+        rows.append(sum(row(*c) for c in floats))
+    rows += [row(*c) for c in floats if total(*c) >= threshold] + [row(*cases[0][:2])]
+    return rows + [row(cases[0][0], torch.float64), row(*cases[0][:2]) // 2]  # the first again: float64, fp16
+
+
+@pytest.mark.parametrize("np_,lanes", [(2, 3), (3, 2)])
+def test_reducescatter_through_the_proxies_matches_horovods(np_, lanes, request):
+    job = request.getfixturevalue("two_ranks_three_proxies" if np_ == 2 else "three_ranks_two_proxies")
+    assert job.stdout.count("reducescatter ok") == np_, job.stdout[-2000:]
+    rows = scattered_rows(np_, 0 if np_ == 2 else 1 << 20)  # the jobs' thresholds
+    check_lanes(job.stdout, Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)),
+                range(np_), scenario="reducescatter")
+
+
 def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):
     # rank r allreduces at steps 0..r and joins; a joined rank's lanes run the later steps with
     # zeros, so every rank's lanes run all three steps and the allreduce after the join

@@ -418,6 +418,60 @@ def scenario_gather(args):
     print(f"rank {rank}: gather ok", flush=True)
 
 
+def reducescatter_cases(size: int) -> list:
+    """scenario_reducescatter's tensors: (shape, dtype, op) — first dimensions that split evenly,
+    unevenly and into empty shares, 1-D and 3-D, integer and floating types; the first, of 4.8 MB,
+    passes the default threshold."""
+    return [((size * 100_000 + 2, 4), torch.float32, "sum"), ((size * 7 + 1,), torch.int32, "sum"),
+            ((size - 1, 5, 3), torch.float64, "average"), ((2 * size + 1, 1000), torch.int64, "sum"),
+            ((size * 3, 11), torch.float32, "average")]
+
+
+def scenario_reducescatter(args):
+    """Horovod's reducescatter and grouped_reducescatter through the proxies (reducescatter_cases):
+    every rank's rows equal Horovod's own reducescatter of the same inputs (integer-valued, so sums
+    are exact; averages to float precision), with prescale and postscale factors, and the gradient
+    through autograd is Horovod's (an allgather); with Compression.fp16 the proxies return float16
+    values in float32, close to the exact average."""
+    import horovod.torch as horovod
+    rank, size = hvd.rank(), hvd.size()
+    cases = reducescatter_cases(size)
+    ops = {"sum": (hvd.Sum, horovod.Sum), "average": (hvd.Average, horovod.Average)}
+
+    def inputs(i, shape, dtype):
+        return torch.randint(-50, 50, shape, generator=torch.Generator().manual_seed(100 * i + rank)).to(dtype)
+
+    def same(a, b, what):
+        assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+        exact = not a.is_floating_point()
+        assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-6, atol=1e-6), (what, (a - b).abs().max())
+
+    for i, (shape, dtype, op) in enumerate(cases):
+        x = inputs(i, shape, dtype)
+        ours = hvd.reducescatter(x, op=ops[op][0], name=f"rs.{i}", prescale_factor=2.0, postscale_factor=0.5)
+        theirs = horovod.reducescatter(x, op=ops[op][1], name=f"hrs.{i}", prescale_factor=2.0, postscale_factor=0.5)
+        same(ours, theirs, f"reducescatter {shape} {dtype} {op}")
+    xs = [inputs(i, shape, dtype) for i, (shape, dtype, _) in enumerate(cases) if dtype == torch.float32]
+    ours = hvd.grouped_reducescatter(xs, op=hvd.Sum, name="rs.grouped")
+    theirs = horovod.grouped_reducescatter(xs, op=horovod.Sum, name="hrs.grouped")
+    for a, b in zip(ours, theirs):
+        same(a, b, "grouped_reducescatter")
+    handles = [hvd.reducescatter_async(x, name=f"rs.async.{j}", op=hvd.Sum) for j, x in enumerate(xs)]
+    for handle, b in zip(reversed(handles), reversed(theirs)):  # completed in reverse order
+        same(hvd.synchronize(handle), b, "reducescatter_async")
+    w = inputs(0, cases[0][0], torch.float32).requires_grad_()
+    (hvd.reducescatter(w, op=hvd.Average, name="rs.autograd") * (rank + 1)).sum().backward()
+    w2 = w.detach().clone().requires_grad_()
+    (horovod.reducescatter(w2, op=horovod.Average, name="hrs.autograd") * (rank + 1)).sum().backward()
+    same(w.grad, w2.grad, "reducescatter's gradient")
+    x = inputs(0, cases[0][0], torch.float32) / 7  # not integers: the wire's rounding shows
+    exact = hvd.reducescatter(x.double(), op=hvd.Average, name="rs.exact")
+    ours = hvd.reducescatter(x, op=hvd.Average, name="rs.fp16", compression=hvd.Compression.fp16)
+    assert ours.dtype == torch.float32 and torch.equal(ours.half().float(), ours), "not float16 values"
+    assert torch.allclose(ours.double(), exact, rtol=2e-3, atol=2e-3), (ours.double() - exact).abs().max()
+    print(f"rank {rank}: reducescatter ok", flush=True)
+
+
 def scenario_wire(args):
     """Compression.fp16 done by the proxies: hvd.allreduce and grouped_allreduce of float32 tensors
     (4 MiB, and one of 300 KiB, below the threshold: compression takes the proxies at any size)
