@@ -26,6 +26,11 @@ every round starts with the raw-TCP ring ceiling (iperf3 between the emulated ho
 on, as ``sweep.py`` and ``python -m fasthorovod.netem check --ring`` measure it); the table gives
 each backend's fraction of it and the plot draws it as a line.
 
+With ``--collective reducescatter`` every iteration is a reduce-scatter of the buffer instead
+(``hvd.reducescatter``, the Horovod-API backends only): each rank checks its rows of the exact sum
+(Horovod's split of the first dimension), and the bus bandwidth is (N-1)/N * bytes / latency, as
+nccl-tests defines it for a reduce-scatter of `bytes` in all.
+
 With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
 random order on every rank, and waits for all of them (the Horovod-API backends only: the others
 cannot match collectives issued in different orders); the bus bandwidth counts the whole batch.
@@ -88,6 +93,9 @@ def parse_args(argv=None):
                         help="per timed iteration, post this many async allreduces of each size in a "
                              "different random order on every rank and then wait for all (Horovod-API "
                              "backends only; bus bandwidth counts the whole batch) (default: %(default)s)")
+    parser.add_argument("--collective", choices=("allreduce", "reducescatter"), default="allreduce",
+                        help="what each iteration runs: an in-place allreduce, or a reduce-scatter of the "
+                             "buffer (Horovod-API backends only; see the module docstring) (default: %(default)s)")
     parser.add_argument("--op", choices=("sum", "average"), default="sum",
                         help="reduction (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
@@ -109,6 +117,8 @@ def parse_args(argv=None):
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
+    if args.collective == "reducescatter" and args.batch > 1:
+        parser.error("--batch runs allreduces: leave it out with --collective reducescatter")
     if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1 or args.batch < 1:
         parser.error("need --iters >= 1, --warmup >= 0, --np >= 1, --rounds >= 1 and --batch >= 1")
     if (args.ring_flows is not None and args.ring_flows < 1) or args.ring_seconds <= 0:
@@ -140,6 +150,11 @@ class HorovodComm:
             buf.copy_(self.hvd.allreduce(buf, op=op, name=name, compression=self.hvd.Compression.fp16))
         else:
             self.hvd.allreduce_(buf, op=op, name=name)
+
+    def reducescatter(self, buf, op, name):
+        op = self.hvd.Sum if op == "sum" else self.hvd.Average
+        compression = self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
+        return self.hvd.reducescatter(buf, op=op, name=name, compression=compression)
 
     def allreduce_async_(self, buf, op, name):
         if self.fp16:
@@ -251,34 +266,45 @@ def check(buf, expected, op, rank, nbytes, iteration, fp16=False):
         wrong = differs.nonzero().flatten()
         first = int(wrong[0])
         raise RuntimeError(
-            f"rank {rank}: wrong {op} allreduce of {common.format_size(nbytes)} at iteration "
+            f"rank {rank}: wrong {op} result of {common.format_size(nbytes)} at iteration "
             f"{iteration}: element {first} is {buf[first].item()}, expected "
             f"{expected[first].item()} ({len(wrong)} of {buf.numel()} elements differ)")
 
 
-def bus_bandwidth_gbps(nbytes, seconds, size):
-    return 2 * (size - 1) / size * nbytes * 8 / seconds / 1e9
+def bus_bandwidth_gbps(nbytes, seconds, size, collective="allreduce"):
+    """nccl-tests' bus bandwidth: what each link carries per second in a bandwidth-optimal ring."""
+    factor = 2 * (size - 1) / size if collective == "allreduce" else (size - 1) / size
+    return factor * nbytes * 8 / seconds / 1e9
 
 
 def measure(comm, nbytes, args):
     """Time ``args.iters`` verified allreduces of ``nbytes``; the same result on every rank."""
     x, expected = make_inputs(nbytes // 4, comm.rank, comm.size, args.op)
+    scatter = args.collective == "reducescatter"
+    if scatter:  # this rank's rows of the sum: Horovod's split, the first count % size ranks one more
+        count, size = x.numel(), comm.size
+        first = comm.rank * (count // size) + min(comm.rank, count % size)
+        expected = expected[first:first + count // size + (comm.rank < count % size)]
     buf = torch.empty_like(x)
     times = []
     for iteration in range(args.warmup + args.iters):
         buf.copy_(x)
         comm.barrier()
         start = time.perf_counter()
-        comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
+        if scatter:
+            out = comm.reducescatter(buf, args.op, f"reducescatter.{nbytes}")
+        else:
+            comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
+            out = buf
         elapsed = time.perf_counter() - start
-        check(buf, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False))
+        check(out, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False))
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)  # per iteration, the slowest rank
     median = float(np.median(slowest))
     return {"bytes": nbytes, "iters": args.iters, "median_s": median,
             "p90_s": float(np.percentile(slowest, 90)),
-            "busbw_gbps": bus_bandwidth_gbps(nbytes, median, comm.size),
+            "busbw_gbps": bus_bandwidth_gbps(nbytes, median, comm.size, args.collective),
             "verified": True}
 
 
@@ -333,6 +359,11 @@ def worker(args):
     torch.set_num_threads(args.threads)
     comm = open_comm(backend, args.rendezvous)
     results = []
+    if args.collective == "reducescatter" and not hasattr(comm, "reducescatter"):
+        if comm.rank == 0:
+            common.write_json(args.result_file, {"skipped": f"{backend.kind} runs no reduce-scatter here"})
+        comm.close()
+        return
     if args.batch > 1 and not hasattr(comm, "allreduce_async_"):
         if comm.rank == 0:
             common.write_json(args.result_file, {"skipped": f"--batch posts in a different order on every "
@@ -348,7 +379,7 @@ def worker(args):
     connections = comm.allgather_object(tcp_connections())
     if comm.rank == 0:
         plane = common.data_plane(comm.hvd) if isinstance(comm, HorovodComm) else None
-        common.write_json(args.result_file, {"np": comm.size, "op": args.op,
+        common.write_json(args.result_file, {"np": comm.size, "op": args.op, "collective": args.collective,
                                              "threads": args.threads,
                                              "tcp_connections": connections, "data_plane": plane,
                                              "results": results})
@@ -362,7 +393,8 @@ def worker(args):
 def worker_argv(backend, args):
     return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", backend.spec,
             "--sizes", ",".join(map(str, args.sizes)), "--iters", str(args.iters),
-            "--warmup", str(args.warmup), "--op", args.op, "--threads", str(args.threads),
+            "--warmup", str(args.warmup), "--op", args.op, "--collective", args.collective,
+            "--threads", str(args.threads),
             "--batch", str(args.batch)]
 
 
@@ -379,6 +411,7 @@ def merge_rounds(rounds):
             merged.append(dict(bad, rounds=entries))
             continue
         size = entries[0]["result"]["np"]
+        collective = entries[0]["result"].get("collective", "allreduce")
         results = []
         for per_size in zip(*(e["result"]["results"] for e in entries)):
             medians = [r["median_s"] for r in per_size]
@@ -388,11 +421,11 @@ def merge_rounds(rounds):
                             "rounds": len(per_size), "median_s": median,
                             "min_s": min(medians), "max_s": max(medians),
                             "p90_s": float(np.median([r["p90_s"] for r in per_size])),
-                            "busbw_gbps": bus_bandwidth_gbps(nbytes, median, size),
-                            "busbw_min_gbps": bus_bandwidth_gbps(nbytes, max(medians), size),
-                            "busbw_max_gbps": bus_bandwidth_gbps(nbytes, min(medians), size),
+                            "busbw_gbps": bus_bandwidth_gbps(nbytes, median, size, collective),
+                            "busbw_min_gbps": bus_bandwidth_gbps(nbytes, max(medians), size, collective),
+                            "busbw_max_gbps": bus_bandwidth_gbps(nbytes, min(medians), size, collective),
                             "round_medians_s": medians,
-                            "round_busbw_gbps": [bus_bandwidth_gbps(nbytes, t, size) for t in medians],
+                            "round_busbw_gbps": [bus_bandwidth_gbps(nbytes, t, size, collective) for t in medians],
                             "verified": all(r["verified"] for r in per_size)})
             if "batch" in per_size[0]:
                 results[-1].update(batch=per_size[0]["batch"], order=per_size[0]["order"])
