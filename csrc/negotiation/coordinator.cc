@@ -216,7 +216,8 @@ Status Coordinator::Announce(uint32_t rank, WireReader& in) {
       FHVD_RETURN_IF_ERROR(CheckWireDesc(desc, opt_.max_tensor_bytes, who));
       // An allgather or reduce-scatter of `size` rows: its boundaries are size x those of one row (Finish).
       if (RowsPerRank(desc.op) && desc.count % opt_.size != 0) {
-        return Status::Error(Code::kIoError, Str("protocol error: ", who, " described row-per-rank collective '", desc.name,
+        const char* kind = desc.op == static_cast<uint32_t>(ReduceOp::kGather) ? "allgather" : "reducescatter";
+        return Status::Error(Code::kIoError, Str("protocol error: ", who, " described ", kind, " '", desc.name,
                                                  "' with count ", desc.count, " (not a multiple of the ", opt_.size,
                                                  " ranks' rows)"));
       }

@@ -316,6 +316,8 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
   WireDesc long_name = Good(std::string(300, 'n'), 10);
   WireDesc odd_gather = Good("og", 11);
   odd_gather.op = static_cast<uint32_t>(ReduceOp::kGather);
+  WireDesc odd_scatter = Good("os", 11);
+  odd_scatter.op = static_cast<uint32_t>(ReduceOp::kReduceScatter);
   WireWriter unknown_id;
   unknown_id.U32(1);
   unknown_id.U8(1);
@@ -337,6 +339,7 @@ TEST(HostileMemberFramesFailTheJobNamingTheRankAndTheField) {
       {Announcement({compressed_gather}), "op code 2 for dtype code 9 (a compression of sums only)"},
       {Announcement({long_name}), "a name of 300 bytes"},
       {Announcement({odd_gather}), "allgather 'og' with count 11 (not a multiple of the 2 ranks' rows)"},
+      {Announcement({odd_scatter}), "reducescatter 'os' with count 11 (not a multiple of the 2 ranks' rows)"},
       {Announcement({Good("b", 10)}, false), "announced tensor 'b' before its lane weights"},
       {Weights({1.0, std::nan("")}), "sent lane weights with entry 1 = nan (each must be finite and > 0)"},
       {Weights({0.0, 1.0}), "sent lane weights with entry 0 = 0 (each must be finite and > 0)"},

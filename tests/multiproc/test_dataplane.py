@@ -9,6 +9,7 @@ import torch
 
 from tests.multiproc.conftest import MISMATCHES
 from tests.multiproc.harness import Lanes, check_lanes, ring_allgather_bytes, ring_allreduce_bytes, run_job
+from tests.workers.scatter_cases import reducescatter_cases
 
 pytestmark = pytest.mark.multiproc
 
@@ -99,8 +100,6 @@ def scattered_rows(np_: int, threshold: int) -> list:
     proxies at `threshold`: each case, the group of its float32 cases, each of those again
     asynchronously, the first case once more through autograd, as float64 and with fp16 on the wire
     (mirrors scenario_reducescatter)."""
-    from tests.workers.worker import reducescatter_cases
-
     def row(shape, dtype):
         return -(-shape[0] // np_) * (torch.Size(shape[1:]).numel()) * RS_ITEMSIZE[dtype]
 

@@ -17,6 +17,7 @@ import fasthorovod.torch as hvd
 import lanes  # tests/workers/, this script's directory
 from file_barrier import file_barrier
 from rendezvous import complete_uncleared_scopes
+from scatter_cases import reducescatter_cases
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -416,15 +417,6 @@ def scenario_gather(args):
             assert request.output.shape == (size, width)
             assert torch.equal(request.output, torch.stack(rows)), (width, rank)
     print(f"rank {rank}: gather ok", flush=True)
-
-
-def reducescatter_cases(size: int) -> list:
-    """scenario_reducescatter's tensors: (shape, dtype, op) — first dimensions that split evenly,
-    unevenly and into empty shares, 1-D and 3-D, integer and floating types; the first, of 4.8 MB,
-    passes the default threshold."""
-    return [((size * 100_000 + 2, 4), torch.float32, "sum"), ((size * 7 + 1,), torch.int32, "sum"),
-            ((size - 1, 5, 3), torch.float64, "average"), ((2 * size + 1, 1000), torch.int64, "sum"),
-            ((size * 3, 11), torch.float32, "average")]
 
 
 def scenario_reducescatter(args):
