@@ -234,6 +234,25 @@ def test_allreduce_driver_end_to_end(tmp_path):
     assert "1MiB" in stdout
 
 
+def test_reducescatter_driver_end_to_end(tmp_path):
+    """--collective reducescatter: every rank's rows checked (an odd count splits unevenly), the
+    bus bandwidth (N-1)/N of the bytes per second, FastHorovod through its proxies (threshold 0)
+    next to Horovod; a backend without a reduce-scatter is skipped, not a crash."""
+    _require_horovod()
+    report, _, _ = _run_driver(
+        "allreduce.py", ["--np", "2", "--collective", "reducescatter", "--backends",
+                         "horovod-gloo,fasthorovod,torch-gloo", "--sizes", "4100", "--proxy-threshold", "0",
+                         "--iters", "2", "--warmup", "1", "--timeout", "100"], tmp_path)
+    horovod, ours, gloo = report["backends"]
+    assert horovod["status"] == "ok" and ours["status"] == "ok", report["backends"]
+    assert gloo["status"] == "skipped", gloo
+    for entry in (horovod, ours):
+        (r,) = entry["result"]["results"]
+        assert r["verified"] and r["bytes"] == 4100 and entry["result"]["collective"] == "reducescatter"
+        assert r["busbw_gbps"] == pytest.approx(0.5 * 4100 * 8 / r["median_s"] / 1e9)
+    assert ours["result"]["data_plane"] is not None
+
+
 @pytest.mark.multiproc
 def test_train_driver_end_to_end(tmp_path):
     _require_horovod()
