@@ -384,9 +384,10 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
       .def("join",
            [](PyMember& m) {
              uint64_t ticket = 0;
-             Check(m.impl->Join(&ticket));
+             CallReleased([&] { return m.impl->Join(&ticket); });
              return ticket;
-           })
+           },
+           R"pbdoc(This rank joins; returns once the coordinator has recorded it (GIL released), with a ticket whose wait gives the last rank to join.)pbdoc")
       .def("poll", [](PyMember& m, uint64_t ticket) { return m.impl->Poll(ticket); })
       .def("wait",
            [](PyMember& m, uint64_t ticket, double timeout) {

@@ -285,6 +285,9 @@ void Coordinator::Join(uint32_t rank) {
   joined_[rank] = true;
   ++joined_count_;
   Settle();  // collectives that waited only for this rank run now, before the join completes
+  batch_.U8(static_cast<uint8_t>(ResponseType::kJoined));  // its hvd.join() may go on
+  batch_.U32(rank);
+  ++batch_count_;
   if (joined_count_ == opt_.size) {
     batch_.U8(static_cast<uint8_t>(ResponseType::kJoinDone));
     batch_.U32(rank);

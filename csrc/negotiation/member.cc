@@ -1,5 +1,7 @@
 #include "negotiation/member.h"
 
+#include <chrono>
+
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -157,7 +159,7 @@ Status Member::SetLaneWeights(const std::vector<double>& weights) {
 }
 
 Status Member::Join(uint64_t* ticket) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   if (joined_ || join_requested_) return Status::Error(Code::kInvalidArgument, "this rank has already joined");
   Ticket t;
@@ -167,7 +169,18 @@ Status Member::Join(uint64_t* ticket) {
   tickets_.emplace(*ticket, std::move(t));
   join_ticket_ = *ticket;
   join_requested_ = true;
+  join_recorded_ = false;
   Wake();
+  // Returns once the coordinator has recorded the join (kJoined): whatever this rank does next
+  // (Horovod's own join, which lets the other ranks' collectives complete and so their joins
+  // begin) comes after it, and the last rank to join is the last one to call hvd.join().
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(opt_.timeout_seconds);
+  if (!cv_.wait_until(lock, deadline, [&] { return join_recorded_ || !broken_.ok() || stopping_; })) {
+    return Status::Error(Code::kTimeout, Str("the coordinator did not record rank ", opt_.rank, "'s join within ",
+                                             opt_.timeout_seconds, " s"));
+  }
+  if (!broken_.ok()) return broken_;
+  if (stopping_) return Status::Error(Code::kAborted, "the data plane is shut down");
   return Status::Ok();
 }
 
@@ -399,6 +412,20 @@ Status Member::Respond(const std::string& payload) {
             by_name_.erase(it);  // failed: the name is free again
             cv_.notify_all();
           }
+        }
+        break;
+      }
+      case ResponseType::kJoined: {
+        const uint32_t rank = in.U32();
+        if (!in.ok()) break;
+        if (rank >= opt_.size) {
+          return Status::Error(Code::kIoError, Str("protocol error: ", who, " recorded the join of rank ", rank, ", of ",
+                                                   opt_.size, " ranks"));
+        }
+        if (rank == opt_.rank) {
+          std::lock_guard<std::mutex> lock(mu_);
+          join_recorded_ = true;
+          cv_.notify_all();
         }
         break;
       }

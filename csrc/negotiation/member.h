@@ -139,6 +139,7 @@ class Member {
   std::deque<Outgoing> outbox_;                        // to announce, in order
   bool join_requested_ = false;                        // a kJoin to send
   bool joined_ = false;
+  bool join_recorded_ = false;                         // the coordinator acknowledged this rank's join (kJoined)
   uint64_t join_ticket_ = 0;
   bool stopping_ = false;
   Status broken_;

@@ -27,7 +27,10 @@
 //                                     description when it is new to the members, the lane
 //                                     boundaries: ShardBoundaries of the lead rank's weights, see
 //                                     coordinator.h), kError (a tensor that cannot run: mismatch,
-//                                     stall), kJoinDone (every rank has joined; the last one)
+//                                     stall), kJoined (rank r's join is recorded: its hvd.join
+//                                     waits for this before it goes on, so that the order of the
+//                                     joins the coordinator sees follows what the ranks did),
+//                                     kJoinDone (every rank has joined; the last one)
 //                          kFailed    the job cannot go on (a rank disconnected)
 #pragma once
 
@@ -53,7 +56,7 @@ enum class MsgType : uint32_t {
   kWelcome = 8,  // every rank is connected: the members' start-up returns (a barrier)
   kWeights = 9
 };
-enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3 };
+enum class ResponseType : uint8_t { kRun = 1, kError = 2, kJoinDone = 3, kJoined = 4 };
 
 struct FrameHead {
   uint32_t magic;

@@ -42,6 +42,7 @@ struct Reply {
   std::vector<Run> runs;
   std::vector<std::pair<std::string, Code>> errors;
   int64_t join_done = -1;
+  std::vector<uint32_t> joined;  // ranks whose join the coordinator acknowledged (kJoined)
   bool failed = false;
   std::string failure;
 };
@@ -83,8 +84,17 @@ class FakeMember {
   void Send(MsgType type) {
     CHECK(SendFrame(sock_.fd(), WireWriter().Frame(type), Deadline::After(5), "coordinator").ok());
   }
+  // The next batch that holds more than acknowledgements of joins (kJoined, collected in
+  // Reply::joined across the batches read).
   Reply Receive(double seconds = 5) {
     Reply reply;
+    while (ReceiveOne(seconds, &reply)) {
+    }
+    return reply;
+  }
+  // Reads one batch into `reply`; true when it held only kJoined entries.
+  bool ReceiveOne(double seconds, Reply* out) {
+    Reply& reply = *out;
     MsgType type;
     std::string payload;
     Status st;
@@ -92,18 +102,21 @@ class FakeMember {
       st = RecvFrame(sock_.fd(), Deadline::After(seconds), "coordinator", &type, &payload);
     } while (st.ok() && type == MsgType::kWelcome);
     CHECK(st.ok());
-    if (!st.ok()) return reply;
+    if (!st.ok()) return false;
     WireReader in(payload);
     if (type == MsgType::kFailed) {
       in.U32();
       reply.failed = true;
       reply.failure = in.Text();
-      return reply;
+      return false;
     }
     CHECK(type == MsgType::kResponses);
     const uint32_t n = in.U32();
+    bool only_joined = true;
     for (uint32_t i = 0; i < n; ++i) {
-      switch (static_cast<ResponseType>(in.U8())) {
+      const auto kind = static_cast<ResponseType>(in.U8());
+      only_joined = only_joined && kind == ResponseType::kJoined;
+      switch (kind) {
         case ResponseType::kRun: {
           Run run;
           run.id = in.U32();
@@ -123,10 +136,13 @@ class FakeMember {
         case ResponseType::kJoinDone:
           reply.join_done = in.U32();
           break;
+        case ResponseType::kJoined:
+          reply.joined.push_back(in.U32());
+          break;
       }
     }
     CHECK(in.ok() && in.done());
-    return reply;
+    return only_joined && n > 0;
   }
   void Close() { sock_.Close(); }
 
@@ -279,7 +295,11 @@ TEST(CoordinatorCountsJoinedRanksAsReadyAndNamesTheLastJoiner) {
   c.Send(MsgType::kJoin);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // so that rank 0 is surely the last
   a.Send(MsgType::kJoin);
-  for (FakeMember* m : {&a, &b, &c}) CHECK_EQ(m->Receive().join_done, 0);
+  for (FakeMember* m : {&a, &b, &c}) {
+    Reply r = m->Receive();
+    CHECK_EQ(r.join_done, 0);
+    CHECK(r.joined == std::vector<uint32_t>({2, 0}));  // every join acknowledged, in the order recorded
+  }
 }
 
 TEST(CoordinatorRefusesABroadcastWhileARankHasJoined) {
