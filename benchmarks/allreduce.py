@@ -248,7 +248,7 @@ def make_inputs(count, rank, size, op):
     return pattern.mul_(rank + 1), expected
 
 
-def check(buf, expected, op, rank, nbytes, iteration, fp16=False):
+def check(buf, expected, op, rank, nbytes, iteration, fp16=False, collective="allreduce"):
     """Raise if ``buf`` is not the expected result (bitwise for Sum; 1e-6 relative for Average,
     whose 1/N scaling need not be exact; with fp16 compression 16 x 2^-11 relative: the rounding
     of a float16 partial sum at each hop of a ring of up to 16 ranks)."""
@@ -266,7 +266,7 @@ def check(buf, expected, op, rank, nbytes, iteration, fp16=False):
         wrong = differs.nonzero().flatten()
         first = int(wrong[0])
         raise RuntimeError(
-            f"rank {rank}: wrong {op} result of {common.format_size(nbytes)} at iteration "
+            f"rank {rank}: wrong {op} {collective} of {common.format_size(nbytes)} at iteration "
             f"{iteration}: element {first} is {buf[first].item()}, expected "
             f"{expected[first].item()} ({len(wrong)} of {buf.numel()} elements differ)")
 
@@ -297,7 +297,7 @@ def measure(comm, nbytes, args):
             comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
             out = buf
         elapsed = time.perf_counter() - start
-        check(out, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False))
+        check(out, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False), args.collective)
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)  # per iteration, the slowest rank

@@ -173,9 +173,9 @@ def run_order(plan, rounds):
 
 
 def allreduce_settings(args):
-    """What allreduce.py's worker_argv needs: one size, Sum, no batching."""
+    """What allreduce.py's worker_argv needs: one size, an allreduce, Sum, no batching."""
     return argparse.Namespace(sizes=[args.size], iters=args.iters, warmup=args.warmup, op="sum",
-                              threads=args.threads, batch=1)
+                              collective="allreduce", threads=args.threads, batch=1)
 
 
 def busbw(entry):
