@@ -20,6 +20,17 @@ std::string RankList(const std::vector<uint32_t>& ranks) {
   return out + "]";
 }
 
+// What Horovod calls a collective of `op` that a joined rank cannot take part in (its zeros would
+// be rows of the result, or the root), or nullptr for an allreduce, which joined ranks pad with zeros.
+const char* WithoutJoin(uint32_t op) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::kBroadcast: return "Broadcast";
+    case ReduceOp::kGather: return "Allgather";
+    case ReduceOp::kReduceScatter: return "Reducescatter";
+    default: return nullptr;
+  }
+}
+
 // The first field in which the submitters' descriptions differ, with each rank's value.
 std::string Disagreement(const std::vector<uint32_t>& ranks, const std::vector<WireDesc>& desc) {
   struct Field {
@@ -335,9 +346,10 @@ void Coordinator::Finish(Pending& p) {
       return;
     }
   }
-  if (p.desc[submitters[0]].op == static_cast<uint32_t>(ReduceOp::kBroadcast) && !missing.empty()) {
+  if (const char* kind = WithoutJoin(p.desc[submitters[0]].op); kind != nullptr && !missing.empty()) {
+    // Horovod's messages (controller.cc): a joined rank has nothing to contribute to these
     Error(p.name, Code::kInvalidArgument,
-          Str("Broadcast is not supported with Join at this time: tensor '", p.name, "' was broadcast by ranks ",
+          Str(kind, " is not supported with Join at this time: tensor '", p.name, "' was submitted by ranks ",
               RankList(submitters), " while ranks ", RankList(missing), " had joined"));
     return;
   }

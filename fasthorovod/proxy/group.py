@@ -11,12 +11,13 @@ with it (they watch it; a stopped one gets SIGHUP and SIGCONT from its orphaned 
 shared memory has a name, so no crash leaves anything in /dev/shm (docs/reliability.md).
 
 The public API: ``supports``, ``alloc`` (a zero-copy shared-memory tensor), ``allreduce``,
-``broadcast``, ``allgather``, ``reducescatter`` (asynchronous requests), ``begin_join``/``end_join``,
+``broadcast``, ``allgather``, ``allgather_rows``, ``reducescatter`` (asynchronous requests), ``begin_join``/``end_join``,
 and what the policies and observers above use: ``before_submit``/``after_submit`` hooks (every collective passes
 them on its one submit path), ``lane_stats``, ``lane_progress``, ``set_lane_weights`` (balance.py),
 ``socket_progress``, ``request_rehash`` (rehash.py).
 Nothing here blocks on another rank except a wait on a request or on the join, and nothing talks
-to Horovod after start-up.
+to Horovod after start-up. Collectives may be posted from any thread; an allgather of rows posts
+its second stage from a thread of the group's own (stages.py).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from fasthorovod.proxy.buffers import Buffer, BufferPool, stage, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_SUM, WIRE_CODES, hash64, request
 from fasthorovod.proxy.plan import DataPlanePlan
 from fasthorovod.proxy.requests import GatherRequest, Request
+from fasthorovod.proxy.stages import SecondStages
 
 SHUTDOWN_GRACE_SECONDS = 0.3  # at shutdown, before the proxies are killed (aborting can take seconds)
 
@@ -62,9 +64,11 @@ class ProxyGroup:
         # after_submit(name, nbytes, ticket) once it is posted (where observers see it: the trace).
         self.before_submit: List[Callable[[], None]] = []
         self.after_submit: List[Callable[[str, int, int], None]] = []
+        self.second_stages = SecondStages()
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
+        self._submitting = threading.Lock()  # the hooks see one collective at a time, whatever the thread
         self._closed = False
 
     @classmethod
@@ -196,12 +200,13 @@ class ProxyGroup:
         brings its lane boundaries) and runs the ``after_submit`` hooks with `nbytes`, what the
         caller contributed. A name in flight (submitted and not yet waited on) raises
         FastHorovodValueError, a ValueError, with Horovod's message."""
-        for hook in self.before_submit:
-            hook()
-        ticket = self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
-                                            shape_hash=hash64(description), **fields), description)
-        for hook in self.after_submit:
-            hook(name, nbytes, ticket)
+        with self._submitting:
+            for hook in self.before_submit:
+                hook()
+            ticket = self.member.submit(request(buffer_id=buffer.id, name=name, name_hash=hash64(name),
+                                                shape_hash=hash64(description), **fields), description)
+            for hook in self.after_submit:
+                hook(name, nbytes, ticket)
         return ticket
 
     def allgather(self, tensor: torch.Tensor, name: str) -> GatherRequest:
@@ -209,6 +214,12 @@ class ProxyGroup:
         wait() fills ``request.output``, a (size, len) tensor whose row r is rank r's (gather.py)."""
         self._require_running()
         return gather.post(self, tensor, name)
+
+    def allgather_rows(self, tensors: Sequence[torch.Tensor], name: str, gather_heads=None) -> "gather.RowsRequest":
+        """Posts Horovod's allgather of `tensors` (first dimensions may differ between ranks): wait()
+        fills the request's outputs with every rank's rows of each, in rank order (gather.py)."""
+        self._require_running()
+        return gather.post_rows(self, tensors, name, gather_heads)
 
     def reducescatter(self, tensors: Sequence[torch.Tensor], name: str, average: bool, prescale: float,
                       postscale: float, wire: Optional[torch.dtype] = None) -> Request:
@@ -266,6 +277,7 @@ class ProxyGroup:
             if self._closed:
                 return
             self._closed = True
+        self.second_stages.close()
         self.before_submit.clear()  # the policies hold the group: no cycle keeps its channel alive
         self.after_submit.clear()
         started = time.monotonic()

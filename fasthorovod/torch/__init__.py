@@ -1,11 +1,12 @@
 """Drop-in replacement for ``horovod.torch``: ``import fasthorovod.torch as hvd``.
 
 Every public name of ``horovod.torch`` 0.28.1 is available here with the same signature. The
-lifecycle (``init``/``shutdown``), the allreduce, broadcast and reducescatter families, ``poll``/``synchronize``,
-``join`` and ``DistributedOptimizer`` are FastHorovod's own (large Sum/Average allreduces and large
-broadcasts travel through the proxy processes); ``broadcast_parameters``,
-``broadcast_optimizer_state`` and ``broadcast_object`` are Horovod's functions running with these
-broadcasts (fasthorovod/torch/functions.py); everything else is Horovod's object itself.
+lifecycle (``init``/``shutdown``), the allreduce, broadcast, allgather and reducescatter families,
+``poll``/``synchronize``, ``join`` and ``DistributedOptimizer`` are FastHorovod's own (large
+Sum/Average allreduces, reduce-scatters, broadcasts and allgathers travel through the proxy
+processes); ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
+``allgather_object`` and ``sparse_allreduce_async`` are Horovod's functions running with these
+collectives (fasthorovod/torch/rebind.py); everything else is Horovod's object itself.
 """
 from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Adasum,
@@ -19,9 +20,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Sum,
     SyncBatchNorm,
     add_process_set,
-    allgather,
-    allgather_async,
-    allgather_object,
     alltoall,
     alltoall_async,
     barrier,
@@ -33,8 +31,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     global_process_set,
     gloo_built,
     gloo_enabled,
-    grouped_allgather,
-    grouped_allgather_async,
     is_initialized,
     local_rank,
     local_size,
@@ -46,15 +42,21 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     remove_process_set,
     rocm_built,
     size,
-    sparse_allreduce_async,
     start_timeline,
     stop_timeline,
 )
 from horovod.torch.mpi_ops import handle_average_backwards_compatibility, is_homogeneous  # noqa: F401
 
 from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError, FastHorovodTimeoutError  # noqa: F401
-from fasthorovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: F401
+from fasthorovod.torch.functions import (  # noqa: F401
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from fasthorovod.torch.mpi_ops import (  # noqa: F401
+    allgather,
+    allgather_async,
     allreduce,
     allreduce_,
     allreduce_async,
@@ -63,6 +65,8 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
@@ -77,6 +81,7 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     reducescatter_async,
     restart_proxies,
     shutdown,
+    sparse_allreduce_async,
     start_trace,
     stop_trace,
     synchronize,

@@ -59,6 +59,7 @@ from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
 from fasthorovod.proxy.requests import Request
+from fasthorovod.torch.rebind import rebound
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 
@@ -85,6 +86,7 @@ class _Runtime:
         self.names = itertools.count()
         self.horovod_names: Dict[int, str] = {}
         self.epoch = 0
+        self.allgather_handles = itertools.count()  # replaced by every data plane (_start_proxies)
 
     def attach(self, group: ProxyGroup) -> None:
         """Runs `group` with the facade's policies (the lane balancer, the flow re-hasher) and
@@ -159,9 +161,16 @@ def _ticket_base(epoch: int) -> int:
     return (1 << 48) + (epoch << 32)
 
 
+def _allgather_handles(epoch: int):
+    """The handles of `epoch`'s allgathers, whose two collectives have tickets of their own (or,
+    the first, a Horovod handle): from the middle of the epoch's range, which tickets never reach."""
+    return itertools.count(_ticket_base(epoch) + (1 << 31))
+
+
 def _start_proxies() -> Config:
     config = Config.from_env()
     _runtime.epoch += 1
+    _runtime.allgather_handles = _allgather_handles(_runtime.epoch)
     if planner.enabled(config, _hvd.size()):
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
@@ -240,7 +249,9 @@ def wire_for(compression, tensors: Sequence[torch.Tensor], op=Average,
 class _ProxyHandle:
     """What ``synchronize`` needs of a proxy collective: its one data-plane request (whose ticket
     is the handle), the outputs it fills, where it lands them first (the same tensors, or
-    contiguous stand-ins for non-contiguous outputs), the result to return and its name."""
+    contiguous stand-ins for non-contiguous outputs), the result to return (or a function that
+    returns it once the request is done: an allgather's outputs are made by its second stage) and
+    its name."""
 
     def __init__(self, request: Request, outputs: List[torch.Tensor], landing: List[torch.Tensor],
                  result, name: str) -> None:
@@ -264,10 +275,11 @@ def _trace_request(name: str, nbytes: int, ticket: int) -> None:
         tracer.event("request", name, bytes=nbytes, requests=[ticket], proxied=True)
 
 
-def _register(request: Request, outputs, landing, result, name: str) -> int:
-    """The handle of a posted proxy request: its negotiation ticket."""
-    _runtime.handles[request.ticket] = _ProxyHandle(request, list(outputs), list(landing), result, name)
-    return request.ticket
+def _register(request: Request, outputs, landing, result, name: str, handle: Optional[int] = None) -> int:
+    """The handle of a posted proxy request: its negotiation ticket unless `handle` is given."""
+    handle = request.ticket if handle is None else handle
+    _runtime.handles[handle] = _ProxyHandle(request, list(outputs), list(landing), result, name)
+    return handle
 
 
 def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
@@ -300,7 +312,7 @@ def _finish(handle: int):
     for out, landed in zip(entry.outputs, entry.landing):
         if out is not landed:
             out.copy_(landed)
-    return entry.result
+    return entry.result() if callable(entry.result) else entry.result
 
 
 def poll(handle):
@@ -582,6 +594,102 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     reduced = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, None,
                                           *compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+# -- allgather ----------------------------------------------------------------------------------------
+
+def _allgather_proxies_for(tensors: Sequence[torch.Tensor], process_set) -> Optional[ProxyGroup]:
+    """The proxies for an allgather of `tensors` that Horovod would take (its checks run first), of
+    any size: whether a rank's share is large is known only once every rank's first dimension is
+    (gather.py). On a flat ring (the hierarchical layout has no allgather of rows), for one dtype
+    the proxies carry, CPU or CUDA tensors of at least one dimension."""
+    for t in tensors:
+        _hvd._check_function(_hvd._allgather_function_factory, t)
+    group = _runtime.group
+    if (not tensors or group is None or process_set.process_set_id != global_process_set.process_set_id
+            or group.plan.layout is not None):
+        return None
+    dtype = tensors[0].dtype
+    if not group.supports(dtype) or any(t.dtype != dtype or t.dim() == 0 for t in tensors):
+        return None
+    return group if all(t.device.type in ("cpu", "cuda") for t in tensors) else None
+
+
+def _allgather_async(tensors, name, process_set, grouped: bool):
+    group = _allgather_proxies_for(tensors, process_set)
+    if group is None:
+        if grouped:
+            return _hvd.grouped_allgather_async(tensors, name, process_set)
+        return _hvd.allgather_async(tensors[0], name, process_set)
+    name = _named(name, "allgather")
+    with _horovods_value_error():
+        request = group.allgather_rows(tensors, name, _HorovodHeads)
+
+    def result():
+        return tuple(request.outputs) if grouped else request.outputs[0]
+    return _register(request, (), (), result, name, next(_runtime.allgather_handles))
+
+
+class _HorovodHeads:
+    """The first collective of an allgather through the proxies (gather.py: every rank's row
+    counts, and its rows when they are small) is Horovod's own allgather: it is small, so it takes
+    Horovod's latency rather than a round of the proxies, and a small allgather is no slower than
+    Horovod's."""
+
+    def __init__(self, head: torch.Tensor, name: str) -> None:
+        self._handle = _hvd.allgather_async(head, name=name)
+        self.output: Optional[torch.Tensor] = None
+
+    def poll(self) -> bool:
+        return _hvd.poll(self._handle)
+
+    def wait(self) -> None:
+        self.output = _hvd.synchronize(self._handle)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Asynchronous allgather: every rank's `tensor` concatenated on the first dimension, which may
+    differ between ranks. See ``horovod.torch.allgather_async``."""
+    return _allgather_async([tensor], name, process_set, grouped=False)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Asynchronous allgather of a list of tensors as one group. See Horovod's."""
+    return _allgather_async(list(tensors), name, process_set, grouped=True)
+
+
+# allgather and grouped_allgather are Horovod's autograd functions (forward: allgather_async and
+# synchronize; backward: an averaging allreduce and an allgather of the first dimensions), run with
+# this module's collectives (rebind.py); sparse_allreduce_async is Horovod's, on these allgathers.
+_horovods = dict(vars(_hvd))
+
+
+def _with_these_collectives(cls):
+    return type(cls.__name__, (torch.autograd.Function,), {
+        "__doc__": cls.__doc__, "__module__": __name__,
+        "forward": staticmethod(rebound(cls.forward, _horovods, __name__)),
+        "backward": staticmethod(rebound(cls.backward, _horovods, __name__))})
+
+
+_Allgather = _with_these_collectives(_hvd.HorovodAllgather)
+_GroupedAllgather = _with_these_collectives(_hvd.HorovodGroupedAllgather)
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's `tensor` concatenated on the first dimension (differentiable). See
+    ``horovod.torch.allgather``."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Each of `tensors` allgathered, as one group (differentiable). See Horovod's."""
+    return _GroupedAllgather.apply(name, process_set, *tensors)
+
+
+sparse_allreduce_async = rebound(_hvd.sparse_allreduce_async, _horovods, __name__)
+_horovods.update(allgather_async=allgather_async, grouped_allgather_async=grouped_allgather_async,
+                 allgather=allgather, grouped_allgather=grouped_allgather, synchronize=synchronize,
+                 allreduce=allreduce, grouped_allreduce=grouped_allreduce)
 
 
 # -- broadcast ----------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ came through Horovod fails."""
 import pytest
 import torch
 
+from fasthorovod.proxy.gather import INLINE_BYTES
+
 from tests.multiproc.conftest import MISMATCHES
 from tests.multiproc.harness import Lanes, check_lanes, ring_allgather_bytes, ring_allreduce_bytes, run_job
-from tests.workers.scatter_cases import reducescatter_cases
+from tests.workers.scatter_cases import allgather_cases, reducescatter_cases
 
 pytestmark = pytest.mark.multiproc
 
@@ -86,7 +88,7 @@ def gathered_rows() -> list:
 @pytest.mark.parametrize("np_,proxies", [(2, 3), (3, 2)])
 def test_sharded_allgather_through_the_proxies(np_, proxies, request):
     job = request.getfixturevalue("two_ranks_three_proxies" if np_ == 2 else "three_ranks_two_proxies")
-    assert job.stdout.count("gather ok") == np_, job.stdout[-2000:]
+    assert job.stdout.count(": gather ok") == np_, job.stdout[-2000:]
     rows = gathered_rows()
     check_lanes(job.stdout, Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)),
                 range(np_), scenario="gather")
@@ -122,6 +124,38 @@ def test_reducescatter_through_the_proxies_matches_horovods(np_, lanes, request)
     rows = scattered_rows(np_, 0 if np_ == 2 else 1 << 20)  # the jobs' thresholds
     check_lanes(job.stdout, Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)),
                 range(np_), scenario="reducescatter")
+
+
+def allgathered_rows(np_: int) -> list:
+    """The row sizes in bytes (the largest rank's rows, to which every rank pads) of worker.py's
+    allgathers whose rows the proxies carry (those of more than INLINE_BYTES on some rank; the
+    others travel in their first collective, Horovod's): each case, its float32 cases grouped,
+    each case again asynchronously, the first once more through autograd (mirrors
+    scenario_allgather)."""
+    per_rank = [allgather_cases(np_, r) for r in range(np_)]
+    grouped = [[c for c in cases if c[1] == torch.float32] + [((r * 3, 4, 2), torch.float32)]
+               for r, cases in enumerate(per_rank)]
+
+    def rows(tensors_per_rank):
+        """The padded row of a group (tensors_per_rank[r]: rank r's shapes and dtypes), or 0 when
+        every rank's bytes fit inline."""
+        def nbytes(shape, dtype):
+            return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if max(sum(nbytes(*c) for c in cases) for cases in tensors_per_rank) <= INLINE_BYTES:
+            return 0
+        return sum(max(nbytes(*cases[i]) for cases in tensors_per_rank) for i in range(len(tensors_per_rank[0])))
+
+    each = [rows([[cases[i]] for cases in per_rank]) for i in range(len(per_rank[0]))]
+    return [b for b in each + [rows(grouped)] + each + [each[0]] if b]
+
+
+@pytest.mark.parametrize("np_,lanes", [(2, 3), (3, 2)])
+def test_allgather_through_the_proxies_matches_horovods(np_, lanes, request):
+    job = request.getfixturevalue("two_ranks_three_proxies" if np_ == 2 else "three_ranks_two_proxies")
+    assert job.stdout.count("allgather ok") == np_, job.stdout[-2000:]
+    rows = allgathered_rows(np_)
+    check_lanes(job.stdout, Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)),
+                range(np_), scenario="allgather")
 
 
 def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):

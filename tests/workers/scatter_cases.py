@@ -10,3 +10,12 @@ def reducescatter_cases(size: int) -> list:
     return [((size * 100_000 + 2, 4), torch.float32, "sum"), ((size * 7 + 1,), torch.int32, "sum"),
             ((size - 1, 5, 3), torch.float64, "average"), ((2 * size + 1, 1000), torch.int64, "sum"),
             ((size * 3, 11), torch.float32, "average")]
+
+
+def allgather_cases(size: int, rank: int) -> list:
+    """scenario_allgather's tensors on `rank`: (shape, dtype) — first dimensions that differ
+    between ranks (rank 0 gives no rows of the third), 1-D to 3-D, every dtype Horovod's CPU
+    allgather takes; the first, of 2.4 MB on rank 0, passes the 1 MiB threshold."""
+    return [((rank * 1000 + 150_000, 4), torch.float32), ((rank + 5,), torch.int32), ((rank, 5, 3), torch.float64),
+            ((2 * rank + 1, 1000), torch.int64), ((rank + 3, 7), torch.float16), ((7 * rank + 2, 3), torch.uint8),
+            ((rank + 1, 9), torch.int8), ((size - rank, 2), torch.int16)]

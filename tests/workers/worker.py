@@ -17,7 +17,7 @@ import fasthorovod.torch as hvd
 import lanes  # tests/workers/, this script's directory
 from file_barrier import file_barrier
 from rendezvous import complete_uncleared_scopes
-from scatter_cases import reducescatter_cases
+from scatter_cases import allgather_cases, reducescatter_cases
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -462,6 +462,65 @@ def scenario_reducescatter(args):
     assert ours.dtype == torch.float32 and torch.equal(ours.half().float(), ours), "not float16 values"
     assert torch.allclose(ours.double(), exact, rtol=2e-3, atol=2e-3), (ours.double() - exact).abs().max()
     print(f"rank {rank}: reducescatter ok", flush=True)
+
+
+def scenario_allgather(args):
+    """Horovod's allgather family through the proxies (allgather_cases: first dimensions differ
+    between ranks): every result equals Horovod's own allgather of the same inputs, bit for bit —
+    one by one, grouped, asynchronous and synchronized in another order on each rank, through
+    autograd (Horovod's gradient), in allgather_object and in sparse_allreduce_async; ranks that
+    disagree on a tensor's other dimensions get a mismatch error naming them, and an allgather or
+    reduce-scatter while a rank has joined gets Horovod's error."""
+    import horovod.torch as horovod
+    rank, size = hvd.rank(), hvd.size()
+    cases = allgather_cases(size, rank)
+
+    def inputs(i, shape, dtype):
+        return torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(100 * i + rank)).to(dtype)
+
+    def same(a, b, what):
+        assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+        assert torch.equal(a, b), what
+
+    xs = [inputs(i, shape, dtype) for i, (shape, dtype) in enumerate(cases)]
+    theirs = [horovod.allgather(x, name=f"hag.{i}") for i, x in enumerate(xs)]
+    for i, (x, b) in enumerate(zip(xs, theirs)):
+        same(hvd.allgather(x, name=f"ag.{i}"), b, f"allgather {cases[i]}")
+    floats = [x for x in xs if x.dtype == torch.float32] + [inputs(9, (rank * 3, 4, 2), torch.float32)]
+    for a, b in zip(hvd.grouped_allgather(floats, name="ag.grouped"),
+                    horovod.grouped_allgather(floats, name="hag.grouped")):
+        same(a, b, "grouped_allgather")
+    handles = [hvd.allgather_async(x, name=f"ag.async.{j}") for j, x in enumerate(xs)]
+    order = list(range(len(xs)))
+    for j in (order[::-1] if rank % 2 else order):  # each rank synchronizes in an order of its own
+        same(hvd.synchronize(handles[j]), theirs[j], "allgather_async")
+    w = xs[0].clone().requires_grad_()
+    (hvd.allgather(w, name="ag.autograd") * (rank + 1)).sum().backward()
+    w2 = xs[0].clone().requires_grad_()
+    (horovod.allgather(w2, name="hag.autograd") * (rank + 1)).sum().backward()
+    same(w.grad, w2.grad, "allgather's gradient")
+    objects = hvd.allgather_object({"rank": rank, "payload": list(range(rank * 100_000))})
+    assert [o["rank"] for o in objects] == list(range(size)) and len(objects[-1]["payload"]) == (size - 1) * 100_000
+    sparse = torch.sparse_coo_tensor(torch.tensor([[rank, size + 1]]), torch.tensor([1.0, 2.0]), (size + 2,))
+    dense = hvd.sparse_allreduce_async(sparse, "ag.sparse", hvd.Sum)().to_dense()
+    same(dense, horovod.sparse_allreduce_async(sparse, "hag.sparse", horovod.Sum)().to_dense(), "sparse allreduce")
+    try:
+        hvd.allgather(torch.zeros(3, rank + 1), name="ag.mismatch")
+        raise AssertionError("an allgather of mismatched shapes did not fail")
+    except hvd.CollectiveMismatchError as e:
+        assert "ag.mismatch" in str(e) and f"rows of {rank + 1} " in str(e), str(e)
+    if rank == size - 1:  # a joined rank has no rows to give: Horovod's error, on the proxies too
+        hvd.join()
+    else:
+        for kind, call in (("Allgather", lambda: hvd.allgather(xs[0], name="ag.join")),
+                           ("Reducescatter", lambda: hvd.reducescatter(torch.ones(size * 300_000), name="rs.join"))):
+            try:
+                call()
+                raise AssertionError(f"{kind} with a joined rank did not fail")
+            except hvd.HorovodInternalError as e:
+                assert f"{kind} is not supported with Join" in str(e), str(e)
+        hvd.join()
+    print(f"rank {rank}: allgather ok", flush=True)
 
 
 def scenario_wire(args):
