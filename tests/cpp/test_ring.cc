@@ -331,3 +331,48 @@ TEST(RingCutsEveryChunkIntoASegmentPerSocket) {
     }
   }
 }
+
+TEST(Float16ConversionsOfWholeArraysGiveTheBitsOfTheOneElementConversions) {
+  // Whole arrays take the hardware path where the CPU has one (reduce.cc); one element at a time,
+  // the software conversion. Every float16, inf and NaN included, and floats around every
+  // rounding boundary, the overflow and the subnormal range, and random bit patterns.
+  std::vector<uint16_t> halves(65536);
+  for (uint32_t h = 0; h < 65536; ++h) halves[h] = static_cast<uint16_t>(h);
+  std::vector<float> floats(halves.size());
+  FromWire(DType::kFloat16, floats.data(), halves.data(), halves.size());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float one;
+    FromWire(DType::kFloat16, &one, &halves[h], 1);
+    CHECK(std::memcmp(&one, &floats[h], 4) == 0);
+  }
+  std::vector<float> inputs;
+  uint64_t state = 12345;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    uint32_t bits;
+    std::memcpy(&bits, &floats[h], 4);
+    for (int32_t delta : {-4097, -4096, -4095, -1, 0, 1, 4095, 4096, 4097}) {
+      uint32_t near = bits + static_cast<uint32_t>(delta);
+      float f;
+      std::memcpy(&f, &near, 4);
+      inputs.push_back(f);
+    }
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t random = static_cast<uint32_t>(state >> 32);
+    float f;
+    std::memcpy(&f, &random, 4);
+    inputs.push_back(f);
+  }
+  std::vector<uint16_t> whole(inputs.size());
+  ToWire(DType::kFloat16, whole.data(), inputs.data(), inputs.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    uint16_t one;
+    ToWire(DType::kFloat16, &one, &inputs[i], 1);
+    differ += one != whole[i];
+  }
+  CHECK(differ == 0);
+  std::vector<float> sums(floats.size(), 1.5f), expected(floats.size());
+  for (size_t i = 0; i < floats.size(); ++i) expected[i] = 1.5f + floats[i];
+  AddFromWire(DType::kFloat16, sums.data(), halves.data(), halves.size());
+  CHECK(std::memcmp(sums.data(), expected.data(), 4 * sums.size()) == 0);
+}
