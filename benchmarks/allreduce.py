@@ -29,7 +29,10 @@ each backend's fraction of it and the plot draws it as a line.
 With ``--collective reducescatter`` every iteration is a reduce-scatter of the buffer instead
 (``hvd.reducescatter``, the Horovod-API backends only): each rank checks its rows of the exact sum
 (Horovod's split of the first dimension), and the bus bandwidth is (N-1)/N * bytes / latency, as
-nccl-tests defines it for a reduce-scatter of `bytes` in all.
+nccl-tests defines it for a reduce-scatter of `bytes` in all. With ``--collective allgather`` it is
+an allgather (``hvd.allgather``, the Horovod-API backends only) whose result holds `bytes` in all,
+each rank giving 1/N of them; the result is checked bit for bit against every rank's rows, and the
+bus bandwidth is (N-1)/N * bytes / latency, nccl-tests' definition for an allgather.
 
 With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
 random order on every rank, and waits for all of them (the Horovod-API backends only: the others
@@ -93,7 +96,7 @@ def parse_args(argv=None):
                         help="per timed iteration, post this many async allreduces of each size in a "
                              "different random order on every rank and then wait for all (Horovod-API "
                              "backends only; bus bandwidth counts the whole batch) (default: %(default)s)")
-    parser.add_argument("--collective", choices=("allreduce", "reducescatter"), default="allreduce",
+    parser.add_argument("--collective", choices=("allreduce", "reducescatter", "allgather"), default="allreduce",
                         help="what each iteration runs: an in-place allreduce, or a reduce-scatter of the "
                              "buffer (Horovod-API backends only; see the module docstring) (default: %(default)s)")
     parser.add_argument("--op", choices=("sum", "average"), default="sum",
@@ -117,8 +120,8 @@ def parse_args(argv=None):
     common.add_driver_arguments(parser)
     common.add_worker_arguments(parser)
     args = parser.parse_args(argv)
-    if args.collective == "reducescatter" and args.batch > 1:
-        parser.error("--batch runs allreduces: leave it out with --collective reducescatter")
+    if args.collective != "allreduce" and args.batch > 1:
+        parser.error(f"--batch runs allreduces: leave it out with --collective {args.collective}")
     if args.iters < 1 or args.warmup < 0 or args.np < 1 or args.rounds < 1 or args.batch < 1:
         parser.error("need --iters >= 1, --warmup >= 0, --np >= 1, --rounds >= 1 and --batch >= 1")
     if (args.ring_flows is not None and args.ring_flows < 1) or args.ring_seconds <= 0:
@@ -155,6 +158,9 @@ class HorovodComm:
         op = self.hvd.Sum if op == "sum" else self.hvd.Average
         compression = self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
         return self.hvd.reducescatter(buf, op=op, name=name, compression=compression)
+
+    def allgather(self, buf, name):
+        return self.hvd.allgather(buf, name=name)
 
     def allreduce_async_(self, buf, op, name):
         if self.fp16:
@@ -280,11 +286,14 @@ def bus_bandwidth_gbps(nbytes, seconds, size, collective="allreduce"):
 def measure(comm, nbytes, args):
     """Time ``args.iters`` verified allreduces of ``nbytes``; the same result on every rank."""
     x, expected = make_inputs(nbytes // 4, comm.rank, comm.size, args.op)
-    scatter = args.collective == "reducescatter"
+    scatter, gather = args.collective == "reducescatter", args.collective == "allgather"
     if scatter:  # this rank's rows of the sum: Horovod's split, the first count % size ranks one more
         count, size = x.numel(), comm.size
         first = comm.rank * (count // size) + min(comm.rank, count % size)
         expected = expected[first:first + count // size + (comm.rank < count % size)]
+    if gather:  # this rank gives 1/N of the result; every rank's rows, in rank order, come back
+        rows = (torch.arange(x.numel() // comm.size, dtype=torch.int32) % PATTERN_PERIOD + 1).float()
+        x, expected = rows * (comm.rank + 1), torch.cat([rows * (r + 1) for r in range(comm.size)])
     buf = torch.empty_like(x)
     times = []
     for iteration in range(args.warmup + args.iters):
@@ -293,11 +302,14 @@ def measure(comm, nbytes, args):
         start = time.perf_counter()
         if scatter:
             out = comm.reducescatter(buf, args.op, f"reducescatter.{nbytes}")
+        elif gather:
+            out = comm.allgather(buf, f"allgather.{nbytes}")
         else:
             comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
             out = buf
         elapsed = time.perf_counter() - start
-        check(out, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False), args.collective)
+        check(out, expected, "sum" if gather else args.op, comm.rank, nbytes, iteration,  # a gather is exact
+              getattr(comm, "fp16", False) and not gather, args.collective)
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)  # per iteration, the slowest rank
@@ -359,9 +371,9 @@ def worker(args):
     torch.set_num_threads(args.threads)
     comm = open_comm(backend, args.rendezvous)
     results = []
-    if args.collective == "reducescatter" and not hasattr(comm, "reducescatter"):
+    if args.collective != "allreduce" and not hasattr(comm, args.collective):
         if comm.rank == 0:
-            common.write_json(args.result_file, {"skipped": f"{backend.kind} runs no reduce-scatter here"})
+            common.write_json(args.result_file, {"skipped": f"{backend.kind} runs no {args.collective} here"})
         comm.close()
         return
     if args.batch > 1 and not hasattr(comm, "allreduce_async_"):

@@ -234,22 +234,24 @@ def test_allreduce_driver_end_to_end(tmp_path):
     assert "1MiB" in stdout
 
 
-def test_reducescatter_driver_end_to_end(tmp_path):
-    """--collective reducescatter: every rank's rows checked (an odd count splits unevenly), the
-    bus bandwidth (N-1)/N of the bytes per second, FastHorovod through its proxies (threshold 0)
-    next to Horovod; a backend without a reduce-scatter is skipped, not a crash."""
+@pytest.mark.parametrize("collective,nbytes", [("reducescatter", 4100), ("allgather", 8200)])
+def test_reducescatter_and_allgather_drivers_end_to_end(tmp_path, collective, nbytes):
+    """--collective reducescatter / allgather: every rank's rows checked (an odd count splits
+    unevenly; an allgather's rows bit for bit), the bus bandwidth (N-1)/N of the bytes per
+    second, FastHorovod through its proxies (threshold 0) next to Horovod; a backend without the
+    collective is skipped, not a crash."""
     _require_horovod()
     report, _, _ = _run_driver(
-        "allreduce.py", ["--np", "2", "--collective", "reducescatter", "--backends",
-                         "horovod-gloo,fasthorovod,torch-gloo", "--sizes", "4100", "--proxy-threshold", "0",
+        "allreduce.py", ["--np", "2", "--collective", collective, "--backends",
+                         "horovod-gloo,fasthorovod,torch-gloo", "--sizes", str(nbytes), "--proxy-threshold", "0",
                          "--iters", "2", "--warmup", "1", "--timeout", "100"], tmp_path)
     horovod, ours, gloo = report["backends"]
     assert horovod["status"] == "ok" and ours["status"] == "ok", report["backends"]
     assert gloo["status"] == "skipped", gloo
     for entry in (horovod, ours):
         (r,) = entry["result"]["results"]
-        assert r["verified"] and r["bytes"] == 4100 and entry["result"]["collective"] == "reducescatter"
-        assert r["busbw_gbps"] == pytest.approx(0.5 * 4100 * 8 / r["median_s"] / 1e9)
+        assert r["verified"] and r["bytes"] == nbytes and entry["result"]["collective"] == collective
+        assert r["busbw_gbps"] == pytest.approx(0.5 * nbytes * 8 / r["median_s"] / 1e9)
     assert ours["result"]["data_plane"] is not None
 
 
