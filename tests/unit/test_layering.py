@@ -15,6 +15,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "fasthorovod"
 FORBIDDEN = {
     "fasthorovod/scheduler": ("fasthorovod.torch", "horovod"),
     "fasthorovod/proxy": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch"),
+    # the torch.distributed backend runs without Horovod: the data plane and c10d only
+    "fasthorovod/distributed": ("fasthorovod.torch", "fasthorovod.scheduler", "horovod.torch"),
     "fasthorovod/buckets.py": ("fasthorovod.torch", "fasthorovod.scheduler", "fasthorovod.proxy", "horovod"),
     # the plan is decided by pure functions: nothing that starts a process, opens a socket or
     # touches the core (fasthorovod/proxy/plan.py), so it is tested without any

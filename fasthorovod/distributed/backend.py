@@ -1,0 +1,329 @@
+"""ProcessGroupFastHorovod: the ``"fasthorovod"`` torch.distributed backend.
+
+A c10d process group (a Python subclass of ``torch.distributed.ProcessGroup``, which torch returns
+to the program as the group itself) with two data planes:
+
+* this process's proxies (fasthorovod/proxy/group.py), for the large collectives of the world
+  group: ``all_reduce`` (SUM, AVG), ``broadcast``, ``all_gather`` and ``all_gather_into_tensor``
+  (``all_gather_single``), ``reduce_scatter`` and ``reduce_scatter_tensor``
+  (``reduce_scatter_single``; the last two on a flat ring) of one contiguous tensor of a dtype the proxies
+  carry and of at least the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default);
+* an internal Gloo process group on the same store, for everything else: small tensors, other
+  ops, ``all_to_all``, ``barrier``, point-to-point, and every process group created after the first
+  (subgroups), whose results are Gloo's own.
+
+The proxies start up over the c10d store (fasthorovod/distributed/exchange.py) instead of
+Horovod's collectives. c10d has every rank issue the same collectives in the same order, so a
+proxied collective is named by its place in that order, and a thread of the group's own waits for
+the proxies' requests in that order and completes their works' futures: ``work.wait()`` returns
+once the result is in the tensors, or raises what failed (a mismatch, a dead peer,
+``FastHorovodTimeoutError`` after the group's timeout).
+
+``ReduceOp.AVG``, which Gloo refuses, is taken on both paths: the proxies average; a small tensor
+is summed by Gloo and divided here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import queue
+import socket
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from fasthorovod.config import PREFIX, Config
+from fasthorovod.distributed.exchange import StoreExchange
+from fasthorovod.exceptions import FastHorovodTimeoutError
+from fasthorovod.proxy import plan as planner
+from fasthorovod.proxy.core import BROADCAST_WORDS
+from fasthorovod.proxy.group import ProxyGroup
+
+BACKEND_NAME = "fasthorovod"
+_SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
+
+
+def _summing(op) -> bool:
+    """SUM or AVG (an options' ``ReduceOp`` compares equal to the enum's values, not the reverse)."""
+    return op == _SUM or op == _AVG
+
+# The proxies of this process: one data plane per process, that of its first process group (the
+# world, by init_process_group); a group created while they run is Gloo's alone.
+_running: List[ProxyGroup] = []
+
+
+def create(store, rank: int, size: int, timeout: timedelta) -> "ProcessGroupFastHorovod":
+    """The backend's constructor, as torch.distributed calls it (``Backend.register_backend``)."""
+    return ProcessGroupFastHorovod(store, rank, size, timeout)
+
+
+class ProcessGroupFastHorovod(dist.ProcessGroup):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        self._names = itertools.count()
+        self._completions = _Completions()
+        self.proxies: Optional[ProxyGroup] = None  # None: every collective is Gloo's
+        config = Config.from_env()
+        if PREFIX + "TIMEOUT_SECONDS" not in os.environ:  # the group's timeout bounds every wait
+            config = dataclasses.replace(config, timeout_seconds=timeout.total_seconds())
+        if planner.enabled(config, size) and not _running:
+            exchange = StoreExchange(dist.PrefixStore(BACKEND_NAME, store), rank, size, "startup")
+            hosts = exchange.allgather_object(socket.gethostname(), name="hosts")
+            self.proxies = ProxyGroup.start(config, rank, size, exchange.broadcast_object,
+                                            exchange.allgather_object, single_host=len(set(hosts)) == 1)
+            _running.append(self.proxies)
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def shutdown(self) -> None:
+        """Stops the proxies (collectives in flight fail) and the Gloo group."""
+        self._completions.close()
+        if self.proxies is not None:
+            self.proxies.close()
+            _running.remove(self.proxies)
+            self.proxies = None
+
+    # -- routing --
+
+    def _large(self, tensor: torch.Tensor, nbytes: Optional[int] = None) -> bool:
+        """Whether the proxies take a collective of `tensor` moving `nbytes` (by default its own)."""
+        group = self.proxies
+        return (group is not None and group.supports(tensor.dtype) and tensor.is_contiguous()
+                and tensor.device.type in ("cpu", "cuda")
+                and (tensor.numel() * tensor.element_size() if nbytes is None else nbytes) >= group.plan.threshold_bytes)
+
+    def _proxied(self, verb: str, post: Callable, finish: Optional[Callable], result) -> dist.Work:
+        """Posts a collective to the proxies (`post(name)` returns the request) and returns its
+        work: done once the request is and `finish()` copied the result out."""
+        future = torch.futures.Future()
+        name = f"c10d.{verb}.{next(self._names)}"
+        self._completions.add(name, post(name), finish, future, result, self.proxies.config.timeout_seconds)
+        return _Work(future)
+
+    # -- the collectives the proxies take --
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = opts.reduceOp
+        if len(tensors) == 1 and _summing(op) and self._large(tensors[0]):
+            (t,) = tensors
+            return self._proxied("allreduce", lambda name: self.proxies.allreduce([t], [t], name, op == _AVG, 1.0, 1.0),
+                                 None, tensors)
+        if op == _AVG:  # Gloo has no average: its sum, divided
+            summed = dist.AllreduceOptions()
+            summed.reduceOp = _SUM
+            summed.timeout = opts.timeout
+            work = self._gloo.allreduce(tensors, summed)
+            return _Work(work.get_future().then(lambda f: [t.div_(self.size()) for t in f.value()]))
+        return self._gloo.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        if len(tensors) == 1 and tensors[0].element_size() in BROADCAST_WORDS and self._large(tensors[0]):
+            (t,) = tensors
+            return self._proxied("broadcast", lambda name: self.proxies.broadcast(t, t, name, opts.rootRank), None,
+                                 tensors)
+        return self._gloo.broadcast(tensors, opts)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if len(input_tensors) == 1 and self._gathers(input_tensors[0], output_tensors[0]):
+            (x,), outputs = input_tensors, output_tensors[0]
+
+            def finish():
+                for out, row in zip(outputs, request.output):
+                    out.copy_(row.view(out.shape))
+            request = None
+
+            def post(name):
+                nonlocal request
+                request = self.proxies.allgather(x.view(-1), name)
+                return request
+            return self._proxied("allgather", post, finish, output_tensors)
+        return self._gloo.allgather(output_tensors, input_tensors, opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if output.is_contiguous() and output.numel() == self.size() * input.numel() and self._gathers(input, [output]):
+            request = None
+
+            def post(name):
+                nonlocal request
+                request = self.proxies.allgather(input.view(-1), name)
+                return request
+            return self._proxied("allgather", post, lambda: output.view(self.size(), -1).copy_(request.output),
+                                 [output])
+        return self._gloo._allgather_base(output, input, opts)
+
+    _allgather_base = all_gather_single  # the name of earlier torch versions
+
+    def _gathers(self, x: torch.Tensor, outputs) -> bool:
+        """The proxies' allgather takes rows of one CPU tensor, gathered into tensors of its dtype."""
+        return (x.device.type == "cpu" and all(o.dtype == x.dtype for o in outputs)
+                and self._large(x, self.size() * x.numel() * x.element_size()))
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if (len(output_tensors) == 1 and len(input_tensors[0]) == self.size() and _summing(opts.reduceOp)
+                and self._scatters(output_tensors[0], input_tensors[0])):
+            rows = torch.stack([x.reshape(-1) for x in input_tensors[0]])
+            return self._scatter(output_tensors[0], rows, opts.reduceOp == _AVG)
+        return self._gloo.reduce_scatter(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if (input.is_contiguous() and input.numel() == self.size() * output.numel()
+                and _summing(opts.reduceOp) and self._scatters(output, list(input.view(self.size(), -1)))):
+            return self._scatter(output, input.view(self.size(), -1), opts.reduceOp == _AVG)
+        return self._gloo._reduce_scatter_base(output, input, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def _scatters(self, output: torch.Tensor, inputs) -> bool:
+        return (self.proxies is not None and self.proxies.plan.layout is None
+                and all(x.dtype == output.dtype and x.numel() == output.numel() for x in inputs)
+                and self._large(output, self.size() * output.numel() * output.element_size()))
+
+    def _scatter(self, output: torch.Tensor, rows: torch.Tensor, average: bool) -> dist.Work:
+        """Reduce-scatters `rows` (size, n): this rank's row of the reduced rows into `output`."""
+        request = None
+
+        def post(name):
+            nonlocal request
+            request = self.proxies.reducescatter([rows], name, average, 1.0, 1.0)
+            return request
+        return self._proxied("reducescatter", post, lambda: output.copy_(request.outputs[0].view(output.shape)),
+                             [output])
+
+    # -- Gloo's alone --
+
+    def all_to_all_single(self, *args, **kwargs):
+        return self._gloo.alltoall_base(*args, **kwargs)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, *args, **kwargs):
+        return self._gloo.alltoall(*args, **kwargs)
+
+    def barrier(self, *args, **kwargs):
+        return self._gloo.barrier(*args, **kwargs)
+
+    def reduce(self, *args, **kwargs):
+        return self._gloo.reduce(*args, **kwargs)
+
+    def gather(self, *args, **kwargs):
+        return self._gloo.gather(*args, **kwargs)
+
+    def scatter(self, *args, **kwargs):
+        return self._gloo.scatter(*args, **kwargs)
+
+    def send(self, *args, **kwargs):
+        return self._gloo.send(*args, **kwargs)
+
+    def recv(self, *args, **kwargs):
+        return self._gloo.recv(*args, **kwargs)
+
+    def recv_anysource(self, *args, **kwargs):
+        return self._gloo.recv_anysource(*args, **kwargs)
+
+    def allreduce_coalesced(self, *args, **kwargs):
+        return self._gloo.allreduce_coalesced(*args, **kwargs)
+
+    def allgather_coalesced(self, *args, **kwargs):
+        return self._gloo.allgather_coalesced(*args, **kwargs)
+
+
+class _Work(dist._Work):
+    """A collective's work, done when its future is: ``wait()`` raises what failed (a work made by
+    ``_create_work_from_future`` returns instead), ``get_future()`` is what DDP chains its hooks on."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout=None) -> bool:
+        self._future.wait()  # raises the future's exception
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            raise RuntimeError("the work is not completed yet")
+        try:
+            self._future.value()
+        except BaseException:
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._future.value()
+        except BaseException as e:
+            return e
+        return None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self):
+        return self._future.value()
+
+
+class _Completions:
+    """Completes the works of proxied collectives: one thread waits for their requests in the
+    order they were posted, copies results out and sets the futures, or sets the exception that
+    ended the wait. A request not done within the group's timeout (counted from its post: c10d's
+    rule, where Horovod lets a collective wait for its peers as long as they take) fails with
+    FastHorovodTimeoutError; the thread polls it meanwhile (50 microseconds, doubling to 1 ms)."""
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def add(self, name: str, request, finish: Optional[Callable], future: torch.futures.Future, result,
+            timeout_seconds: float) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fasthorovod-c10d", daemon=True)
+                self._thread.start()
+        self._queue.put((name, request, finish, future, result, time.monotonic() + timeout_seconds, timeout_seconds))
+
+    def close(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            name, request, finish, future, result, deadline, timeout_seconds = item
+            try:
+                pause = 50e-6
+                while not request.poll():
+                    if time.monotonic() > deadline:
+                        raise FastHorovodTimeoutError(
+                            f"collective {name} did not complete within the process group's timeout "
+                            f"({timeout_seconds:g} s): a rank did not issue it, or is stopped or gone")
+                    time.sleep(pause)
+                    pause = min(2 * pause, 1e-3)
+                request.wait()
+                if finish is not None:
+                    finish()
+            except BaseException as e:  # raised by the work's wait()
+                future.set_exception(e)
+            else:
+                future.set_result(result)

@@ -1,0 +1,90 @@
+"""The "fasthorovod" torch.distributed backend (fasthorovod/distributed) with real ranks on loopback:
+each rank a process of tests/workers/c10d_worker.py, rendezvousing through env:// as torchrun's
+would (and once under torchrun itself), the threshold at 0 and a flat ring so that every
+collective the proxies can take, they take. Each scenario compares with Gloo in the same world and
+checks the proxies' lane counters (the worker's own assertion), so a right result that came
+through Gloo fails."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.multiproc
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "workers" / "c10d_worker.py"
+ENV = {"FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_HIERARCHICAL": "0", "FASTHOROVOD_NUM_LANES": "2",
+       "OMP_NUM_THREADS": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(np_: int, scenario: str, *args: str, timeout: float = 240.0) -> list:
+    """Runs `np_` ranks of the worker's `scenario`; returns [(exit status, output)] by rank. Killed
+    (the whole process group of each rank, proxies included) after `timeout` seconds."""
+    port = _free_port()
+    procs = []
+    for rank in range(np_):
+        env = dict(os.environ, **ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE=str(np_), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(np_))
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, *args], env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    results = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+def _all_ok(results, what: str, ranks=None) -> None:
+    for rank, (code, out) in enumerate(results):
+        if ranks is None or rank in ranks:
+            assert code == 0 and f"rank {rank}: {what} ok" in out, f"rank {rank} exited {code}:\n{out[-3000:]}"
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_every_collective_matches_gloo_through_the_proxies(np_):
+    _all_ok(launch(np_, "conformance"), "conformance")
+
+
+def test_ddp_trains_bit_for_bit_as_on_gloo():
+    _all_ok(launch(2, "ddp"), "ddp")
+
+
+def test_mismatched_collectives_fail_by_name():
+    _all_ok(launch(2, "mismatch"), "mismatch")
+
+
+def test_a_collective_without_its_peer_fails_after_the_groups_timeout():
+    _all_ok(launch(2, "timeout", "--timeout", "3"), "timeout")
+
+
+def test_a_dead_rank_fails_the_others_works():
+    results = launch(3, "dead_rank")
+    assert results[2][0] == 3, results[2][1][-2000:]
+    for rank in (0, 1):
+        code, out = results[rank]
+        assert code == 0 and f"rank {rank}: dead_rank ok" in out, f"rank {rank} exited {code}:\n{out[-3000:]}"
+
+
+def test_torchrun_launches_it():
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(WORKER), "ddp"],
+                          env=dict(os.environ, **ENV), cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ddp ok") == 2, proc.stdout[-2000:]

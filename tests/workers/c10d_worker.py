@@ -1,0 +1,191 @@
+"""A torch.distributed program on the "fasthorovod" backend (fasthorovod/distributed), launched by
+torchrun or by tests/multiproc/test_distributed.py (env:// rendezvous either way).
+
+Every scenario checks its results against Gloo's, run in the same world on a Gloo group of its
+own, and prints the proxies' collectives per lane before and after (the harness's claim that the
+proxies carried them), then ``<scenario> ok``."""
+import argparse
+import contextlib
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import fasthorovod.distributed  # noqa: F401  (registers the backend)
+from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError, FastHorovodTimeoutError
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8,
+          torch.int8]
+SIZES = [1, 1000, 100_003]
+
+
+def lanes_ran(pg) -> list:
+    return [lane["collectives"] for lane in pg.proxies.lane_stats()]
+
+
+def inputs(rank: int, count: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Small integers, so that every sum is exact in every dtype and any order."""
+    high = 3 if dtype in (torch.uint8, torch.int8) else 20
+    return torch.randint(0, high, (count,), generator=torch.Generator().manual_seed(seed * 31 + rank)).to(dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{what}: {a[:6]} != {b[:6]}"
+
+
+def scenario_conformance(pg, gloo, rank, size):
+    """Every collective the proxies take, for every dtype they carry and three sizes, equals
+    Gloo's; AVG (which Gloo lacks) equals Gloo's sum over size; async works waited in reverse."""
+    proxied = 0
+    for d, dtype in enumerate(DTYPES):
+        for count in SIZES:
+            seed = 100 * d + count % 97
+            x = inputs(rank, count, dtype, seed)
+            ours, theirs = x.clone(), x.clone()
+            dist.all_reduce(ours)
+            dist.all_reduce(theirs, group=gloo)
+            same(ours, theirs, f"all_reduce {dtype} {count}")
+            root = count % size
+            ours, theirs = x.clone(), x.clone()
+            dist.broadcast(ours, src=root)
+            dist.broadcast(theirs, src=root, group=gloo)
+            same(ours, theirs, f"broadcast {dtype} {count}")
+            ours, theirs = torch.empty(size * count, dtype=dtype), torch.empty(size * count, dtype=dtype)
+            dist.all_gather_into_tensor(ours, x)
+            dist.all_gather_into_tensor(theirs, x, group=gloo)
+            same(ours, theirs, f"all_gather_into_tensor {dtype} {count}")
+            ours = [torch.empty(count, dtype=dtype) for _ in range(size)]
+            theirs = [torch.empty(count, dtype=dtype) for _ in range(size)]
+            dist.all_gather(ours, x)
+            dist.all_gather(theirs, x, group=gloo)
+            for a, b in zip(ours, theirs):
+                same(a, b, f"all_gather {dtype} {count}")
+            big = inputs(rank, size * count, dtype, seed + 1)
+            ours, theirs = torch.empty(count, dtype=dtype), big.clone()
+            dist.reduce_scatter_tensor(ours, big)
+            dist.all_reduce(theirs, group=gloo)  # Gloo's reduce-scatter is its allreduce's share
+            same(ours, theirs[rank * count:(rank + 1) * count], f"reduce_scatter_tensor {dtype} {count}")
+            ours = torch.empty(count, dtype=dtype)
+            dist.reduce_scatter(ours, list(big.view(size, count)))
+            same(ours, theirs[rank * count:(rank + 1) * count], f"reduce_scatter {dtype} {count}")
+            proxied += 6
+            if dtype.is_floating_point:
+                ours, theirs = x.clone().double(), x.clone().double()
+                dist.all_reduce(ours, op=dist.ReduceOp.AVG)
+                dist.all_reduce(theirs, group=gloo)
+                # the proxies scale by 1/size where this divides: an ulp apart at most
+                assert torch.allclose(ours, theirs / size, rtol=1e-15, atol=0), f"all_reduce AVG {count}"
+                proxied += 1
+    xs = [inputs(rank, 50_000, torch.float32, i) for i in range(4)]
+    expected = [x.clone() for x in xs]
+    for e in expected:
+        dist.all_reduce(e, group=gloo)
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    for work, x, e in reversed(list(zip(works, xs, expected))):
+        work.wait()
+        same(x, e, "async all_reduce")
+    proxied += 4
+    x = torch.arange(size * 6, dtype=torch.float32) + 100 * rank  # Gloo's alone: all_to_all, barrier
+    ours, theirs = torch.empty_like(x), torch.empty_like(x)
+    dist.all_to_all_single(ours, x)
+    dist.all_to_all_single(theirs, x, group=gloo)
+    same(ours, theirs, "all_to_all_single")
+    dist.barrier()
+    return proxied
+
+
+def scenario_ddp(pg, gloo, rank, size):
+    """DDP on the backend trains bit for bit as DDP on Gloo (2 ranks: a sum of two is the same in
+    any order), its buckets through the proxies."""
+    def train(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.1)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        data = torch.Generator().manual_seed(rank)
+        for step in range(4):
+            opt.zero_grad()
+            with ddp.no_sync() if step == 1 else contextlib.nullcontext():  # step 1 accumulates
+                loss = ddp(torch.randn(16, 64, generator=data)).pow(2).mean()
+                loss.backward()
+            if step != 1:
+                opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    before = sum(lanes_ran(pg))
+    ours = train(None)
+    assert sum(lanes_ran(pg)) > before, "DDP's buckets did not reach the proxies"
+    theirs = train(gloo)
+    for a, b in zip(ours, theirs):
+        same(a, b, "DDP parameters")
+    return 0
+
+
+def scenario_mismatch(pg, gloo, rank, size):
+    """Ranks that issue different collectives get an error naming it, not a wrong result."""
+    x = torch.ones(1000 * (rank + 1))
+    try:
+        dist.all_reduce(x)
+        raise AssertionError("a mismatched all_reduce did not fail")
+    except CollectiveMismatchError as e:
+        assert "c10d.allreduce" in str(e), str(e)
+    return 0
+
+
+def scenario_timeout(pg, gloo, rank, size):
+    """A collective that rank 1 never issues fails on rank 0 after the group's timeout (3 s)."""
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        started = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1000))
+            raise AssertionError("an all_reduce without its peer did not fail")
+        except FastHorovodTimeoutError as e:
+            waited = time.monotonic() - started
+            assert 2.5 < waited < 10 and "timeout" in str(e), (waited, str(e))
+        store.set("timeout.checked", "1")
+    else:
+        store.wait(["timeout.checked"], datetime.timedelta(seconds=60))
+    print(f"rank {rank}: timeout ok", flush=True)
+    os._exit(0)  # the world is broken (rank 0's collective is still pending): no orderly shutdown
+
+
+def scenario_dead_rank(pg, gloo, rank, size):
+    """A rank that dies during a collective makes the others' works fail, well before the timeout."""
+    dist.all_reduce(torch.ones(1000))
+    if rank == size - 1:
+        os._exit(3)
+    started = time.monotonic()
+    try:
+        for _ in range(100):
+            dist.all_reduce(torch.ones(1 << 20))
+        raise AssertionError("all_reduce with a dead rank did not fail")
+    except FastHorovodError as e:
+        print(f"rank {rank}: dead_rank ok after {time.monotonic() - started:.1f} s: {type(e).__name__}", flush=True)
+    os._exit(0)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario")
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args()
+    dist.init_process_group("fasthorovod", timeout=datetime.timedelta(seconds=args.timeout))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    pg = dist.distributed_c10d._get_default_group()
+    assert dist.get_backend() == "fasthorovod" and pg.proxies is not None, "the proxies must be running"
+    gloo = dist.new_group(backend="gloo")
+    before = lanes_ran(pg)
+    proxied = globals()[f"scenario_{args.scenario}"](pg, gloo, rank, size)
+    after = lanes_ran(pg)
+    assert all(b - a >= proxied for a, b in zip(before, after)), (before, after, proxied)
+    print(f"rank {rank}: lanes ran {[b - a for a, b in zip(before, after)]} collectives", flush=True)
+    print(f"rank {rank}: {args.scenario} ok", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
