@@ -22,11 +22,15 @@ Backends, as written on the command line (``--backends a,b,c``):
                                   a '+norehash' suffix sets FASTHOROVOD_REHASH=0 (slow flows
                                   keep their connections),
                                   an '@DIR' suffix runs the checkout DIR instead of this one
-    torch-gloo                    N processes started here, torch.distributed gloo (env://)
+    torch-gloo[:D]                N processes started here, torch.distributed gloo (env://);
+                                  with D, Gloo's several-device workaround: the interface
+                                  named D times in GLOO_SOCKET_IFNAME
+    torch-fasthorovod             the same processes on FastHorovod's torch.distributed backend
+                                  (``import fasthorovod.distributed``; its defaults)
     mpi4py[:K]                    mpirun over TCP with btl_tcp_links=K (default 1), mpi4py
 
 Each backend's command line is built by one function (``horovod_launch``, ``mpi_launch``,
-``torch_gloo_launch``). A *launcher prefix* -- any horovodrun-compatible command, e.g.
+``torch_launch``). A *launcher prefix* -- any horovodrun-compatible command, e.g.
 ``fasthorovodrun --emulate-cloud 4:1gbit:200mbit`` -- replaces horovodrun, mpirun and the local
 spawning for every backend, so that the same benchmark runs on an emulated network.
 """
@@ -77,14 +81,16 @@ format_size = _units.format_bytes  # 65536 -> '64KiB' (exact binary units only, 
 # --------------------------------------------------------------------------------------------
 # Backends
 
-KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod", "torch-gloo", "mpi4py")
+KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod", "torch-gloo", "torch-fasthorovod", "mpi4py")
+# torch.distributed kinds and the c10d backend each names
+TORCH_BACKENDS = {"torch-gloo": "gloo", "torch-fasthorovod": "fasthorovod"}
 # The lane settings' former names (fasthorovod/config.py ALIASES, not imported: see _load_units). A
 # backend 'fasthorovod@DIR' sets them too, for a checkout from before the lanes were named.
 FORMER_NAMES = {"FASTHOROVOD_NUM_LANES": "FASTHOROVOD_NUM_PROXIES",
                 "FASTHOROVOD_SOCKETS_PER_LANE": "FASTHOROVOD_SOCKETS_PER_PROXY"}
 _ALIASES = {"horovod": "horovod-gloo"}
-# Kinds whose spec takes a count after a colon: lanes per worker, or TCP links per peer.
-_COUNTED = ("fasthorovod", "mpi4py")
+# Kinds whose spec takes a count after a colon: lanes per worker, TCP links per peer, or Gloo devices.
+_COUNTED = ("fasthorovod", "mpi4py", "torch-gloo")
 # The module a Horovod-API worker imports as ``hvd``.
 HVD_MODULES = {"horovod-gloo": "horovod.torch", "horovod-mpi": "horovod.torch",
                "fasthorovod": "fasthorovod.torch"}
@@ -94,7 +100,7 @@ HVD_MODULES = {"horovod-gloo": "horovod.torch", "horovod-mpi": "horovod.torch",
 class Backend:
     spec: str              # as written by the user; the label in tables, JSON and plots
     kind: str              # one of KINDS
-    count: int = None      # fasthorovod: proxies per worker; mpi4py: btl_tcp_links
+    count: int = None      # fasthorovod: proxies per worker; mpi4py: btl_tcp_links; torch-gloo: devices
     algorithm: str = None  # train.py only: the DistributedOptimizer algorithm (fasthorovod)
     trace: bool = False    # fasthorovod: record the DLC trace (spec suffix '+trace'; docs/trace.md)
     source: str = None     # fasthorovod: another checkout to run (spec suffix '@DIR', built in place)
@@ -181,10 +187,11 @@ _PROBES = {
     "fasthorovod": "import fasthorovod.torch",
     "torch-gloo": ("import torch.distributed as d; "
                    "assert d.is_available() and d.is_gloo_available(), 'torch built without gloo'"),
+    "torch-fasthorovod": "import fasthorovod.distributed",
     "mpi4py": "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI",
 }
 _DEFAULT_LAUNCHERS = {"horovod-gloo": "horovodrun", "fasthorovod": "horovodrun",
-                      "horovod-mpi": "mpirun", "mpi4py": "mpirun", "torch-gloo": None}
+                      "horovod-mpi": "mpirun", "mpi4py": "mpirun", "torch-gloo": None, "torch-fasthorovod": None}
 
 
 def find_executable(name):
@@ -333,8 +340,8 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def torch_gloo_launch(backend, np, worker, launcher_prefix=None):
-    """torch-gloo: N local processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (env://).
+def torch_launch(backend, np, worker, launcher_prefix=None):
+    """torch-gloo, torch-fasthorovod: N local processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (env://).
 
     Through a launcher prefix the ranks are started by it (``--gloo``); they take their rank from
     HOROVOD_RANK and meet through a file store (torch removes it when the last rank leaves), which
@@ -352,7 +359,8 @@ def torch_gloo_launch(backend, np, worker, launcher_prefix=None):
 
 
 LAUNCHES = {"horovod-gloo": horovod_launch, "fasthorovod": horovod_launch,
-            "horovod-mpi": mpi_launch, "mpi4py": mpi_launch, "torch-gloo": torch_gloo_launch}
+            "horovod-mpi": mpi_launch, "mpi4py": mpi_launch, "torch-gloo": torch_launch,
+            "torch-fasthorovod": torch_launch}
 
 
 def build_launch(backend, np, worker, launcher_prefix=None):
@@ -823,6 +831,51 @@ def add_worker_arguments(parser):
     parser.add_argument("--backend", help=argparse.SUPPRESS)       # this rank's backend spec
     parser.add_argument("--result-file", help=argparse.SUPPRESS)   # where rank 0 writes its JSON
     parser.add_argument("--rendezvous", help=argparse.SUPPRESS)    # torch.distributed init_method
+
+
+def rank_from_env():
+    """(rank, size) from whichever launcher started this process."""
+    for rank_var, size_var in (("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    raise RuntimeError("no RANK, HOROVOD_RANK or OMPI_COMM_WORLD_RANK in the environment")
+
+
+class TorchWorld:
+    """A torch.distributed world for a torch-* backend (TORCH_BACKENDS), with the few calls the
+    workers make of Horovod's API: ``rank``, ``size``, ``allgather_object``, ``proxy_group`` (the
+    FastHorovod backend's proxies, else None) and ``shutdown``. torch-gloo:D names the interface
+    D times in GLOO_SOCKET_IFNAME (the emulated cloud's ranks run on FASTHOROVOD_IFACE, eth0;
+    loopback's on lo)."""
+
+    def __init__(self, backend, rendezvous):
+        import torch.distributed as dist
+        if backend.kind == "torch-fasthorovod":
+            import fasthorovod.distributed  # noqa: F401  (registers the backend)
+        if backend.count:
+            os.environ["GLOO_SOCKET_IFNAME"] = ",".join([os.environ.get("FASTHOROVOD_IFACE") or "lo"] * backend.count)
+        self.dist = dist
+        self._rank, self._size = rank_from_env()
+        dist.init_process_group(TORCH_BACKENDS[backend.kind], init_method=rendezvous, rank=self._rank,
+                                world_size=self._size)
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+    def allgather_object(self, obj):
+        out = [None] * self._size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def proxy_group(self):
+        return getattr(self.dist.distributed_c10d._get_default_group(), "proxies", None)
+
+    def shutdown(self):
+        self.dist.destroy_process_group()
 
 
 def machine_info():

@@ -32,7 +32,9 @@ With ``--collective reducescatter`` every iteration is a reduce-scatter of the b
 nccl-tests defines it for a reduce-scatter of `bytes` in all. With ``--collective allgather`` it is
 an allgather (``hvd.allgather``, the Horovod-API backends only) whose result holds `bytes` in all,
 each rank giving 1/N of them; the result is checked bit for bit against every rank's rows, and the
-bus bandwidth is (N-1)/N * bytes / latency, nccl-tests' definition for an allgather.
+bus bandwidth is (N-1)/N * bytes / latency, nccl-tests' definition for an allgather. With
+``--collective alltoall`` it is Horovod's alltoall of the buffer in equal splits (each rank sends
+1/N of its `bytes` to every rank), checked bit for bit, with the same bus bandwidth.
 
 With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
 random order on every rank, and waits for all of them (the Horovod-API backends only: the others
@@ -96,7 +98,7 @@ def parse_args(argv=None):
                         help="per timed iteration, post this many async allreduces of each size in a "
                              "different random order on every rank and then wait for all (Horovod-API "
                              "backends only; bus bandwidth counts the whole batch) (default: %(default)s)")
-    parser.add_argument("--collective", choices=("allreduce", "reducescatter", "allgather"), default="allreduce",
+    parser.add_argument("--collective", choices=("allreduce", "reducescatter", "allgather", "alltoall"), default="allreduce",
                         help="what each iteration runs: an in-place allreduce, or a reduce-scatter of the "
                              "buffer (Horovod-API backends only; see the module docstring) (default: %(default)s)")
     parser.add_argument("--op", choices=("sum", "average"), default="sum",
@@ -162,6 +164,9 @@ class HorovodComm:
     def allgather(self, buf, name):
         return self.hvd.allgather(buf, name=name)
 
+    def alltoall(self, buf, name):
+        return self.hvd.alltoall(buf, name=name)
+
     def allreduce_async_(self, buf, op, name):
         if self.fp16:
             raise ValueError("+fp16 backends run one allreduce at a time (Horovod's async allreduce takes no "
@@ -178,15 +183,14 @@ class HorovodComm:
         self.hvd.shutdown()
 
 
-class TorchGlooComm:
-    """torch.distributed with the gloo backend; rank and size come from the launcher's env."""
+class TorchComm:
+    """torch.distributed (common.TorchWorld: Gloo, on several devices for torch-gloo:D, or
+    FastHorovod's backend); rank and size come from the launcher's env."""
 
-    def __init__(self, rendezvous):
-        import torch.distributed as dist
-        self.dist = dist
-        self.rank, self.size = rank_from_env()
-        dist.init_process_group("gloo", init_method=rendezvous, rank=self.rank,
-                                world_size=self.size)
+    def __init__(self, backend, rendezvous):
+        self.world = common.TorchWorld(backend, rendezvous)
+        self.dist = self.world.dist
+        self.rank, self.size = self.world.rank(), self.world.size()
 
     def barrier(self):
         self.dist.barrier()
@@ -197,12 +201,10 @@ class TorchGlooComm:
             buf.div_(self.size)
 
     def allgather_object(self, obj):
-        out = [None] * self.size
-        self.dist.all_gather_object(out, obj)
-        return out
+        return self.world.allgather_object(obj)
 
     def close(self):
-        self.dist.destroy_process_group()
+        self.world.shutdown()
 
 
 class MpiComm:
@@ -229,20 +231,11 @@ class MpiComm:
         pass  # mpi4py finalizes MPI at exit
 
 
-def rank_from_env():
-    """(rank, size) from whichever launcher started this process."""
-    for rank_var, size_var in (("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"),
-                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
-        if rank_var in os.environ:
-            return int(os.environ[rank_var]), int(os.environ[size_var])
-    raise RuntimeError("no RANK, HOROVOD_RANK or OMPI_COMM_WORLD_RANK in the environment")
-
-
 def open_comm(backend, rendezvous):
     if backend.kind in common.HVD_MODULES:
         return HorovodComm(common.HVD_MODULES[backend.kind], backend.fp16)
-    if backend.kind == "torch-gloo":
-        return TorchGlooComm(rendezvous)
+    if backend.kind in common.TORCH_BACKENDS:
+        return TorchComm(backend, rendezvous)
     return MpiComm()
 
 
@@ -286,7 +279,7 @@ def bus_bandwidth_gbps(nbytes, seconds, size, collective="allreduce"):
 def measure(comm, nbytes, args):
     """Time ``args.iters`` verified allreduces of ``nbytes``; the same result on every rank."""
     x, expected = make_inputs(nbytes // 4, comm.rank, comm.size, args.op)
-    scatter, gather = args.collective == "reducescatter", args.collective == "allgather"
+    scatter, gather, exchange = (args.collective == c for c in ("reducescatter", "allgather", "alltoall"))
     if scatter:  # this rank's rows of the sum: Horovod's split, the first count % size ranks one more
         count, size = x.numel(), comm.size
         first = comm.rank * (count // size) + min(comm.rank, count % size)
@@ -294,6 +287,11 @@ def measure(comm, nbytes, args):
     if gather:  # this rank gives 1/N of the result; every rank's rows, in rank order, come back
         rows = (torch.arange(x.numel() // comm.size, dtype=torch.int32) % PATTERN_PERIOD + 1).float()
         x, expected = rows * (comm.rank + 1), torch.cat([rows * (r + 1) for r in range(comm.size)])
+    if exchange:  # rank s sends block r of its buffer to rank r: rank r gets block r of every rank's
+        block = x.numel() // comm.size
+        pattern = (torch.arange(block * comm.size, dtype=torch.int32) % PATTERN_PERIOD + 1).float()
+        mine = pattern[comm.rank * block:(comm.rank + 1) * block]
+        x, expected = pattern * (comm.rank + 1), torch.cat([mine * (s + 1) for s in range(comm.size)])
     buf = torch.empty_like(x)
     times = []
     for iteration in range(args.warmup + args.iters):
@@ -304,12 +302,15 @@ def measure(comm, nbytes, args):
             out = comm.reducescatter(buf, args.op, f"reducescatter.{nbytes}")
         elif gather:
             out = comm.allgather(buf, f"allgather.{nbytes}")
+        elif exchange:
+            out = comm.alltoall(buf, f"alltoall.{nbytes}")
         else:
             comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
             out = buf
         elapsed = time.perf_counter() - start
-        check(out, expected, "sum" if gather else args.op, comm.rank, nbytes, iteration,  # a gather is exact
-              getattr(comm, "fp16", False) and not gather, args.collective)
+        exact = gather or exchange  # nothing is reduced: bit for bit
+        check(out, expected, "sum" if exact else args.op, comm.rank, nbytes, iteration,
+              getattr(comm, "fp16", False) and not exact, args.collective)
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)  # per iteration, the slowest rank
@@ -390,7 +391,8 @@ def worker(args):
                   f"{r['median_s'] * 1e3:.3f} ms", file=sys.stderr, flush=True)
     connections = comm.allgather_object(tcp_connections())
     if comm.rank == 0:
-        plane = common.data_plane(comm.hvd) if isinstance(comm, HorovodComm) else None
+        plane = (common.data_plane(comm.hvd) if isinstance(comm, HorovodComm)
+                 else common.data_plane(comm.world) if isinstance(comm, TorchComm) else None)
         common.write_json(args.result_file, {"np": comm.size, "op": args.op, "collective": args.collective,
                                              "threads": args.threads,
                                              "tcp_connections": connections, "data_plane": plane,

@@ -63,7 +63,8 @@ from models import MIN_IMAGE_SIZE, MODELS, build_model  # noqa: E402
 
 IMPORTS_DONE = time.time()
 
-KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod")
+KINDS = ("horovod-gloo", "horovod-mpi", "fasthorovod", "torch-gloo", "torch-fasthorovod")
+FASTHOROVOD_KINDS = ("fasthorovod", "torch-fasthorovod")
 
 
 def parse_args(argv=None):
@@ -76,8 +77,11 @@ def parse_args(argv=None):
                         help="comma-separated: horovod-gloo (or horovod), horovod-mpi, "
                              "fasthorovod[:PROXIES[xSOCKETS]][:ALGORITHM][+trace] (plain fasthorovod "
                              "and fasthorovod:ALGORITHM run FastHorovod's defaults: no FASTHOROVOD_* "
-                             "set); the first is the speed-up baseline; '+trace' records the "
-                             "backend's DLC trace (see --trace-root) (default: %(default)s)")
+                             "set), and DistributedDataParallel on torch-gloo[:DEVICES] (Gloo, the "
+                             "interface named DEVICES times in GLOO_SOCKET_IFNAME) or "
+                             "torch-fasthorovod (FastHorovod's torch.distributed backend); the first "
+                             "is the speed-up baseline; '+trace' records the backend's DLC trace (see "
+                             "--trace-root) (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the whole list of backends this many times, interleaved (A B C A B "
                              "C ...), and report per backend the median over the rounds with the "
@@ -102,7 +106,7 @@ def parse_args(argv=None):
 def job_steps(backend, args):
     """(timed training steps, timed compute-only steps) of this backend's jobs."""
     peer_steps = getattr(args, "peer_steps", None)  # repeat_train.py's drivers have none
-    steps = args.steps if backend.kind == "fasthorovod" or peer_steps is None else peer_steps
+    steps = args.steps if backend.kind in FASTHOROVOD_KINDS or peer_steps is None else peer_steps
     return steps, min(args.compute_steps, steps)
 
 
@@ -252,9 +256,9 @@ def synthetic_problem(args, rank):
     params = [p for p in model.parameters() if p.requires_grad]
     momentum = []
 
-    def train_step(optimizer):
+    def train_step(optimizer, net=model):  # net: the model, or a DistributedDataParallel of it
         optimizer.zero_grad()
-        loss_fn(model(images), labels).backward()
+        loss_fn(net(images), labels).backward()
         optimizer.step()
 
     def compute_step():
@@ -337,6 +341,8 @@ def worker(args):
     # Wall-clock times of this rank's start-up, in order (STARTUP_PHASES names what each one ends).
     clock = {"process_created": process_created(), "script_started": SCRIPT_STARTED, "imports_done": IMPORTS_DONE}
     backend = common.parse_backend(args.backend, KINDS, with_algorithm=True)
+    if backend.kind in common.TORCH_BACKENDS:
+        return ddp_worker(args, backend, clock)
     hvd = importlib.import_module(common.HVD_MODULES[backend.kind])
     clock["hvd_imported"] = time.time()
     hvd.init()
@@ -369,13 +375,34 @@ def worker(args):
     clock["steps_done"] = time.time()
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
+    finish(hvd, args, clock, (steps, compute, paired), kwargs.get("algorithm", "ssgd"), model)
+
+
+def ddp_worker(args, backend, clock):
+    """A torch-* backend's rank: the same model, data and steps under DistributedDataParallel (its
+    defaults; it broadcasts rank 0's parameters when it wraps the model), plain SGD."""
+    world = common.TorchWorld(backend, args.rendezvous)
+    clock["hvd_imported"] = clock["hvd_init_done"] = time.time()
+    torch.set_num_threads(args.threads)
+    model, train_step, compute_step = synthetic_problem(args, world.rank())
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = sgd(model)
+    clock["model_ready"] = clock["parameters_broadcast"] = clock["optimizer_state_broadcast"] = time.time()
+    schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
+    timings = run_schedule(schedule, lambda: train_step(optimizer, ddp), compute_step, world.rank() == 0)
+    clock["steps_done"] = time.time()
+    finish(world, args, clock, timings, "ddp", model)
+
+
+def finish(hvd, args, clock, timings, algorithm, model):
+    """Checks that every rank holds the same weights, and rank 0 writes the result."""
     digest = check_identical_weights(hvd, model)
-    result = summarize(hvd, args, steps, compute, paired, kwargs.get("algorithm", "ssgd"), model, digest)
+    result = summarize(hvd, args, *timings, algorithm, model, digest)
     clock["result_ready"] = time.time()
     clocks = hvd.allgather_object(clock)
     result["clock"] = {mark: max(c[mark] for c in clocks) for mark in clock}  # when the last rank got there
     result["rank_clocks"] = clocks
-    if rank == 0:
+    if hvd.rank() == 0:
         common.write_json(args.result_file, result)
     hvd.shutdown()
 
@@ -385,6 +412,7 @@ def worker(args):
 
 
 def worker_argv(backend, args):
+    """A rank's argv (a torch-* backend's launch adds --rendezvous)."""
     return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", backend.spec,
             "--model", args.model, "--image-size", str(args.image_size),
             "--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes),

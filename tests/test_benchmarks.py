@@ -105,7 +105,7 @@ def test_backend_specs():
     assert {k: v for k, v in common.backend_env(common.parse_backend(f"fasthorovod:4x2@{repo}")).items()
             if k != "PYTHONPATH"} == {"FASTHOROVOD_NUM_LANES": "4", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                                       "FASTHOROVOD_NUM_PROXIES": "4", "FASTHOROVOD_SOCKETS_PER_PROXY": "2"}
-    for bad in ("nccl", "torch-gloo:2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace",
+    for bad in ("nccl", "torch-fasthorovod:2", "torch-gloo:2x2", "fasthorovod:0", "fasthorovod:4:odsgd", "horovod+trace",
                 "horovod@" + repo, "fasthorovod:4@/nonexistent", "fasthorovod:4x0", "fasthorovod:4x",
                 "fasthorovod:x2", "fasthorovod:0x2", "mpi4py:2x2", "fasthorovod:4X2"):
         with pytest.raises(ValueError):
@@ -234,11 +234,11 @@ def test_allreduce_driver_end_to_end(tmp_path):
     assert "1MiB" in stdout
 
 
-@pytest.mark.parametrize("collective,nbytes", [("reducescatter", 4100), ("allgather", 8200)])
-def test_reducescatter_and_allgather_drivers_end_to_end(tmp_path, collective, nbytes):
-    """--collective reducescatter / allgather: every rank's rows checked (an odd count splits
-    unevenly; an allgather's rows bit for bit), the bus bandwidth (N-1)/N of the bytes per
-    second, FastHorovod through its proxies (threshold 0) next to Horovod; a backend without the
+@pytest.mark.parametrize("collective,nbytes", [("reducescatter", 4100), ("allgather", 8200), ("alltoall", 8200)])
+def test_collective_drivers_end_to_end(tmp_path, collective, nbytes):
+    """--collective reducescatter / allgather / alltoall: every rank's result checked (an odd count
+    splits a reduce-scatter unevenly; an allgather's and an alltoall's bit for bit), the bus
+    bandwidth (N-1)/N of the bytes per second, FastHorovod next to Horovod; a backend without the
     collective is skipped, not a crash."""
     _require_horovod()
     report, _, _ = _run_driver(
@@ -253,6 +253,19 @@ def test_reducescatter_and_allgather_drivers_end_to_end(tmp_path, collective, nb
         assert r["verified"] and r["bytes"] == nbytes and entry["result"]["collective"] == collective
         assert r["busbw_gbps"] == pytest.approx(0.5 * nbytes * 8 / r["median_s"] / 1e9)
     assert ours["result"]["data_plane"] is not None
+
+
+def test_torch_distributed_backends_end_to_end(tmp_path):
+    """torch-gloo with Gloo's several-device workaround (one more connection per rank) and
+    FastHorovod's torch.distributed backend, its proxies running, next to plain torch-gloo."""
+    report, _, _ = _run_driver(
+        "allreduce.py", ["--np", "2", "--backends", "torch-gloo,torch-gloo:2,torch-fasthorovod", "--sizes", "64KiB",
+                         "--proxy-threshold", "0", "--iters", "2", "--warmup", "1", "--timeout", "100"], tmp_path)
+    gloo, two, ours = report["backends"]
+    for entry in (gloo, two, ours):
+        assert entry["status"] == "ok" and entry["result"]["results"][0]["verified"], entry
+    assert min(two["result"]["tcp_connections"]) > max(gloo["result"]["tcp_connections"])  # per rank
+    assert gloo["result"]["data_plane"] is None and ours["result"]["data_plane"]["lanes"] >= 1
 
 
 @pytest.mark.multiproc
