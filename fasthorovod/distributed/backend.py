@@ -28,7 +28,6 @@ import dataclasses
 import itertools
 import os
 import queue
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -43,6 +42,7 @@ from fasthorovod.exceptions import FastHorovodTimeoutError
 from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
+from fasthorovod.proxy.startup import bind_address
 
 BACKEND_NAME = "fasthorovod"
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
@@ -74,7 +74,9 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
             config = dataclasses.replace(config, timeout_seconds=timeout.total_seconds())
         if planner.enabled(config, size) and not _running:
             exchange = StoreExchange(dist.PrefixStore(BACKEND_NAME, store), rank, size, "startup")
-            hosts = exchange.allgather_object(socket.gethostname(), name="hosts")
+            # One host: one address the proxies bind on (hostnames can coincide between hosts,
+            # e.g. network namespaces of one machine)
+            hosts = exchange.allgather_object(bind_address(config), name="hosts")
             self.proxies = ProxyGroup.start(config, rank, size, exchange.broadcast_object,
                                             exchange.allgather_object, single_host=len(set(hosts)) == 1)
             _running.append(self.proxies)
@@ -83,12 +85,14 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         return BACKEND_NAME
 
     def shutdown(self) -> None:
-        """Stops the proxies (collectives in flight fail) and the Gloo group."""
-        self._completions.close()
+        """Stops the proxies (collectives in flight fail) and the Gloo group (``destroy_process_group``
+        calls it); a later ``init_process_group`` starts new ones."""
         if self.proxies is not None:
             self.proxies.close()
             _running.remove(self.proxies)
             self.proxies = None
+        self._completions.close()
+        self._gloo.shutdown()
 
     # -- routing --
 

@@ -183,8 +183,10 @@ def main():
     after = lanes_ran(pg)
     assert all(b - a >= proxied for a, b in zip(before, after)), (before, after, proxied)
     print(f"rank {rank}: lanes ran {[b - a for a, b in zip(before, after)]} collectives", flush=True)
-    print(f"rank {rank}: {args.scenario} ok", flush=True)
     dist.destroy_process_group()
+    from fasthorovod.distributed import backend
+    assert not backend._running, "destroy_process_group() left the proxies running"
+    print(f"rank {rank}: {args.scenario} ok", flush=True)
 
 
 if __name__ == "__main__":
