@@ -6,7 +6,8 @@
     .venv/bin/python scripts/horovod_tests.py /tmp/horovod-src --module horovod.torch   # the baseline
 
 The test file is copied (with test/utils) into OUT, the one line ``import horovod.torch as hvd``
-becomes ``import fasthorovod.torch as hvd``, and the suite runs under ``horovodrun --gloo -np NP``
+becomes ``import fasthorovod.torch as hvd`` (or, with ``--module patch``, stays as it is and
+FastHorovod's patch switch makes that import give fasthorovod.torch), and the suite runs under ``horovodrun --gloo -np NP``
 (--np, default 2; 3 exercises the ring with a middle rank and uneven chunks) with
 FASTHOROVOD_PROXY_THRESHOLD_BYTES=0 (every Sum/Average allreduce through the proxies) unless the
 environment sets another threshold. Nothing of Horovod's is stored in this repository.
@@ -73,8 +74,9 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("horovod_src", help="a Horovod 0.28.1 source checkout (holds test/parallel/test_torch.py)")
-    parser.add_argument("--module", default="fasthorovod.torch", choices=["fasthorovod.torch", "horovod.torch"],
-                        help="what the tests import as hvd")
+    parser.add_argument("--module", default="fasthorovod.torch", choices=["fasthorovod.torch", "horovod.torch", "patch"],
+                        help="what the tests import as hvd; 'patch': the file unchanged (it imports "
+                             "horovod.torch) with FastHorovod's patch switch on (fasthorovod/patch.py)")
     parser.add_argument("--out", default="/tmp/fasthorovod-horovod-tests", help="scratch directory and logs")
     parser.add_argument("-k", dest="keyword", help="only tests matching this pytest -k expression")
     parser.add_argument("--chunk-timeout", type=int, default=900, help="seconds one job may run")
@@ -98,7 +100,9 @@ def prepare(src: Path, out: Path, module: str) -> Path:
     if "import horovod.torch as hvd\n" not in text:
         sys.exit(f"error: {original} does not contain the line 'import horovod.torch as hvd'")
     target = out / "test" / "parallel" / "test_torch.py"
-    target.write_text(text.replace("import horovod.torch as hvd\n", f"import {module} as hvd\n", 1))
+    if module != "patch":
+        text = text.replace("import horovod.torch as hvd\n", f"import {module} as hvd\n", 1)
+    target.write_text(text)
     (out / "test" / "parallel" / "conftest.py").write_text(CONFTEST)
     return target
 
@@ -193,6 +197,9 @@ def main(argv=None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     test_file = prepare(Path(args.horovod_src).resolve(), out, args.module)
+    if args.module == "patch":  # every interpreter started from here on: collection and the ranks
+        from fasthorovod import patch
+        os.environ["PYTHONPATH"] = patch.with_patch(os.environ.get("PYTHONPATH"))
     tests = collect(test_file, args.keyword)
     print(f"{len(tests)} tests, hvd = {args.module}, {args.np} ranks", flush=True)
     start = time.time()

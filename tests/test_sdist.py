@@ -119,6 +119,7 @@ def test_the_sdist_builds_installs_and_runs_an_allreduce_through_the_proxies(tmp
     files = {p.name for p in Path(installed).iterdir()}
     assert any(name.startswith("_C.") and name.endswith(".so") for name in files), files
     assert not any("testing" in name for name in files), files
+    assert (Path(installed) / "patch_site" / "sitecustomize.py").is_file()  # the patch switch (patch.py)
 
     (tmp_path / "worker.py").write_text(WORKER)
     job_env = dict(env, FASTHOROVOD_PROXY_THRESHOLD_BYTES=str(1 << 20), FASTHOROVOD_HIERARCHICAL="0",

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fasthorovod.config import ALIASES, MAX_LANES, MAX_SOCKETS_PER_LANE, PREFIX, Config, ConfigError
+from fasthorovod import patch
 from fasthorovod.netem import parse_spec
 from fasthorovod.units import bytes_argument
 
@@ -95,6 +96,11 @@ def add_fasthorovod_arguments(parser: argparse.ArgumentParser) -> None:
              "64KiB, 1MiB (KiB/MiB/GiB are 1024^n, kB/MB/GB 1000^n); default 1MiB, or 8MiB when every rank runs on one host (a value "
              "given here applies everywhere).")
     group.add_argument(
+        "--patch-horovod", action="store_true",
+        help="Ranks whose script imports horovod.torch itself get fasthorovod.torch (an opt-in "
+             "switch for programs that cannot change their import: fasthorovod's patch directory "
+             "goes first on PYTHONPATH; rank 0 says so on stderr; docs/runner.md).")
+    group.add_argument(
         "--emulate-cloud", type=_cloud_spec, metavar="HOSTS:LINK:PER_FLOW",
         help="Run the job on an emulated public-cloud network on this machine, e.g. "
              "4:1gbit:200mbit: HOSTS network namespaces on a bridge, each host's link capped at "
@@ -147,6 +153,7 @@ def _parse_with_horovod(argv: Sequence[str]) -> tuple[argparse.Namespace, argpar
 def fasthorovod_env(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The FASTHOROVOD_* variables that the flags in ``args`` set (only those given).
 
+    ``--patch-horovod`` puts fasthorovod's patch directory first on PYTHONPATH (fasthorovod/patch.py).
     Outside the emulated mode, a single ``--network-interfaces`` NIC also becomes FASTHOROVOD_IFACE
     (unless the environment sets it), so the proxies bind where Horovod's traffic goes under MPI
     too (under Gloo they already follow HOROVOD_GLOO_IFACE).
@@ -154,6 +161,8 @@ def fasthorovod_env(args: argparse.Namespace, environ: Mapping[str, str] | None 
     environ = os.environ if environ is None else environ
     env = {var: str(getattr(args, dest)) for dest, var in FLAG_VARIABLES.items()
            if getattr(args, dest, None) is not None}
+    if getattr(args, "patch_horovod", False):
+        env["PYTHONPATH"] = patch.with_patch(environ.get("PYTHONPATH"))
     nics = sorted(getattr(args, "nics", None) or [])
     if getattr(args, "emulate_cloud", None) is None and len(nics) == 1 and not environ.get(PREFIX + "IFACE"):
         env[PREFIX + "IFACE"] = nics[0]
