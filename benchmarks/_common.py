@@ -746,6 +746,8 @@ def portable_command(argv) -> str:
             word = os.path.relpath(word, repo)
         elif word.startswith(scratch + os.sep):
             word = "$TMPDIR" + word[len(scratch):]
+        elif word.startswith("file://" + scratch + os.sep):  # a torch.distributed file store
+            word = "file://$TMPDIR" + word[len("file://" + scratch):]
         words.append(word)
     return shlex.join(words)
 

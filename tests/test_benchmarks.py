@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -864,3 +865,5 @@ def test_recorded_commands_name_no_path_of_this_machine(tmp_path):
                                     str(BENCHMARKS / "train.py"), "--result-file", str(tmp_path / "1.json")])
     assert str(repo) not in line and str(tmp_path.parent) not in line, line
     assert line.startswith("/usr/bin/env .venv/bin/python benchmarks/train.py --result-file '$TMPDIR/"), line
+    store = common.portable_command(["--rendezvous", f"file://{tempfile.gettempdir()}/torch-gloo-store-1"])
+    assert store == "--rendezvous 'file://$TMPDIR/torch-gloo-store-1'", store
