@@ -11,7 +11,7 @@ does meanwhile.
 A request handed to :meth:`SecondStages.add` offers ``first_done()`` (never blocks),
 ``post_second()`` (posts the second stage, or records why it could not; never raises) and
 ``abandon(error)`` (the data plane is going away). The thread polls the pending requests' first
-stages (a poll takes no lock another rank holds) with a backoff of 50 microseconds to 1 ms.
+stages (a poll takes no lock another rank holds) with a backoff of 50 to 250 microseconds.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Horovod's torch collectives with large Sum/Average allreduces and large broadcasts routed
-through the proxies.
+"""Horovod's torch collectives with large Sum/Average allreduces, reduce-scatters, broadcasts and
+allgathers routed through the proxies.
 
 Every function here has the signature and behaviour of its namesake in ``horovod.torch`` 0.28.1.
 An allreduce goes through FastHorovod's proxies when all of these hold, and through Horovod
@@ -25,6 +25,13 @@ A reduce-scatter (``reducescatter``, ``grouped_reducescatter`` and their ``_asyn
 through the proxies under the allreduce's conditions, on a flat ring (not the hierarchical
 layout), once Horovod's own checks of the tensors passed: the ring's reduce-scatter phase alone,
 with Horovod's split of the first dimension (fasthorovod/proxy/scatter.py).
+
+An allgather (``allgather``, ``grouped_allgather`` and their ``_async`` forms, and so Horovod's own
+``allgather_object`` and ``sparse_allreduce_async``, rebound to them) of the global process set on a
+flat ring goes through the proxies at any size, for a dtype they carry and tensors of at least one
+dimension: the first dimensions may differ between ranks, so each rank's row counts (and small
+payloads) travel first through Horovod's allgather, then the rows over the lanes
+(fasthorovod/proxy/gather.py).
 
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
 ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``broadcast_object`` of
