@@ -57,6 +57,25 @@ def _summing(op) -> bool:
 _running: List[ProxyGroup] = []
 
 
+def start_proxies(store, rank: int, size: int, timeout: timedelta) -> Optional[ProxyGroup]:
+    """This process's data plane, started over the c10d `store` (collective: every rank calls it),
+    or None where it runs none (one rank, FASTHOROVOD_NUM_LANES=0). Its waits are bounded by
+    `timeout` unless FASTHOROVOD_TIMEOUT_SECONDS says otherwise."""
+    config = Config.from_env()
+    if PREFIX + "TIMEOUT_SECONDS" not in os.environ:
+        config = dataclasses.replace(config, timeout_seconds=timeout.total_seconds())
+    if not planner.enabled(config, size):
+        return None
+    exchange = StoreExchange(dist.PrefixStore(BACKEND_NAME, store), rank, size, "startup")
+    # One host: one address the proxies bind on (hostnames can coincide between hosts, e.g. network
+    # namespaces of one machine)
+    hosts = exchange.allgather_object(bind_address(config), name="hosts")
+    group = ProxyGroup.start(config, rank, size, exchange.broadcast_object, exchange.allgather_object,
+                             single_host=len(set(hosts)) == 1)
+    _running.append(group)
+    return group
+
+
 def create(store, rank: int, size: int, timeout: timedelta) -> "ProcessGroupFastHorovod":
     """The backend's constructor, as torch.distributed calls it (``Backend.register_backend``)."""
     return ProcessGroupFastHorovod(store, rank, size, timeout)
@@ -67,19 +86,9 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
         self._names = itertools.count()
-        self._completions = _Completions()
-        self.proxies: Optional[ProxyGroup] = None  # None: every collective is Gloo's
-        config = Config.from_env()
-        if PREFIX + "TIMEOUT_SECONDS" not in os.environ:  # the group's timeout bounds every wait
-            config = dataclasses.replace(config, timeout_seconds=timeout.total_seconds())
-        if planner.enabled(config, size) and not _running:
-            exchange = StoreExchange(dist.PrefixStore(BACKEND_NAME, store), rank, size, "startup")
-            # One host: one address the proxies bind on (hostnames can coincide between hosts,
-            # e.g. network namespaces of one machine)
-            hosts = exchange.allgather_object(bind_address(config), name="hosts")
-            self.proxies = ProxyGroup.start(config, rank, size, exchange.broadcast_object,
-                                            exchange.allgather_object, single_host=len(set(hosts)) == 1)
-            _running.append(self.proxies)
+        self._completions = Completions()
+        # None: every collective is Gloo's
+        self.proxies: Optional[ProxyGroup] = None if _running else start_proxies(store, rank, size, timeout)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -106,10 +115,8 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
     def _proxied(self, verb: str, post: Callable, finish: Optional[Callable], result) -> dist.Work:
         """Posts a collective to the proxies (`post(name)` returns the request) and returns its
         work: done once the request is and `finish()` copied the result out."""
-        future = torch.futures.Future()
         name = f"c10d.{verb}.{next(self._names)}"
-        self._completions.add(name, post(name), finish, future, result, self.proxies.config.timeout_seconds)
-        return _Work(future)
+        return _Work(self._completions.complete(name, post(name), finish, result, self.proxies.config.timeout_seconds))
 
     # -- the collectives the proxies take --
 
@@ -282,7 +289,7 @@ class _Work(dist._Work):
         return self._future.value()
 
 
-class _Completions:
+class Completions:
     """Completes the works of proxied collectives: one thread waits for their requests in the
     order they were posted, copies results out and sets the futures, or sets the exception that
     ended the wait. A request not done within the group's timeout (counted from its post: c10d's
@@ -294,13 +301,17 @@ class _Completions:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
 
-    def add(self, name: str, request, finish: Optional[Callable], future: torch.futures.Future, result,
-            timeout_seconds: float) -> None:
+    def complete(self, name: str, request, finish: Optional[Callable], result,
+                 timeout_seconds: float) -> torch.futures.Future:
+        """The future of `request` (named `name`): set to `result` once it is done and `finish()`
+        copied its result out, or to the exception that ended it."""
+        future = torch.futures.Future()
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fasthorovod-c10d", daemon=True)
                 self._thread.start()
         self._queue.put((name, request, finish, future, result, time.monotonic() + timeout_seconds, timeout_seconds))
+        return future
 
     def close(self) -> None:
         with self._lock:
