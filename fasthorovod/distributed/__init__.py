@@ -15,4 +15,4 @@ from fasthorovod.distributed.backend import BACKEND_NAME, ProcessGroupFastHorovo
 from fasthorovod.distributed.hook import allreduce_hook  # noqa: F401
 
 if BACKEND_NAME.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND_NAME, create, devices=["cpu", "cuda"])
+    _dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu", "cuda"])

@@ -76,9 +76,12 @@ def start_proxies(store, rank: int, size: int, timeout: timedelta) -> Optional[P
     return group
 
 
-def create(store, rank: int, size: int, timeout: timedelta) -> "ProcessGroupFastHorovod":
-    """The backend's constructor, as torch.distributed calls it (``Backend.register_backend``)."""
-    return ProcessGroupFastHorovod(store, rank, size, timeout)
+def create(options, backend_options=None) -> "ProcessGroupFastHorovod":
+    """The backend's constructor, as torch.distributed calls it (``Backend.register_backend`` with
+    ``extended_api``: `options` holds the store, the group's rank and size, its timeout and name)."""
+    group = ProcessGroupFastHorovod(options.store, options.group_rank, options.group_size, options.timeout)
+    group.name_ = options.group_id  # what getGroupName() answers (DeviceMesh, FSDP2 ask)
+    return group
 
 
 class ProcessGroupFastHorovod(dist.ProcessGroup):
@@ -90,8 +93,16 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         # None: every collective is Gloo's
         self.proxies: Optional[ProxyGroup] = None if _running else start_proxies(store, rank, size, timeout)
 
+    name_ = ""  # the group's name in torch.distributed (create)
+
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    def getGroupName(self) -> str:
+        return self.name_
+
+    def getGroupDesc(self) -> str:
+        return f"{BACKEND_NAME}:{self.name_}"
 
     def shutdown(self) -> None:
         """Stops the proxies (collectives in flight fail) and the Gloo group (``destroy_process_group``

@@ -209,6 +209,7 @@ def main():
     rank, size = dist.get_rank(), dist.get_world_size()
     pg = dist.distributed_c10d._get_default_group()
     assert args.init != "fasthorovod" or pg.proxies is not None, "the proxies must be running"
+    assert pg.group_name, "the group has no name (DeviceMesh.from_group needs one)"
     gloo = dist.new_group(backend="gloo")
     before = lanes_ran()
     proxied = globals()[f"scenario_{args.scenario}"](pg, gloo, rank, size)
