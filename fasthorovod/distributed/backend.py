@@ -88,6 +88,9 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        # What torch dispatches to by device rather than through this object's methods (functional
+        # collectives: FSDP2) runs on Gloo
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         self._names = itertools.count()
         self._completions = Completions()
         # None: every collective is Gloo's

@@ -71,6 +71,10 @@ def test_ddp_on_gloo_with_the_hook_trains_bit_for_bit_as_without(init):
     _all_ok(launch(2, "hook", "--init", init), "hook")
 
 
+def test_fsdp2_trains_bit_for_bit_as_on_gloo():
+    _all_ok(launch(2, "fsdp"), "fsdp")
+
+
 def test_mismatched_collectives_fail_by_name():
     _all_ok(launch(2, "mismatch"), "mismatch")
 

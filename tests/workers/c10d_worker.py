@@ -153,6 +153,29 @@ def scenario_hook(pg, gloo, rank, size):
     return 0
 
 
+def scenario_fsdp(pg, gloo, rank, size):
+    """FSDP2 (``fully_shard``, on the CPU) trains bit for bit as on a Gloo group (2 ranks); its
+    collectives are functional collectives, which torch dispatches by device: Gloo's."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    def train(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        fully_shard(model, mesh=DeviceMesh.from_group(group, "cpu"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(16, 64, generator=data)).pow(2).mean().backward()
+            opt.step()
+        return [p.full_tensor().detach().clone() for p in model.parameters()]
+
+    for a, b in zip(train(dist.group.WORLD), train(gloo)):
+        same(a, b, "FSDP parameters")
+    return 0
+
+
 def scenario_mismatch(pg, gloo, rank, size):
     """Ranks that issue different collectives get an error naming it, not a wrong result."""
     x = torch.ones(1000 * (rank + 1))
