@@ -57,6 +57,14 @@ def _summing(op) -> bool:
 _running: List[ProxyGroup] = []
 
 
+def _on_gloo(method: str) -> Callable:
+    """A ProcessGroupFastHorovod method that hands its call to the internal Gloo group's `method`."""
+    def forward(self, *args, **kwargs):
+        return getattr(self._gloo, method)(*args, **kwargs)
+    forward.__name__ = method
+    return forward
+
+
 def start_proxies(store, rank: int, size: int, timeout: timedelta) -> Optional[ProxyGroup]:
     """This process's data plane, started over the c10d `store` (collective: every rank calls it),
     or None where it runs none (one rank, FASTHOROVOD_NUM_LANES=0). Its waits are bounded by
@@ -227,42 +235,19 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         return self._proxied("reducescatter", post, lambda: output.copy_(request.outputs[0].view(output.shape)),
                              [output])
 
-    # -- Gloo's alone --
+    # -- Gloo's alone (the internal group's method of the same name, or of the name Gloo gives it) --
 
-    def all_to_all_single(self, *args, **kwargs):
-        return self._gloo.alltoall_base(*args, **kwargs)
-
-    alltoall_base = all_to_all_single
-
-    def alltoall(self, *args, **kwargs):
-        return self._gloo.alltoall(*args, **kwargs)
-
-    def barrier(self, *args, **kwargs):
-        return self._gloo.barrier(*args, **kwargs)
-
-    def reduce(self, *args, **kwargs):
-        return self._gloo.reduce(*args, **kwargs)
-
-    def gather(self, *args, **kwargs):
-        return self._gloo.gather(*args, **kwargs)
-
-    def scatter(self, *args, **kwargs):
-        return self._gloo.scatter(*args, **kwargs)
-
-    def send(self, *args, **kwargs):
-        return self._gloo.send(*args, **kwargs)
-
-    def recv(self, *args, **kwargs):
-        return self._gloo.recv(*args, **kwargs)
-
-    def recv_anysource(self, *args, **kwargs):
-        return self._gloo.recv_anysource(*args, **kwargs)
-
-    def allreduce_coalesced(self, *args, **kwargs):
-        return self._gloo.allreduce_coalesced(*args, **kwargs)
-
-    def allgather_coalesced(self, *args, **kwargs):
-        return self._gloo.allgather_coalesced(*args, **kwargs)
+    all_to_all_single = alltoall_base = _on_gloo("alltoall_base")
+    alltoall = _on_gloo("alltoall")
+    barrier = _on_gloo("barrier")
+    reduce = _on_gloo("reduce")
+    gather = _on_gloo("gather")
+    scatter = _on_gloo("scatter")
+    send = _on_gloo("send")
+    recv = _on_gloo("recv")
+    recv_anysource = _on_gloo("recv_anysource")
+    allreduce_coalesced = _on_gloo("allreduce_coalesced")
+    allgather_coalesced = _on_gloo("allgather_coalesced")
 
 
 class _Work(dist._Work):

@@ -22,7 +22,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 SIZES = [1, 1000, 100_003]
 
 
-def lanes_ran(pg=None) -> list:
+def lanes_ran() -> list:
     """The collectives each lane of this process's proxies ran (none yet: zeros)."""
     from fasthorovod.distributed import backend
     running = backend._running
@@ -100,29 +100,42 @@ def scenario_conformance(pg, gloo, rank, size):
     return proxied
 
 
+def train_mlp(rank: int, wrap, steps: int = 3, local_step: int = None) -> list:
+    """The training scenarios' run, the same on every backend: a small MLP seeded alike on every
+    rank, wrapped by `wrap(model)` (DDP, FSDP2: what runs forward), SGD on this rank's batches;
+    step `local_step` runs under DDP's ``no_sync`` (nothing communicated) and takes no optimizer
+    step. Returns the trained parameters (FSDP2's gathered whole)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    net = wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(rank)
+    for step in range(steps):
+        opt.zero_grad()
+        with net.no_sync() if step == local_step else contextlib.nullcontext():
+            net(torch.randn(16, 64, generator=data)).pow(2).mean().backward()
+        if step != local_step:
+            opt.step()
+    return [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for p in model.parameters()]
+
+
+def ddp(group, hook=None):
+    """A `wrap` for train_mlp: DDP on `group` (None: the default one), small buckets, `hook`."""
+    def wrap(model):
+        net = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.1)
+        if hook is not None:
+            net.register_comm_hook(group, hook)
+        return net
+    return wrap
+
+
 def scenario_ddp(pg, gloo, rank, size):
     """DDP on the backend trains bit for bit as DDP on Gloo (2 ranks: a sum of two is the same in
     any order), its buckets through the proxies."""
-    def train(group):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.1)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        data = torch.Generator().manual_seed(rank)
-        for step in range(4):
-            opt.zero_grad()
-            with ddp.no_sync() if step == 1 else contextlib.nullcontext():  # step 1 accumulates
-                loss = ddp(torch.randn(16, 64, generator=data)).pow(2).mean()
-                loss.backward()
-            if step != 1:
-                opt.step()
-        return [p.detach().clone() for p in model.parameters()]
-
-    before = sum(lanes_ran(pg))
-    ours = train(None)
-    assert sum(lanes_ran(pg)) > before, "DDP's buckets did not reach the proxies"
-    theirs = train(gloo)
-    for a, b in zip(ours, theirs):
+    before = sum(lanes_ran())
+    ours = train_mlp(rank, ddp(None), steps=4, local_step=1)
+    assert sum(lanes_ran()) > before, "DDP's buckets did not reach the proxies"
+    for a, b in zip(ours, train_mlp(rank, ddp(gloo), steps=4, local_step=1)):
         same(a, b, "DDP parameters")
     return 0
 
@@ -131,24 +144,10 @@ def scenario_hook(pg, gloo, rank, size):
     """DDP on a Gloo group with FastHorovod's communication hook trains bit for bit as DDP on Gloo
     alone, its buckets through the proxies: the hook's own under --init gloo, else the backend's,
     which the hook shares."""
-    def train(hook):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=gloo, bucket_cap_mb=0.1)
-        if hook is not None:
-            ddp.register_comm_hook(gloo, hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        data = torch.Generator().manual_seed(rank)
-        for _ in range(3):
-            opt.zero_grad()
-            ddp(torch.randn(16, 64, generator=data)).pow(2).mean().backward()
-            opt.step()
-        return [p.detach().clone() for p in model.parameters()]
-
     before = sum(lanes_ran())
-    ours = train(fasthorovod.distributed.allreduce_hook)
+    ours = train_mlp(rank, ddp(gloo, fasthorovod.distributed.allreduce_hook))
     assert sum(lanes_ran()) > before, "the hook's buckets did not reach the proxies"
-    for a, b in zip(ours, train(None)):
+    for a, b in zip(ours, train_mlp(rank, ddp(gloo))):
         same(a, b, "DDP parameters with the hook")
     return 0
 
@@ -159,19 +158,10 @@ def scenario_fsdp(pg, gloo, rank, size):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    def train(group):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-        fully_shard(model, mesh=DeviceMesh.from_group(group, "cpu"))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        data = torch.Generator().manual_seed(rank)
-        for _ in range(3):
-            opt.zero_grad()
-            model(torch.randn(16, 64, generator=data)).pow(2).mean().backward()
-            opt.step()
-        return [p.full_tensor().detach().clone() for p in model.parameters()]
+    def sharded(group):
+        return lambda model: fully_shard(model, mesh=DeviceMesh.from_group(group, "cpu"))
 
-    for a, b in zip(train(dist.group.WORLD), train(gloo)):
+    for a, b in zip(train_mlp(rank, sharded(dist.group.WORLD)), train_mlp(rank, sharded(gloo))):
         same(a, b, "FSDP parameters")
     return 0
 
