@@ -25,7 +25,7 @@ from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
 from fasthorovod.proxy.buffers import copy_tensor, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_GATHER, OP_SUM, hash64
 from fasthorovod.proxy.requests import GatherRequest, Request
-from fasthorovod.proxy.rows import Layout
+from fasthorovod.proxy.rows import Layout, RowsOut
 
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
@@ -195,7 +195,7 @@ class RowsRequest:
             ticket = group._submit(buffer, self._name, "rows of " + ";".join(",".join(map(str, c)) for c in counts),
                                    sum(x.numel() for x in tensors) * x0.element_size(), buffer_offset=0,
                                    count=n * layout.width, dtype=DTYPE_CODES[x0.dtype], op=OP_GATHER)
-        return _GatheredRows(group, ticket, buffer, outputs, layout)
+        return RowsOut(group, ticket, buffer, outputs, layout, range(n))
 
     def _empty_outputs(self, counts: List[List[int]]) -> List[torch.Tensor]:
         return [torch.empty((sum(c),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -218,17 +218,3 @@ class RowsRequest:
         if self._rows is not None:
             self._rows.wait()
             self.outputs = self._rows.outputs
-
-
-class _GatheredRows(Request):
-    def __init__(self, group: "ProxyGroup", ticket: int, buffer, outputs: Sequence[torch.Tensor],
-                 layout: Layout) -> None:
-        super().__init__(group, ticket, buffer, True, (), outputs, ())
-        self._layout = layout
-        self.outputs = list(outputs)
-
-    def _copy_out(self) -> None:
-        layout, dtype = self._layout, self.outputs[0].dtype
-        staged = self._buffer.view(dtype, 0, layout.size * layout.width)
-        for t, out in enumerate(self.outputs):
-            layout.place(t, range(layout.size), out.view(-1), staged, False)

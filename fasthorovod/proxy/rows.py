@@ -8,17 +8,22 @@ same width and the ring's chunks stay equal. Rank r's row sits in the ring chunk
 complete when a reduce-scatter phase ends, and that an allgather phase starts from
 (``_C.allgather_own_chunk``: chunk ``(r + 1) % size``); lane j carries columns ``bounds[j]`` to
 ``bounds[j+1]`` of every row, equal shares of the width (``_C.shard_boundaries``, which the
-coordinator applies to such collectives whatever the lane weights).
+coordinator applies to such collectives whatever the lane weights). :class:`RowsOut` is either
+collective once posted: its outputs are filled from the buffer when it completes.
 """
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Sequence, Tuple
 
 import torch
 
 from fasthorovod import _C
-from fasthorovod.proxy.buffers import copy_tensor, zero_tensor
+from fasthorovod.proxy.buffers import Buffer, copy_tensor, zero_tensor
+from fasthorovod.proxy.requests import Request
+
+if TYPE_CHECKING:
+    from fasthorovod.proxy.group import ProxyGroup
 
 
 def shares(rows: int, size: int) -> List[int]:
@@ -92,7 +97,24 @@ def rows_in(layout: Layout, tensors: Sequence[torch.Tensor], staged: torch.Tenso
         layout.place(t, range(layout.size), x.reshape(-1), staged, True)  # a non-contiguous input: a copy
 
 
-def rows_out(layout: Layout, staged: torch.Tensor, outputs: Sequence[torch.Tensor], rank: int) -> None:
-    """A reduce-scatter's output: copies rank `rank`'s rows of each tensor from `staged` into `outputs`."""
+def rows_out(layout: Layout, staged: torch.Tensor, outputs: Sequence[torch.Tensor], ranks: Sequence[int]) -> None:
+    """Copies the rows of each tensor that `ranks` hold (consecutive, in rank order) from `staged`
+    into `outputs`: a reduce-scatter's own rows, or an allgather's every rank's."""
     for t, out in enumerate(outputs):
-        layout.place(t, [rank], out.view(-1), staged, False)
+        layout.place(t, ranks, out.view(-1), staged, False)
+
+
+class RowsOut(Request):
+    """A posted collective laid out by rows per rank: once wait() returned, each of ``outputs``
+    holds the rows of its tensor that `ranks` hold (:func:`rows_out`)."""
+
+    def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, outputs: Sequence[torch.Tensor],
+                 layout: Layout, ranks: Sequence[int]) -> None:
+        super().__init__(group, ticket, buffer, True, (), outputs, ())
+        self._layout, self._ranks = layout, list(ranks)
+        self.outputs = list(outputs)
+
+    def _copy_out(self) -> None:
+        layout = self._layout
+        rows_out(layout, self._buffer.view(self.outputs[0].dtype, 0, layout.size * layout.width), self.outputs,
+                 self._ranks)

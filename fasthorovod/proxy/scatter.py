@@ -15,31 +15,15 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
-from fasthorovod.proxy.buffers import Buffer
 from fasthorovod.proxy.core import DTYPE_CODES, OP_REDUCESCATTER, WIRE_CODES
-from fasthorovod.proxy.requests import Request
-from fasthorovod.proxy.rows import Layout, rows_in, rows_out
+from fasthorovod.proxy.rows import Layout, RowsOut, rows_in
 
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
 
 
-class ScatterRequest(Request):
-    """A posted reduce-scatter: on wait() each output holds this rank's rows of its tensor."""
-
-    def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, outputs: Sequence[torch.Tensor],
-                 layout: Layout) -> None:
-        super().__init__(group, ticket, buffer, True, (), outputs, ())
-        self._layout = layout
-        self.outputs = list(outputs)  # this rank's rows of each tensor; complete once wait() returned
-
-    def _copy_out(self) -> None:
-        layout, dtype = self._layout, self._outputs[0].dtype
-        rows_out(layout, self._buffer.view(dtype, 0, layout.size * layout.width), self._outputs, self._group.rank)
-
-
 def post(group: "ProxyGroup", tensors: Sequence[torch.Tensor], name: str, average: bool, prescale: float,
-         postscale: float, wire: Optional[torch.dtype] = None) -> ScatterRequest:
+         postscale: float, wire: Optional[torch.dtype] = None) -> RowsOut:
     """Posts the reduce-scatter of `tensors` (one dtype, at least one dimension each, the same
     shapes on every rank; CPU or CUDA); the request's outputs are this rank's rows of each."""
     dtype = tensors[0].dtype
@@ -60,4 +44,4 @@ def post(group: "ProxyGroup", tensors: Sequence[torch.Tensor], name: str, averag
                                dtype=DTYPE_CODES[dtype] if wire is None else WIRE_CODES[(dtype, wire)],
                                op=OP_REDUCESCATTER, prescale=prescale,
                                postscale=postscale / n if average else postscale)
-    return ScatterRequest(group, ticket, buffer, outputs, layout)
+    return RowsOut(group, ticket, buffer, outputs, layout, [rank])

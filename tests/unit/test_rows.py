@@ -40,7 +40,7 @@ def test_every_rank_reads_its_rows_of_the_sum(size, lanes, shapes):
     summed = [sum(inputs[r][i] for r in range(size)) for i in range(len(shapes))]
     for r in range(size):
         outputs = [torch.empty((shares(s[0], size)[r],) + tuple(s[1:]), dtype=torch.float64) for s in shapes]
-        rows_out(layout, total, outputs, r)
+        rows_out(layout, total, outputs, [r])
         for i, s in enumerate(shapes):
             first = sum(shares(s[0], size)[:r])
             assert torch.equal(outputs[i], summed[i][first:first + outputs[i].shape[0]]), (r, i, s)
