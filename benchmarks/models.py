@@ -1,5 +1,5 @@
-"""AlexNet and VGG16 for the training benchmark, defined here because torchvision does not install
-beside torch 2.13 on the machines this project targets.
+"""AlexNet, VGG16 and a transformer language model for the training benchmark, defined here because
+torchvision does not install beside torch 2.13 on the machines this project targets.
 
 The layer shapes follow torchvision's ``alexnet`` and ``vgg16`` exactly, so at 1000 classes the
 parameter counts match (AlexNet 61,100,840; VGG16 138,357,544) and so does the gradient volume a
@@ -90,13 +90,65 @@ class VGG16(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-MODELS = {"alexnet": AlexNet, "vgg16": VGG16}
+class TransformerLM(nn.Module):
+    """A GPT-style causal language model of many small tensors, the other shape of gradient traffic:
+    token and position embeddings, ``layers`` pre-norm transformer blocks (PyTorch's
+    ``TransformerEncoderLayer`` under a causal mask), a final layer norm and an untied output
+    projection. At the defaults (a 32,000-token vocabulary, width 512, 6 layers, 8 heads, 2048-wide
+    feed-forward, 512 positions) it has 51,977,472 parameters in 78 tensors.
+    """
+
+    def __init__(self, num_classes=32000, width=512, layers=6, heads=8, feedforward=2048, max_len=512,
+                 dropout=0.1):
+        super().__init__()
+        self.max_len = max_len
+        self.tokens = nn.Embedding(num_classes, width)
+        self.positions = nn.Embedding(max_len, width)
+        block = nn.TransformerEncoderLayer(width, heads, feedforward, dropout, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, tokens):
+        length = tokens.shape[1]
+        if length > self.max_len:
+            raise ValueError(f"sequence of {length} tokens; this model has {self.max_len} positions")
+        x = self.tokens(tokens) + self.positions(torch.arange(length, device=tokens.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        return self.head(self.norm(self.blocks(x, mask=mask, is_causal=True)))
+
+
+MODELS = {"alexnet": AlexNet, "vgg16": VGG16, "transformer": TransformerLM}
+LANGUAGE_MODELS = ("transformer",)
 MIN_IMAGE_SIZE = 32
 
 
 def build_model(name, num_classes=1000):
-    """Return a freshly initialised model by name ("alexnet" or "vgg16")."""
+    """Return a freshly initialised model by name ("alexnet", "vgg16" or "transformer", whose
+    ``num_classes`` is its vocabulary)."""
     try:
         return MODELS[name](num_classes=num_classes)
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}") from None
+
+
+def default_classes(name):
+    """The classifier outputs a model has by default: ImageNet's 1000, a language model's vocabulary."""
+    return 32000 if name in LANGUAGE_MODELS else 1000
+
+
+def synthetic_batch(name, batch_size, num_classes, image_size=224, seq_len=256):
+    """One random batch for model `name`: (inputs, targets) and the loss that compares them.
+    Images and labels for the image models; for a language model, ``seq_len + 1`` random tokens per
+    sequence, of which the model reads the first ``seq_len`` and predicts the last ``seq_len``."""
+    if name not in LANGUAGE_MODELS:
+        images = torch.randn(batch_size, 3, image_size, image_size)
+        labels = torch.randint(num_classes, (batch_size,))
+        return images, labels, nn.CrossEntropyLoss()
+    tokens = torch.randint(num_classes, (batch_size, seq_len + 1))
+    cross_entropy = nn.CrossEntropyLoss()
+
+    def loss(logits, targets):
+        return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return tokens[:, :-1], tokens[:, 1:], loss

@@ -15,8 +15,8 @@ the machine hits every backend alike. Each rank:
      each warm-up step and next to ``--compute-steps`` of the timed steps, spread evenly; before
      the training step in even pairs, after it in odd ones): forward, backward with
      ``torch.autograd.grad`` (so no gradient hook fires and nothing is communicated) and SGD's
-     momentum arithmetic on a scratch buffer (the weights do not change). Both kinds of step thus
-     see the same machine, the same background load and the same drift;
+     arithmetic in place on copies (the weights do not change), each phase timed. Both kinds of
+     step thus see the same machine, the same background load and the same drift;
      A compute-only step shares the CPUs with whatever is still running when it starts: for
      the delayed algorithms (SSD-SGD, OD-SGD), the communication their previous step left in flight,
      as that step's successor does; ``--peer-steps`` gives the backends that are not
@@ -39,6 +39,12 @@ it ran with (lanes, sockets per lane and where that number came from). Rank 0 pr
 stderr (``train step 12/50 1.23 s/step``), the driver a line per finished job (``round 2/3, backend
 fasthorovod: ...``) with the elapsed time.
 
+With ``--ceiling`` every round starts with the raw-TCP ring ceiling (iperf3 between the emulated
+hosts, _common.ring_worker), and each job's step is set against the *overlap bound*: forward +
+max(backward, the gradients' ring allreduce at that round's ceiling) + update, the phases from the
+job's compute-only steps (``overlap_bound``). A step at 1.00x the bound hides all communication
+behind backward at the ceiling's rate.
+
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
 """
@@ -59,7 +65,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import _common as common  # noqa: E402
-from models import MIN_IMAGE_SIZE, MODELS, build_model  # noqa: E402
+from models import LANGUAGE_MODELS, MIN_IMAGE_SIZE, MODELS, build_model, default_classes, synthetic_batch  # noqa: E402
 
 IMPORTS_DONE = time.time()
 
@@ -87,6 +93,13 @@ def parse_args(argv=None):
                              "C ...), and report per backend the median over the rounds with the "
                              "spread (min-max) (default: %(default)s)")
     add_workload_arguments(parser)
+    parser.add_argument("--ceiling", action="store_true",
+                        help="start every round with the raw-TCP ring ceiling (iperf3 between the "
+                             "emulated hosts of the ranks; needs a --launcher-prefix with "
+                             "--emulate-cloud, skipped elsewhere) and report each backend's step "
+                             "against the overlap bound: forward + max(backward, the gradients' "
+                             "ring at that ceiling) + update, from the compute-only steps' phases")
+    common.add_ring_arguments(parser)
     parser.add_argument("--peer-steps", type=int,
                         help="timed training steps for the backends that are not FastHorovod "
                              "(Horovod's steps are network-bound and vary by about 1%% from step to "
@@ -100,6 +113,8 @@ def parse_args(argv=None):
         parser.error("need --rounds >= 1")
     if args.peer_steps is not None and args.peer_steps < 1:
         parser.error("need --peer-steps >= 1")
+    if (args.ring_flows is not None and args.ring_flows < 1) or args.ring_seconds <= 0:
+        parser.error("need --ring-flows >= 1 and --ring-seconds > 0")
     return args
 
 
@@ -114,14 +129,19 @@ def add_workload_arguments(parser):
     """The options that define one training job (model, data, steps, algorithm, seed); the drivers
     that run train.py's workers (this one, repeat_train.py) share them."""
     parser.add_argument("--model", choices=sorted(MODELS), default="alexnet",
-                        help="model to train (default: %(default)s)")
+                        help="model to train: two CNNs of few large tensors, or a transformer "
+                             "language model of 78 tensors (models.py) (default: %(default)s)")
     parser.add_argument("--image-size", type=int, default=224,
                         help=f"image height and width in px, at least {MIN_IMAGE_SIZE} "
                              "(default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=16,
-                        help="images per rank per step (default: %(default)s)")
-    parser.add_argument("--num-classes", type=int, default=1000,
-                        help="classifier outputs (default: %(default)s)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="tokens per sequence (transformer) (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int,
+                        help="images (sequences for the transformer) per rank per step (default: 16 "
+                             "images, 4 sequences)")
+    parser.add_argument("--num-classes", type=int,
+                        help="classifier outputs, the vocabulary for the transformer (default: 1000, "
+                             "32000)")
     parser.add_argument("--steps", type=int, default=10,
                         help="timed training steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=2,
@@ -151,6 +171,12 @@ def add_workload_arguments(parser):
 
 def check_workload_arguments(parser, args):
     """Reject impossible values (exits through parser.error); default --threads from --np."""
+    if args.batch_size is None:
+        args.batch_size = 4 if args.model in LANGUAGE_MODELS else 16
+    if args.num_classes is None:
+        args.num_classes = default_classes(args.model)
+    if args.num_classes < 2 or args.seq_len < 1:
+        parser.error("need --num-classes >= 2 and --seq-len >= 1")
     if args.image_size < MIN_IMAGE_SIZE:
         parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE}")
     if min(args.steps, args.batch_size, args.np) < 1 or min(args.warmup_steps, args.compute_steps) < 0:
@@ -193,14 +219,15 @@ def step_schedule(warmup, steps, compute_steps):
 
 def run_schedule(schedule, train_step, compute_step, verbose):
     """Run the steps of ``schedule`` (``step_schedule``); returns the timed training steps'
-    durations, the timed compute-only steps' durations (in pair order) and, per pair, the index of
-    its training step among the timed ones."""
-    train, compute, paired = [], [], []
+    durations, the timed compute-only steps' durations (in pair order), per pair the index of its
+    training step among the timed ones, and the timed compute-only steps' phases (what
+    ``compute_step`` returned: {"forward", "backward", "update"} seconds, or None)."""
+    train, compute, paired, phases = [], [], [], []
     totals = {kind: sum(1 for k, _, _ in schedule if k == kind) for kind in ("train", "compute")}
     done = {"train": 0, "compute": 0}
     for kind, timed, pair in schedule:
         start = time.perf_counter()
-        (train_step if kind == "train" else compute_step)()
+        returned = (train_step if kind == "train" else compute_step)()
         elapsed = time.perf_counter() - start
         done[kind] += 1
         if timed and kind == "train":
@@ -209,11 +236,12 @@ def run_schedule(schedule, train_step, compute_step, verbose):
                 paired.append(len(train) - 1)
         elif timed:
             compute.append(elapsed)
+            phases.append(returned)
         if verbose:
             label = "train" if kind == "train" else "compute-only"
             print(f"{label} step {done[kind]}/{totals[kind]} {elapsed:.2f} s/step"
                   f"{'' if timed else ' (warm-up)'}", file=sys.stderr, flush=True)
-    return train, compute, paired
+    return train, compute, paired, phases
 
 
 def optimizer_kwargs(backend, default_algorithm, algorithm_warmup=0):
@@ -245,28 +273,36 @@ def synthetic_problem(args, rank):
     """The model (same initial weights on every rank), a training step on this rank's batch and a
     compute-only step on it: forward, backward with ``torch.autograd.grad`` (gradients are returned,
     not accumulated, so the DistributedOptimizer's hooks do not fire and nothing is communicated)
-    and SGD's momentum arithmetic (buf = 0.9 buf + grad) on a scratch buffer, leaving the weights
-    as they are."""
+    and SGD's arithmetic in place on copies (buf = 0.9 buf + grad, weights -= lr buf), leaving the
+    weights as they are. The compute-only step returns the seconds of its
+    three phases."""
     seed_everything(args.seed)
     model = build_model(args.model, args.num_classes)
     seed_everything(args.seed + 1 + rank)  # distinct data and dropout per rank
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-    labels = torch.randint(args.num_classes, (args.batch_size,))
-    loss_fn = nn.CrossEntropyLoss()
+    inputs, targets, loss_fn = synthetic_batch(args.model, args.batch_size, args.num_classes,
+                                               args.image_size, args.seq_len)
     params = [p for p in model.parameters() if p.requires_grad]
-    momentum = []
+    momentum, scratch = [], []
 
     def train_step(optimizer, net=model):  # net: the model, or a DistributedDataParallel of it
         optimizer.zero_grad()
-        loss_fn(net(images), labels).backward()
+        loss_fn(net(inputs), targets).backward()
         optimizer.step()
 
     def compute_step():
-        grads = torch.autograd.grad(loss_fn(model(images), labels), params)
+        start = time.perf_counter()
+        loss = loss_fn(model(inputs), targets)
+        forward = time.perf_counter()
+        grads = torch.autograd.grad(loss, params)
+        backward = time.perf_counter()
         if not momentum:
             momentum.extend(torch.zeros_like(p) for p in params)
+            scratch.extend(p.detach().clone() for p in params)
         torch._foreach_mul_(momentum, 0.9)
         torch._foreach_add_(momentum, grads)
+        torch._foreach_add_(scratch, momentum, alpha=-0.01)  # SGD's in-place update, on copies
+        return {"forward": forward - start, "backward": backward - forward,
+                "update": time.perf_counter() - backward}
 
     return model, train_step, compute_step
 
@@ -275,11 +311,12 @@ def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
+def summarize(hvd, args, steps, compute, paired, phases, algorithm, model, digest):
     """Rank 0's result: the slowest rank's medians and what they imply (compute figures are None
     without compute-only steps), the slowest rank's time of every timed step and compute-only step,
-    each pair's step - compute (the slowest rank's times), and the data plane FastHorovod ran
-    with."""
+    each pair's step - compute (the slowest rank's times), the compute-only steps' phases (per step
+    and phase the slowest rank's time; their medians in ``compute_phases_s``), and the data plane
+    FastHorovod ran with."""
     medians = hvd.allgather_object((float(np.median(steps)),
                                     float(np.median(compute)) if compute else None))
     step_s = max(m[0] for m in medians)
@@ -288,6 +325,9 @@ def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
     per_compute = np.max(hvd.allgather_object(compute), axis=0) if compute else []
     differences = [float(per_step[i] - c) for i, c in zip(paired, per_compute)]
     exposed = exposed_comm(differences)
+    all_phases = hvd.allgather_object(phases)
+    per_phases = [{name: max(rank[i][name] for rank in all_phases) for name in PHASES}
+                  for i in range(len(phases)) if all(rank[i] for rank in all_phases)]
     return {"np": hvd.size(), "threads": args.threads, "algorithm": algorithm,
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "images_per_s": args.batch_size * hvd.size() / step_s,
@@ -296,6 +336,9 @@ def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
             "exposed_comm": exposed,
             "step_times_s": [float(t) for t in per_step],
             "compute_times_s": [float(t) for t in per_compute],
+            "compute_phase_times_s": per_phases,
+            "compute_phases_s": ({name: float(np.median([p[name] for p in per_phases])) for name in PHASES}
+                                 if per_phases else None),
             "paired_steps": list(paired),
             "per_rank_median_step_s": [m[0] for m in medians],
             "per_rank_median_compute_s": [m[1] for m in medians],
@@ -303,6 +346,7 @@ def summarize(hvd, args, steps, compute, paired, algorithm, model, digest):
             "weights_sha256": digest}
 
 
+PHASES = ("forward", "backward", "update")  # of a compute-only step
 NOT_MEASURABLE = "not measurable (within noise)"
 NOT_MEASURED = "not measured (no compute-only steps)"
 
@@ -340,6 +384,9 @@ def process_created():
 def worker(args):
     # Wall-clock times of this rank's start-up, in order (STARTUP_PHASES names what each one ends).
     clock = {"process_created": process_created(), "script_started": SCRIPT_STARTED, "imports_done": IMPORTS_DONE}
+    if args.backend == common.RING:
+        common.ring_worker(args)
+        return
     backend = common.parse_backend(args.backend, KINDS, with_algorithm=True)
     if backend.kind in common.TORCH_BACKENDS:
         return ddp_worker(args, backend, clock)
@@ -371,11 +418,11 @@ def worker(args):
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     clock["optimizer_state_broadcast"] = time.time()
     schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
-    steps, compute, paired = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0)
+    timings = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0)
     clock["steps_done"] = time.time()
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
-    finish(hvd, args, clock, (steps, compute, paired), kwargs.get("algorithm", "ssgd"), model)
+    finish(hvd, args, clock, timings, kwargs.get("algorithm", "ssgd"), model)
 
 
 def ddp_worker(args, backend, clock):
@@ -414,7 +461,7 @@ def finish(hvd, args, clock, timings, algorithm, model):
 def worker_argv(backend, args):
     """A rank's argv (a torch-* backend's launch adds --rendezvous)."""
     return [sys.executable, "-u", os.path.abspath(__file__), "--worker", "--backend", backend.spec,
-            "--model", args.model, "--image-size", str(args.image_size),
+            "--model", args.model, "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
             "--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes),
             "--steps", str(job_steps(backend, args)[0]), "--warmup-steps", str(args.warmup_steps),
             "--compute-steps", str(job_steps(backend, args)[1]), "--algorithm", args.algorithm,
@@ -443,6 +490,8 @@ def merge_rounds(rounds):
         results = [e["result"] for e in entries]
         spreads = {key: common.spread([r[key] for r in results])
                    for key in ("images_per_s", "step_s", "compute_s")}
+        bounds = [r.get("overlap") for r in results]
+        spreads["of_bound"] = common.spread([b["of_bound"] for b in bounds if b])
         differences = [d for r in results for d in pair_differences(r)]
         exposed = exposed_comm(differences)
         result = {key: results[0][key] for key in ("np", "threads", "algorithm", "gradient_bytes",
@@ -451,10 +500,46 @@ def merge_rounds(rounds):
                       rounds=len(results), spread=spreads,
                       exposed_comm_s=exposed["exposed_comm_s"], exposed_comm=exposed,
                       round_images_per_s=[r["images_per_s"] for r in results],
+                      of_bound=spreads["of_bound"]["median"] if spreads["of_bound"] else None,
+                      round_overlap=bounds,
                       data_planes=[r.get("data_plane") for r in results])
         merged.append(dict(first, result=result, rounds=entries,
                            seconds=round(sum(e.get("seconds", 0) for e in entries), 1)))
     return merged
+
+
+def overlap_bound(result, ceiling, wire_factor=1.0):
+    """How close a job's step came to overlapping its communication with its computation, given
+    its round's ring ceiling (a tcp-ring result): ``ring_s``, the gradients' ring allreduce at the
+    ceiling (each host sends and receives 2 (H - 1) / H of ``wire_factor`` x the gradient bytes,
+    H the ceiling's hosts, at its mean per-host goodput); ``bound_s`` = forward + max(backward,
+    ring_s) + update, from the compute-only steps' phases (the slowest rank's medians): the step
+    a data plane at the ceiling that starts each gradient as backward produces it and hides all of
+    it behind backward would take (the update cannot start before the last gradient has
+    arrived); ``of_bound`` = step / bound. None without phases or a measured ceiling."""
+    phases = result.get("compute_phases_s")
+    if not phases or not ceiling or not ceiling.get("mean_gbps") or len(ceiling.get("hosts", ())) < 2:
+        return None
+    hosts = len(ceiling["hosts"])
+    ring_s = wire_factor * result["gradient_bytes"] * 2 * (hosts - 1) / hosts / (ceiling["mean_gbps"] * 1e9 / 8)
+    bound_s = phases["forward"] + max(phases["backward"], ring_s) + phases["update"]
+    return {"ceiling_gbps": ceiling["mean_gbps"], "hosts": hosts, "ring_s": ring_s, "bound_s": bound_s,
+            "of_bound": result["step_s"] / bound_s, **{f"{name}_s": phases[name] for name in PHASES}}
+
+
+def attach_overlap(rounds, backends):
+    """Gives every ok job of every round (lists in plan order, the ceiling job first) its
+    ``overlap`` against that round's ceiling (``overlap_bound``; fp16 backends send half the
+    bytes); returns the rounds without their ceiling jobs, and the ceiling jobs."""
+    ring = [e for r in rounds for e in r if e["backend"] == common.RING]
+    jobs = [[e for e in r if e["backend"] != common.RING] for r in rounds]
+    for number, entries in enumerate(jobs):
+        ceiling = next((e["result"] for e in rounds[number] if e["backend"] == common.RING and e["status"] == "ok"),
+                       None)
+        for backend, entry in zip(backends, entries):
+            if entry["status"] == "ok":
+                entry["result"]["overlap"] = overlap_bound(entry["result"], ceiling, 0.5 if backend.fp16 else 1.0)
+    return jobs, ring
 
 
 def speedups(entries):
@@ -490,19 +575,29 @@ def planes(entry):
     return " / ".join(dict.fromkeys(labels)) or "-"
 
 
-def print_table(entries, args):
+def print_table(entries, args, ceiling=None):
     ok = [e for e in entries if e["status"] == "ok"]
+    if ceiling is not None:
+        if ceiling["status"] == "ok":
+            print(f"raw-TCP ring ceiling ({common.RING}, iperf3, every host to the next at once): "
+                  f"{common.format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
+                  f"{ceiling['rounds_measured']} round{'s' if ceiling['rounds_measured'] != 1 else ''})")
+        else:
+            print(f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}")
     if ok:
         rounds = max(e["result"].get("rounds", 1) for e in ok)
-        print(f"{args.model}, {args.image_size} px, batch {args.batch_size} per rank, "
+        workload = (f"{args.seq_len}-token sequences" if args.model in LANGUAGE_MODELS else f"{args.image_size} px")
+        print(f"{args.model}, {workload}, batch {args.batch_size} per rank, "
               f"{args.np} ranks, torch threads per rank: {args.threads}; {rounds} round"
               f"{'s' if rounds != 1 else ''} of {args.warmup_steps} untimed + {args.steps} timed steps"
               + (f" ({args.compute_steps} with a compute-only step)" if args.compute_steps else "")
               + (f"; backends other than FastHorovod: {args.peer_steps} timed steps"
                  f" ({min(args.compute_steps, args.peer_steps)} with a compute-only step)"
                  if getattr(args, "peer_steps", None) is not None else ""))
-        print("images/s, s/step, compute s: median [min-max] over the rounds of each job's median; "
-              "exposed comm s: median [interquartile range] of step - compute over every pair")
+        print(f"{unit(args)}, s/step, compute s: median [min-max] over the rounds of each job's median; "
+              "exposed comm s: median [interquartile range] of step - compute over every pair"
+              + ("; x bound: step / (forward + max(backward, ring at the round's ceiling) + update), "
+                 "median [min-max] over the rounds" if ceiling is not None else ""))
         ratios = speedups(ok)
         rows = []
         for e in ok:
@@ -512,10 +607,17 @@ def print_table(entries, args):
                          common.format_spread(spread.get("step_s") or common.spread([r["step_s"]]), 3),
                          compute_cell(r),
                          exposed_cell(r.get("exposed_comm")),
+                         *([common.format_spread(spread.get("of_bound"), 2, "x")] if ceiling is not None else []),
                          common.format_spread(dict(ratios[e["backend"]]["rounds"],
                                                    median=ratios[e["backend"]]["ratio"]), 2, "x")])
-        print(common.format_table(["backend", "data plane", "images/s", "s/step", "compute s",
-                                   "exposed comm s", f"speed-up vs {ok[0]['backend']}"], rows))
+        print(common.format_table(["backend", "data plane", unit(args), "s/step", "compute s", "exposed comm s",
+                                   *(["x bound"] if ceiling is not None else []),
+                                   f"speed-up vs {ok[0]['backend']}"], rows))
+        bounds = [(e["backend"], b) for e in ok for b in e["result"].get("round_overlap") or [] if b]
+        for backend, b in bounds:
+            print(f"  {backend}: forward {b['forward_s']:.3f} + max(backward {b['backward_s']:.3f}, ring "
+                  f"{b['ring_s']:.3f} at {b['ceiling_gbps']:.3f} Gbit/s) + update {b['update_s']:.3f} = bound "
+                  f"{b['bound_s']:.3f} s; step {b['bound_s'] * b['of_bound']:.3f} s = {b['of_bound']:.2f}x")
         if any((r["result"].get("exposed_comm") or {}).get("reason") == NOT_MEASURABLE for r in ok):
             print(f"{NOT_MEASURABLE}: fewer than three quarters of the pairs show the training "
                   "step longer than computing alone, so the step runs at compute speed to within this "
@@ -531,6 +633,10 @@ def print_table(entries, args):
         if note:
             print(note)
     common.print_problems(entries)
+
+
+def unit(args):
+    return "sequences/s" if args.model in LANGUAGE_MODELS else "images/s"
 
 
 def compute_cell(result):
@@ -651,10 +757,12 @@ def timeline_line(phases):
     return f"start-up {phases['startup']:.1f} s ({parts}{probe}); steps {phases['steps']:.1f} s, finish {phases['finish']:.1f} s"
 
 
-def job_line(entry):
+def job_line(entry, units="images/s"):
     """A finished job in one line (progress), with its start-up breakdown."""
+    if entry["backend"] == common.RING:
+        return common.ring_line(entry)
     r = entry["result"]
-    line = f"{r['images_per_s']:.2f} images/s, {r['step_s']:.2f} s/step"
+    line = f"{r['images_per_s']:.2f} {units}, {r['step_s']:.2f} s/step"
     if r.get("compute_s") is not None:
         line += f", compute {r['compute_s']:.2f} s"
     if r.get("data_plane"):
@@ -672,24 +780,27 @@ def driver(args):
         sys.exit(f"error: {err}")
     common.warn_inherited_fasthorovod_env()
     start = time.monotonic()
-    plan = [(backend, worker_argv(backend, args)) for backend in backends]
-    rounds = common.run_rounds("train", plan, args, job_line, args.proxy_threshold)
+    plan = ([(common.RING_BACKEND, common.ring_worker_argv(__file__, args))] if args.ceiling else []) \
+        + [(backend, worker_argv(backend, args)) for backend in backends]
+    rounds = common.run_rounds("train", plan, args, lambda entry: job_line(entry, unit(args)), args.proxy_threshold)
     for entry in (e for entries in rounds for e in entries):
         if job_timeline(entry) is not None:
             entry["timeline"] = job_timeline(entry)  # kept in the JSON with each round's entry
+    rounds, ring = attach_overlap(rounds, backends)
+    ceiling = common.merge_ring(ring) if args.ceiling else None
     entries = merge_rounds(rounds)
     seconds = time.monotonic() - start
     print()
-    print_table(entries, args)
+    print_table(entries, args, ceiling)
     print(f"{len(plan) * args.rounds} jobs in {common.clock(seconds)}")
     if args.out:
         doc = common.report("train", args, entries)
-        doc.update(seconds=round(seconds, 1), speedups=speedups(entries),
+        doc.update(seconds=round(seconds, 1), speedups=speedups(entries), ceiling=ceiling,
                    settings=common.settings_note((b.spec for b in backends), args.proxy_threshold))
         common.write_json(args.out, doc)
     if args.plot:
         plot(entries, args, args.plot)
-    return 1 if any(e["status"] == "failed" for e in entries) else 0
+    return 1 if any(e["status"] == "failed" for e in entries + ring) else 0
 
 
 def main(argv=None):

@@ -673,10 +673,27 @@ def test_train_step_schedule_pairs_compute_with_training_steps():
     assert sum(1 for kind, timed, _ in train.step_schedule(2, 3, 3) if kind == "compute" and timed) == 3
     assert all(kind == "train" for kind, _, _ in train.step_schedule(2, 5, 0))
     calls = []
-    steps, compute, paired = train.run_schedule(schedule, lambda: calls.append("t"), lambda: calls.append("c"),
-                                                verbose=False)
+    steps, compute, paired, phases = train.run_schedule(
+        schedule, lambda: calls.append("t"), lambda: calls.append("c") or {"forward": len(calls)}, verbose=False)
     assert "".join(calls) == "ctctttct"  # the schedule's order
     assert (len(steps), len(compute), paired) == (4, 2, [0, 2])
+    assert phases == [{"forward": 3}, {"forward": 7}]  # what the timed compute-only steps returned
+
+
+def test_overlap_bound_hides_the_ring_behind_backward_only():
+    ceiling = {"mean_gbps": 0.8, "hosts": ["h0", "h1", "h2", "h3"]}
+    result = {"gradient_bytes": 100e6, "step_s": 3.0,
+              "compute_phases_s": {"forward": 0.5, "backward": 1.0, "update": 0.2}}
+    bound = train.overlap_bound(result, ceiling)
+    # each host moves 2 * 3/4 of 100 MB at 100 MB/s: 1.5 s, longer than backward
+    assert bound["ring_s"] == pytest.approx(1.5)
+    assert bound["bound_s"] == pytest.approx(0.5 + 1.5 + 0.2)
+    assert bound["of_bound"] == pytest.approx(3.0 / 2.2)
+    # fp16 on the wire halves the ring: backward (1.0 s) is then the longer
+    assert train.overlap_bound(result, ceiling, 0.5)["bound_s"] == pytest.approx(0.5 + 1.0 + 0.2)
+    assert train.overlap_bound(result, None) is None
+    assert train.overlap_bound(dict(result, compute_phases_s=None), ceiling) is None
+    assert train.overlap_bound(result, dict(ceiling, hosts=["h0"])) is None
 
 
 def test_exposed_comm_is_never_negative_and_flags_noise():
