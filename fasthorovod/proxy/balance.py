@@ -12,10 +12,15 @@ the lanes are not finishing together and the weights move ``STEP`` of the way to
 rates over both windows (bytes sent per busy second); otherwise they stay, so a steady network
 does not make them wander. Once the weights have moved, the tolerated spread drops to ``SETTLE``
 until a window comes in under it: without that hysteresis the weights would stop just inside the
-dead band, up to 10% short of the best split (seen in CI: a halved lane recovered to 87% of what
-the remaining capacity allows). (On a steady loopback network shaped to 200 Mbit/s per lane, one
-window's spread is 0-7%, once in about fifty windows above 10%: a single window is noise.) No lane's share drops below ``MIN_SHARE`` of an equal share,
-so a lane that recovers is measured again and wins its share back.
+dead band, short of the best split (seen in CI with a 10% band: a halved lane recovered to 87% of
+what the remaining capacity allows). The dead band is narrow because a skew left alone is paid on
+every collective: in training, the last collective of a step ends when its slowest lane does, and
+with a 10% band AlexNet's steps on the emulated cloud ended 0.1-0.4 s (3-10%) after the quickest
+lane (docs/dataplane.md). What keeps noise out is the second window: on a steady loopback network
+shaped to 200 Mbit/s per lane one window's spread is 0-7%, but the same lane the slowest, beyond
+the band, in two windows in a row is rare, and a move it causes is only towards measured rates.
+No lane's share drops below ``MIN_SHARE`` of an equal share, so a lane that recovers is measured
+again and wins its share back.
 
 A lane's ring runs at its slowest hop's pace and every rank's collective lasts until the ring
 has finished, so one rank's own counters already see the ring's rate; no exchange between ranks
@@ -31,8 +36,8 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 MIN_BYTES = 4 << 20   # each lane moves at least this much between two decisions
-DEADBAND = 0.10       # busy-time spread (slowest / quickest - 1) tolerated before acting
-SETTLE = 0.03         # the spread tolerated after a change, until a window comes in under it
+DEADBAND = 0.04       # busy-time spread (slowest / quickest - 1) tolerated before acting
+SETTLE = 0.02         # the spread tolerated after a change, until a window comes in under it
 STEP = 0.5            # fraction of the way towards the measured rates per decision
 MIN_SHARE = 0.2       # floor of a lane's share, relative to an equal share
 

@@ -120,16 +120,26 @@ def test_a_recovered_lane_wins_its_share_back():
 
 
 def test_a_small_imbalance_is_left_alone_but_a_change_is_followed_past_the_dead_band():
-    # 6% apart: inside the dead band, so a steady network with a little skew is not chased ...
-    lanes = FakeLanes([106, 100])
+    # 3% apart: inside the dead band, so a steady network with a little skew is not chased ...
+    lanes = FakeLanes([103, 100])
     balancer = LaneBalancer(lanes, 1)
     run(lanes, balancer, 20, 16 << 20)
-    assert SETTLE < 0.06 < DEADBAND and balancer.changes == 0
+    assert SETTLE < 0.03 < DEADBAND and balancer.changes == 0
     # ... but once a real slowdown has moved the weights, they go on to within SETTLE of the best
     lanes.speeds = [50, 100]
     run(lanes, balancer, 20, 16 << 20)
     assert lanes.lane_weights[0] == pytest.approx(1 / 3, rel=SETTLE)
     assert not balancer.settling
+
+
+def test_a_steady_skew_beyond_the_dead_band_is_split_to_within_settle():
+    # 6% apart costs 6% of every collective (a step's last one ends with its slowest lane): chased
+    lanes = FakeLanes([106, 100])
+    balancer = LaneBalancer(lanes, 1)
+    run(lanes, balancer, 20, 16 << 20)
+    assert SETTLE < 0.06 and DEADBAND < 0.06 and balancer.changes >= 1
+    assert lanes.lane_weights[0] == pytest.approx(106 / 206, rel=SETTLE)
+    assert lanes.collective_ns(16 << 20) <= (16 << 20) / 206 * (1 + SETTLE)
 
 
 def test_rebalanced_normalizes_floors_and_keeps_the_weights_when_a_lane_moved_nothing():
