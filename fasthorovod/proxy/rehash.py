@@ -18,7 +18,9 @@ two share a cap, the median is the shared flows' rate and would hide them. Where
 measured the path, the reference is at most the rate a flow can expect (:func:`expected_flow_rate`:
 one flow's rate, or the link's share of each of the hop's flows where that is lower): where the
 link, not a per-flow cap, is the limit, flows drain unevenly (TCP's fairness is rough) and a new
-hash cannot help, so only a flow far below its share of the link is replaced. The new connection has
+hash cannot help, so only a flow below ``SLOW`` of its share of the link is replaced; two flows in
+one bucket where the link is the limit drain at 0.75-0.8 of that share, and a lane with such a pair
+is slow on that hop, so ``SLOW`` is 0.8 (at 0.6 they stayed: docs/benchmarks.md). The new connection has
 a new source port, hence a new hash; if it is unlucky again, the same rule finds it again, at most
 ``MAX_REHASHES`` times per socket (where a network has fewer buckets than the job has flows, some
 flows always share, and replacing them again only costs pauses). Fewer than ``MIN_MEASURED``
@@ -39,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 MIN_BYTES = 4 << 20           # each lane sends at least this much between two looks
 MIN_BACKLOGGED_NS = 20_000_000  # a socket measured in a look was the limit for at least 20 ms
-SLOW = 0.6                    # below this fraction of the upper quartile's rate a socket is slow...
+SLOW = 0.8                    # below this fraction of the upper quartile's rate a socket is slow...
 WINDOWS = 2                   # ...in this many looks in a row before it reconnects
 MIN_MEASURED = 3              # sockets measured in a look, at least, to compare them
 MAX_REHASHES = 3              # replacements of one socket, at most, per data plane
