@@ -98,12 +98,12 @@ def summarize(entries):
                        for e in entries if e["status"] != "ok"]}
 
 
-def job_line(entry, total):
+def job_line(entry, total, units="images/s"):
     head = f"job {entry['job']}/{total} {entry['backend']}{' (peer)' if entry['role'] == 'peer' else ''}:"
     if entry["status"] != "ok":
         return f"{head} {entry['status']}: {entry['reason']}"
     result = entry["result"]
-    line = f"{head} {result['images_per_s']:.2f} images/s, {result['step_s']:.2f} s/step"
+    line = f"{head} {result['images_per_s']:.2f} {units}, {result['step_s']:.2f} s/step"
     if result.get("data_plane"):
         line += f", data plane {common.data_plane_label(result['data_plane'])}"
     return line + f" ({entry['seconds']:g} s)"
@@ -115,14 +115,15 @@ def jobs(count):
 
 def print_summary(entries, summary, args):
     total = len(entries)
-    print(f"\n{args.model}, {args.image_size} px, batch {args.batch_size} per rank, {args.np} ranks, "
+    workload = (f"{args.seq_len}-token sequences" if args.model in train.LANGUAGE_MODELS else f"{args.image_size} px")
+    print(f"\n{args.model}, {workload}, batch {args.batch_size} per rank, {args.np} ranks, "
           f"{args.warmup_steps} untimed + {args.steps} timed steps per job")
     rows = [[e["job"], e["backend"] + (" (peer)" if e["role"] == "peer" else ""),
              f"{e['result']['images_per_s']:.2f}" if e["status"] == "ok" else e["status"],
              f"{e['result']['step_s']:.3f}" if e["status"] == "ok" else "-",
              common.data_plane_label(e["result"].get("data_plane")) if e["status"] == "ok" else "-"]
             for e in entries]
-    print(common.format_table(["job", "backend", "images/s", "s/step", "data plane"], rows))
+    print(common.format_table(["job", "backend", train.unit(args), "s/step", "data plane"], rows))
     main, peer = summary["main"], summary["peer"]
     if main:
         print(f"{args.backend}: {jobs(main['n'])}: " + " ".join(f"{v:.2f}" for v in main["images_per_s"])
@@ -183,7 +184,7 @@ def driver(args):
                                        os.path.join(scratch, f"{index}.json"), args, args.proxy_threshold)
             entry = dict(entry, job=index, role=role, repeat=counts[role])
             entries.append(entry)
-            print(job_line(entry, len(order)), flush=True)
+            print(job_line(entry, len(order), train.unit(args)), flush=True)
     args.trace_root = trace_root
     summary = dict(summarize(entries), seconds=round(time.monotonic() - start, 1))
     print_summary(entries, summary, args)

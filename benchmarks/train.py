@@ -62,7 +62,6 @@ import sys  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 import _common as common  # noqa: E402
 from models import LANGUAGE_MODELS, MIN_IMAGE_SIZE, MODELS, build_model, default_classes, synthetic_batch  # noqa: E402
@@ -274,8 +273,7 @@ def synthetic_problem(args, rank):
     compute-only step on it: forward, backward with ``torch.autograd.grad`` (gradients are returned,
     not accumulated, so the DistributedOptimizer's hooks do not fire and nothing is communicated)
     and SGD's arithmetic in place on copies (buf = 0.9 buf + grad, weights -= lr buf), leaving the
-    weights as they are. The compute-only step returns the seconds of its
-    three phases."""
+    weights as they are. The compute-only step returns the seconds of its three phases."""
     seed_everything(args.seed)
     model = build_model(args.model, args.num_classes)
     seed_everything(args.seed + 1 + rank)  # distinct data and dropout per rank
