@@ -102,7 +102,8 @@ def test_a_pair_in_one_bucket_below_its_share_of_a_full_link_is_replaced():
     # share one 200 Mbit/s bucket at 88 each: below 80% of the expected share, so they reconnect
     ms = 100_000_000
     rates = [125, 130, 120, 88, 128, 122, 88, 126]  # Mbit/s
-    deltas = {(lane, socket): (int(rates[2 * lane + socket] * 1e6 / 8 / 10), ms) for lane in range(4) for socket in range(2)}
+    deltas = {(lane, socket): (int(rates[2 * lane + socket] * 1e6 / 8 / 10), ms)  # bytes in 100 ms
+              for lane in range(4) for socket in range(2)}
     assert slow_sockets(deltas, expected=115e6 / 8) == [(1, 1), (3, 0)]
     assert SLOW == 0.8
 
