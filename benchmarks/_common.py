@@ -693,6 +693,16 @@ def merge_ring(entries):
             "spread": spread([r["mean_gbps"] for r in ok]), "rounds": entries}
 
 
+def ceiling_line(ceiling):
+    """The ceiling over the rounds (``merge_ring``) in a line, or why it was not measured."""
+    if ceiling["status"] != "ok":
+        return f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}"
+    rounds = ceiling["rounds_measured"]
+    return (f"raw-TCP ring ceiling ({RING}, iperf3, every host to the next at once): "
+            f"{format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
+            f"{rounds} round{'s' if rounds != 1 else ''})")
+
+
 def round_ceilings(entries):
     """Each round's ceiling (mean Gbit/s per host), None where that round did not measure it."""
     return [e["result"]["mean_gbps"] if e["status"] == "ok" else None for e in entries]

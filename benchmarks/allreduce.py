@@ -487,12 +487,7 @@ def ratio_cell(median, rounds, suffix="x"):
 def print_table(entries, sizes, ceiling=None, summary=None, proxy_threshold=None):
     ok = [e for e in entries if e["status"] == "ok"]
     if ceiling is not None:
-        if ceiling["status"] == "ok":
-            print(f"raw-TCP ring ceiling ({common.RING}, iperf3, every host to the next at once): "
-                  f"{common.format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
-                  f"{ceiling['rounds_measured']} round{'s' if ceiling['rounds_measured'] != 1 else ''})")
-        else:
-            print(f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}")
+        print(common.ceiling_line(ceiling))
     if ok:
         rounds = max(len(e.get("rounds", [e])) for e in ok)
         print(f"bus bandwidth Gbit/s and latency ms: median [min-max] over {rounds} round"

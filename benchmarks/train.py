@@ -576,12 +576,7 @@ def planes(entry):
 def print_table(entries, args, ceiling=None):
     ok = [e for e in entries if e["status"] == "ok"]
     if ceiling is not None:
-        if ceiling["status"] == "ok":
-            print(f"raw-TCP ring ceiling ({common.RING}, iperf3, every host to the next at once): "
-                  f"{common.format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
-                  f"{ceiling['rounds_measured']} round{'s' if ceiling['rounds_measured'] != 1 else ''})")
-        else:
-            print(f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}")
+        print(common.ceiling_line(ceiling))
     if ok:
         rounds = max(e["result"].get("rounds", 1) for e in ok)
         workload = (f"{args.seq_len}-token sequences" if args.model in LANGUAGE_MODELS else f"{args.image_size} px")
