@@ -115,8 +115,7 @@ def jobs(count):
 
 def print_summary(entries, summary, args):
     total = len(entries)
-    workload = (f"{args.seq_len}-token sequences" if args.model in train.LANGUAGE_MODELS else f"{args.image_size} px")
-    print(f"\n{args.model}, {workload}, batch {args.batch_size} per rank, {args.np} ranks, "
+    print(f"\n{args.model}, {train.workload(args)}, batch {args.batch_size} per rank, {args.np} ranks, "
           f"{args.warmup_steps} untimed + {args.steps} timed steps per job")
     rows = [[e["job"], e["backend"] + (" (peer)" if e["role"] == "peer" else ""),
              f"{e['result']['images_per_s']:.2f}" if e["status"] == "ok" else e["status"],

@@ -579,8 +579,7 @@ def print_table(entries, args, ceiling=None):
         print(common.ceiling_line(ceiling))
     if ok:
         rounds = max(e["result"].get("rounds", 1) for e in ok)
-        workload = (f"{args.seq_len}-token sequences" if args.model in LANGUAGE_MODELS else f"{args.image_size} px")
-        print(f"{args.model}, {workload}, batch {args.batch_size} per rank, "
+        print(f"{args.model}, {workload(args)}, batch {args.batch_size} per rank, "
               f"{args.np} ranks, torch threads per rank: {args.threads}; {rounds} round"
               f"{'s' if rounds != 1 else ''} of {args.warmup_steps} untimed + {args.steps} timed steps"
               + (f" ({args.compute_steps} with a compute-only step)" if args.compute_steps else "")
@@ -629,7 +628,13 @@ def print_table(entries, args, ceiling=None):
 
 
 def unit(args):
+    """What a job's throughput counts: images, or a language model's sequences, per second."""
     return "sequences/s" if args.model in LANGUAGE_MODELS else "images/s"
+
+
+def workload(args):
+    """One sample's size in words: '224 px', or '128-token sequences' for a language model."""
+    return f"{args.seq_len}-token sequences" if args.model in LANGUAGE_MODELS else f"{args.image_size} px"
 
 
 def compute_cell(result):
