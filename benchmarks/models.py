@@ -90,6 +90,9 @@ class VGG16(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
+MAX_SEQ_LEN = 512  # the language model's positions
+
+
 class TransformerLM(nn.Module):
     """A GPT-style causal language model of many small tensors, the other shape of gradient traffic:
     token and position embeddings, ``layers`` pre-norm transformer blocks (PyTorch's
@@ -98,7 +101,7 @@ class TransformerLM(nn.Module):
     feed-forward, 512 positions) it has 51,977,472 parameters in 78 tensors.
     """
 
-    def __init__(self, num_classes=32000, width=512, layers=6, heads=8, feedforward=2048, max_len=512,
+    def __init__(self, num_classes=32000, width=512, layers=6, heads=8, feedforward=2048, max_len=MAX_SEQ_LEN,
                  dropout=0.1):
         super().__init__()
         self.max_len = max_len

@@ -64,7 +64,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 import _common as common  # noqa: E402
-from models import LANGUAGE_MODELS, MIN_IMAGE_SIZE, MODELS, build_model, default_classes, synthetic_batch  # noqa: E402
+from models import LANGUAGE_MODELS, MAX_SEQ_LEN, MIN_IMAGE_SIZE, MODELS, build_model, default_classes, synthetic_batch  # noqa: E402
 
 IMPORTS_DONE = time.time()
 
@@ -134,7 +134,8 @@ def add_workload_arguments(parser):
                         help=f"image height and width in px, at least {MIN_IMAGE_SIZE} "
                              "(default: %(default)s)")
     parser.add_argument("--seq-len", type=int, default=128,
-                        help="tokens per sequence (transformer) (default: %(default)s)")
+                        help=f"tokens per sequence (transformer), at most {MAX_SEQ_LEN} "
+                             "(default: %(default)s)")
     parser.add_argument("--batch-size", type=int,
                         help="images (sequences for the transformer) per rank per step (default: 16 "
                              "images, 4 sequences)")
@@ -174,8 +175,8 @@ def check_workload_arguments(parser, args):
         args.batch_size = 4 if args.model in LANGUAGE_MODELS else 16
     if args.num_classes is None:
         args.num_classes = default_classes(args.model)
-    if args.num_classes < 2 or args.seq_len < 1:
-        parser.error("need --num-classes >= 2 and --seq-len >= 1")
+    if args.num_classes < 2 or not 1 <= args.seq_len <= MAX_SEQ_LEN:
+        parser.error(f"need --num-classes >= 2 and --seq-len from 1 to {MAX_SEQ_LEN} (the transformer's positions)")
     if args.image_size < MIN_IMAGE_SIZE:
         parser.error(f"--image-size must be at least {MIN_IMAGE_SIZE}")
     if min(args.steps, args.batch_size, args.np) < 1 or min(args.warmup_steps, args.compute_steps) < 0:

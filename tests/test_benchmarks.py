@@ -680,6 +680,16 @@ def test_train_step_schedule_pairs_compute_with_training_steps():
     assert phases == [{"forward": 3}, {"forward": 7}]  # what the timed compute-only steps returned
 
 
+def test_the_language_model_takes_its_own_defaults_and_at_most_its_positions():
+    args = train.parse_args(["--model", "transformer"])
+    assert (args.batch_size, args.num_classes, args.seq_len) == (4, 32000, 128)
+    assert (train.parse_args([]).batch_size, train.parse_args([]).num_classes) == (16, 1000)
+    assert train.parse_args(["--model", "transformer", "--seq-len", "512"]).seq_len == 512
+    for bad in (["--seq-len", "513"], ["--seq-len", "0"]):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--model", "transformer", *bad])
+
+
 def test_overlap_bound_hides_the_ring_behind_backward_only():
     ceiling = {"mean_gbps": 0.8, "hosts": ["h0", "h1", "h2", "h3"]}
     result = {"gradient_bytes": 100e6, "step_s": 3.0,
