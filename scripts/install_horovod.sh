@@ -33,7 +33,8 @@ if [ -z "$wheel" ]; then
   # A pip-installed cmake 4 rejects the old cmake_minimum_required of Horovod's bundled
   # third-party code: the system's cmake goes first on PATH.
   cmake=${CMAKE:-$(command -v /usr/bin/cmake || command -v cmake)}
-  PATH="$(dirname "$py"):$(dirname "$cmake"):$PATH" CXX="$work/cxx17" CMAKE="$cmake" "$mpi=1" \
+  # env, not a plain prefix: a variable's name that comes from $mpi is not an assignment to bash.
+  env PATH="$(dirname "$py"):$(dirname "$cmake"):$PATH" CXX="$work/cxx17" CMAKE="$cmake" "$mpi=1" \
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j"$(nproc)" \
     "$py" -m pip --disable-pip-version-check -q wheel --no-build-isolation --no-cache-dir \
