@@ -4,6 +4,7 @@ would (and once under torchrun itself), the threshold at 0 and a flat ring so th
 collective the proxies can take, they take. Each scenario compares with Gloo in the same world and
 checks the proxies' lane counters (the worker's own assertion), so a right result that came
 through Gloo fails."""
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.netns import unusable_reason
 
 pytestmark = pytest.mark.multiproc
 
@@ -97,3 +100,38 @@ def test_torchrun_launches_it():
                           env=dict(os.environ, **ENV), cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("ddp ok") == 2, proc.stdout[-2000:]
+
+
+NETNS_UNUSABLE = unusable_reason(("ip", "tc"), "fhvdtrprobe")
+
+
+@pytest.mark.skipif(NETNS_UNUSABLE is not None, reason=f"emulated network unavailable: {NETNS_UNUSABLE}")
+def test_torchrun_on_each_host_of_an_emulated_cloud():
+    """torchrun once per host of a two-host emulated cloud (200 Mbit/s per flow), as on a cluster:
+    one node each, the c10d rendezvous on host0. The backend sees two hosts (its path probe
+    measured the hop between them) and DDP trains as on Gloo, through the proxies."""
+    from fasthorovod.netem import EmulatedCloud, run_in_host
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    with EmulatedCloud("2:1gbit:200mbit", prefix="fhvdtr") as cloud:
+        master = cloud.hosts[0].address
+        procs = [run_in_host(host, [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(i),
+                                    "--master-addr", master, "--master-port", "29517", str(WORKER), "ddp",
+                                    "--describe"],
+                             env=dict(os.environ, **ENV), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for i, host in enumerate(cloud.hosts)]
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=240)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    for rank, (proc, out) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 0 and f"rank {rank}: ddp ok" in out, f"host {rank} exited {proc.returncode}:\n{out[-3000:]}"
+    plan = json.loads(outputs[0].split("rank 0: data plane ", 1)[1].splitlines()[0])
+    assert plan["probe"] is not None and plan["sockets_source"] == "probe", plan
+    print(f"probe: {plan['sockets_per_lane']} sockets per lane, {plan['probe']['curve_bytes_per_second']}")

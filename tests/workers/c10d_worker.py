@@ -7,6 +7,7 @@ proxies carried them), then ``<scenario> ok``."""
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import sys
 import time
@@ -217,12 +218,16 @@ def main():
     parser.add_argument("scenario")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--init", default="fasthorovod", help="the default group's backend")
+    parser.add_argument("--describe", action="store_true",
+                        help="print the data plane's plan as JSON (`data plane {...}`) after start-up")
     args = parser.parse_args()
     dist.init_process_group(args.init, timeout=datetime.timedelta(seconds=args.timeout))
     rank, size = dist.get_rank(), dist.get_world_size()
     pg = dist.distributed_c10d._get_default_group()
     assert args.init != "fasthorovod" or pg.proxies is not None, "the proxies must be running"
     assert pg.group_name, "the group has no name (DeviceMesh.from_group needs one)"
+    if args.describe:
+        print(f"rank {rank}: data plane {json.dumps(pg.proxies.describe())}", flush=True)
     gloo = dist.new_group(backend="gloo")
     before = lanes_ran()
     proxied = globals()[f"scenario_{args.scenario}"](pg, gloo, rank, size)
