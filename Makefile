@@ -4,6 +4,7 @@
 #   make test-fast  the C++ tests, the unit tests and a 2-rank smoke job through the proxies
 #   make cpp-test  builds and runs the C++ unit tests (tests/cpp) alone; make test runs them first
 #   make testing-module  builds the test-only module fasthorovod_testing into tests/native/
+#   make setup-torchvision  a second environment, .venv-torchvision, for Horovod's own examples
 #   make lab-test  the lab's tests (lab/tests), which make test leaves out
 PY := .venv/bin/python
 # One CMake tree for what only the tests use: the C++ test executable and fasthorovod_testing.
@@ -11,10 +12,16 @@ TEST_BUILD := build/tests
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup test test-fast lab-test cpp-build cpp-test testing-module test-build bench clean
+.PHONY: setup setup-torchvision test test-fast lab-test cpp-build cpp-test testing-module test-build bench clean
 
 setup:
 	@scripts/setup_env.sh
+
+# A second environment with torchvision (torch 2.14.1, a CUDA build that runs on the CPU; about
+# 5.5 GB) for Horovod's own examples: benchmarks/horovod_synthetic.py runs in it.
+setup-torchvision:
+	@FASTHOROVOD_VENV=$(CURDIR)/.venv-torchvision \
+	    FASTHOROVOD_TORCH_PACKAGES="torch==2.14.1 torchvision==0.29.1" scripts/setup_env.sh
 
 test: cpp-test testing-module
 	$(PY) -m pytest -q --durations=60 tests

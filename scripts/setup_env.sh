@@ -12,6 +12,11 @@
 #          C++17); the wheel is cached in $FASTHOROVOD_WHEEL_CACHE (default
 #          ~/.cache/fasthorovod/wheels) so later installs take seconds
 #   fasthorovod itself (pip install -e ., which builds fasthorovod._C with CMake)
+#
+# FASTHOROVOD_VENV (default .venv) and FASTHOROVOD_TORCH_PACKAGES (default torch==2.13.0, pinned
+# releases, "name==version" each) build another environment the same way: `make setup-torchvision`
+# makes .venv-torchvision with torch 2.14.1 and torchvision 0.29.1 for Horovod's own examples
+# (the PyPI torchvision does not import beside the CPU build of torch 2.13).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +46,23 @@ fi
 pip() { "$py" -m pip --disable-pip-version-check -q "$@"; }
 have() { "$py" -c "import $1" >/dev/null 2>&1; }
 
-have torch || { log "pip install torch==2.13.0"; pip install torch==2.13.0; }
+# Is each "name==version" of the torch packages installed at that version (a local "+cpu" aside)?
+pinned() {
+  "$py" - "$@" <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition("==")
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and got.split("+")[0] != want:
+        sys.exit(1)
+EOF
+}
+read -r -a torch_packages <<<"${FASTHOROVOD_TORCH_PACKAGES:-torch==2.13.0}"
+pinned "${torch_packages[@]}" || { log "pip install ${torch_packages[*]}"; pip install "${torch_packages[@]}"; }
 missing=()
 for mod in numpy psutil pytest pybind11 matplotlib cloudpickle yaml packaging sklearn build; do
   have "$mod" || missing+=("$mod")
