@@ -894,3 +894,88 @@ def test_recorded_commands_name_no_path_of_this_machine(tmp_path):
     assert line.startswith("/usr/bin/env .venv/bin/python benchmarks/train.py --result-file '$TMPDIR/"), line
     store = common.portable_command(["--rendezvous", f"file://{tempfile.gettempdir()}/torch-gloo-store-1"])
     assert store == "--rendezvous 'file://$TMPDIR/torch-gloo-store-1'", store
+
+
+# --- horovod_synthetic.py: Horovod's unmodified example under Horovod and under the patch switch ---
+
+synthetic = _load("horovod_synthetic")
+
+# A program in the example's shape: it imports horovod.torch itself, runs collectives and prints the
+# example's lines, so that the driver's launch, switch check and parsing run for real without
+# torchvision (the example itself needs .venv-torchvision, which the suite does not build).
+STAND_IN = '''
+import argparse, sys, time
+import torch
+import horovod.torch as hvd
+p = argparse.ArgumentParser()
+for flag in ("--model", "--batch-size", "--num-warmup-batches", "--num-batches-per-iter", "--num-iters"):
+    p.add_argument(flag)
+p.add_argument("--no-cuda", action="store_true")
+args = p.parse_args()
+hvd.init()
+total = hvd.allreduce(torch.ones(1 << 18), op=hvd.Sum, name="g")
+assert total[0].item() == hvd.size(), total[0]
+if hvd.rank() == 0:
+    print("Iter #0: 10.0 img/sec per CPU")
+    print("Iter #1: 12.0 img/sec per CPU")
+    print("Img/sec per CPU: 11.0 +-2.0")
+    print("Total img/sec on %d CPU(s): %.1f +-4.0" % (hvd.size(), 11.0 * hvd.size()))
+'''
+
+
+def _stand_in_src(tmp_path):
+    script = tmp_path / "hvd" / synthetic.SCRIPT
+    script.parent.mkdir(parents=True)
+    script.write_text(STAND_IN)
+    return tmp_path / "hvd"
+
+
+def test_synthetic_parses_the_examples_lines():
+    lines = ["[1,0]<stdout>:Iter #0: 3.5 img/sec per CPU", "[1,0]<stdout>:Iter #1: 4.5 img/sec per CPU",
+             "[1,0]<stderr>:[fasthorovod] horovod.torch is fasthorovod.torch in this job (the patch switch: ...)",
+             "[1,0]<stdout>:Total img/sec on 4 CPU(s): 16.0 +-1.2"]
+    assert synthetic.parse_output(lines, 4) == {"total_img_s": 16.0, "total_conf": 1.2, "iters": [3.5, 4.5],
+                                                "patched": True}
+    assert synthetic.parse_output(lines[:2] + lines[3:], 4)["patched"] is False
+    with pytest.raises(ValueError, match="on 4 ranks, not 2"):
+        synthetic.parse_output(lines, 2)
+    with pytest.raises(ValueError, match="no 'Total img/sec' line"):
+        synthetic.parse_output(lines[:3], 4)
+
+
+def test_synthetic_launches_the_switch_only_for_fasthorovod(tmp_path):
+    args = synthetic.parse_args(["--horovod-src", str(_stand_in_src(tmp_path)), "--python", sys.executable,
+                                 "--np", "4", "--launcher-prefix", "fasthorovodrun --emulate-cloud 4:1gbit:200mbit"])
+    horovod, fast = (synthetic.launch_argv(b, args) for b in synthetic.BACKENDS)
+    assert horovod[:3] == ["fasthorovodrun", "--emulate-cloud", "4:1gbit:200mbit"] and "--patch-horovod" not in horovod
+    assert fast[:4] == horovod[:3] + ["--patch-horovod"] and fast[4:] == horovod[3:]
+    assert horovod[3:6] == ["--gloo", "-np", "4"] and horovod[-1] == "--no-cuda"
+    args = synthetic.parse_args(["--horovod-src", str(tmp_path / "hvd"), "--python", sys.executable])
+    assert Path(synthetic.launch_argv("horovod", args)[0]).name == "horovodrun"
+    assert Path(synthetic.launch_argv("fasthorovod", args)[0]).name == "fasthorovodrun"
+
+
+def test_synthetic_refuses_a_source_without_the_example(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        synthetic.parse_args(["--horovod-src", str(tmp_path), "--python", sys.executable])
+    assert "examples/pytorch/pytorch_synthetic_benchmark.py" in capsys.readouterr().err
+
+
+@pytest.mark.multiproc
+def test_synthetic_driver_end_to_end(tmp_path):
+    """Both backends for real at 2 ranks: the switch on only in the FastHorovod job, the figures
+    read from the program's output, the ratio of the two."""
+    _require_horovod()
+    out = tmp_path / "synthetic.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "horovod_synthetic.py"), "--horovod-src",
+                           str(_stand_in_src(tmp_path)), "--python", sys.executable, "--np", "2", "--rounds", "1",
+                           "--timeout", "120", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    horovod, fast = report["backends"]
+    assert horovod["status"] == fast["status"] == "ok", report["backends"]
+    assert not horovod["result"]["patched"] and fast["result"]["patched"]
+    assert fast["result"]["total_img_s"] == 22.0 and fast["result"]["iters"] == [10.0, 12.0]
+    assert report["summary"]["speedup_rounds"] == [1.0]
+    assert "--patch-horovod" in fast["commands"][0] and "--patch-horovod" not in horovod["commands"][0]
+    assert "FastHorovod / Horovod, round by round: 1.00x" in proc.stdout
