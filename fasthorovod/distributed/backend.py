@@ -7,7 +7,9 @@ to the program as the group itself) with two data planes:
   group: ``all_reduce`` (SUM, AVG), ``broadcast``, ``all_gather`` and ``all_gather_into_tensor``
   (``all_gather_single``), ``reduce_scatter`` and ``reduce_scatter_tensor``
   (``reduce_scatter_single``; the last two on a flat ring) of one contiguous tensor of a dtype the proxies
-  carry and of at least the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default);
+  carry and of at least the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default), and
+  the same collectives when FSDP2 issues them (``all_gather_single``, ``reduce_scatter_single``) or
+  functional collectives do (``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``);
 * an internal Gloo process group on the same store, for everything else: small tensors, other
   ops, ``all_to_all``, ``barrier``, point-to-point, and every process group created after the first
   (subgroups), whose results are Gloo's own.
@@ -96,8 +98,8 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
-        # What torch dispatches to by device rather than through this object's methods (functional
-        # collectives: FSDP2) runs on Gloo
+        # What torch dispatches to by device rather than through this object's methods (the
+        # coalesced collectives this class does not define) runs on Gloo
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
         self._names = itertools.count()
         self._completions = Completions()
@@ -235,6 +237,17 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         return self._proxied("reducescatter", post, lambda: output.copy_(request.outputs[0].view(output.shape)),
                              [output])
 
+    # Functional collectives (torch.distributed._functional_collectives, which torch.compile and
+    # DTensor issue) reach the group through these two and ``allreduce``: pair by pair as above.
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return _together([self.all_gather_single(o, x, opts) for o, x in zip(outputs, inputs)], outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        return _together([self.reduce_scatter_single(o, x, opts) for o, x in zip(outputs, inputs)], outputs)
+
     # -- Gloo's alone (the internal group's method of the same name, or of the name Gloo gives it) --
 
     all_to_all_single = alltoall_base = _on_gloo("alltoall_base")
@@ -248,6 +261,18 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
     recv_anysource = _on_gloo("recv_anysource")
     allreduce_coalesced = _on_gloo("allreduce_coalesced")
     allgather_coalesced = _on_gloo("allgather_coalesced")
+
+
+def _together(works: List[dist.Work], outputs) -> dist.Work:
+    """One work for several: done when all are, raising the first failure from ``wait()``."""
+    if len(works) == 1:
+        return works[0]
+
+    def finish(done: torch.futures.Future):
+        for future in done.value():
+            future.value()  # raises what failed
+        return outputs
+    return _Work(torch.futures.collect_all([w.get_future() for w in works]).then(finish))
 
 
 class _Work(dist._Work):

@@ -78,6 +78,11 @@ def test_fsdp2_trains_bit_for_bit_as_on_gloo():
     _all_ok(launch(2, "fsdp"), "fsdp")
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_functional_collectives_match_gloo_through_the_proxies(np_):
+    _all_ok(launch(np_, "functional"), "functional")
+
+
 def test_mismatched_collectives_fail_by_name():
     _all_ok(launch(2, "mismatch"), "mismatch")
 

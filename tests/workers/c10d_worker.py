@@ -154,8 +154,9 @@ def scenario_hook(pg, gloo, rank, size):
 
 
 def scenario_fsdp(pg, gloo, rank, size):
-    """FSDP2 (``fully_shard``, on the CPU) trains bit for bit as on a Gloo group (2 ranks); its
-    collectives are functional collectives, which torch dispatches by device: Gloo's."""
+    """FSDP2 (``fully_shard``, on the CPU) trains bit for bit as on a Gloo group (2 ranks), its
+    all-gathers and reduce-scatters through the proxies (the group's ``all_gather_single`` and
+    ``reduce_scatter_single``)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
@@ -164,7 +165,43 @@ def scenario_fsdp(pg, gloo, rank, size):
 
     for a, b in zip(train_mlp(rank, sharded(dist.group.WORLD)), train_mlp(rank, sharded(gloo))):
         same(a, b, "FSDP parameters")
-    return 0
+    return 1  # per lane at least
+
+
+def scenario_functional(pg, gloo, rank, size):
+    """Functional collectives (torch.distributed._functional_collectives: what torch.compile and
+    DTensor issue) on the group give Gloo's results, one at a time and coalesced, through the
+    proxies (its ``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced`` and
+    ``allreduce``)."""
+    import torch.distributed._functional_collectives as fc
+
+    def done(t):
+        return t.wait() if isinstance(t, fc.AsyncCollectiveTensor) else t
+
+    xs = [inputs(rank, count, dtype, seed) for seed, (count, dtype) in
+          enumerate([(1000 * size, torch.float32), (100_003 * size, torch.float64), (4096 * size, torch.int32)])]
+    for x in xs:
+        want = torch.empty(size * x.numel(), dtype=x.dtype)
+        dist.all_gather_into_tensor(want, x, group=gloo)
+        same(done(fc.all_gather_tensor(x, 0, pg)), want, "functional all_gather")
+        want = torch.empty(x.numel() // size, dtype=x.dtype)
+        dist.reduce_scatter_tensor(want, x, group=gloo)
+        same(done(fc.reduce_scatter_tensor(x, "sum", 0, pg)), want, "functional reduce_scatter")
+        want = x.clone()
+        dist.all_reduce(want, group=gloo)
+        same(done(fc.all_reduce(x, "sum", pg)), want, "functional all_reduce")
+    scattered = fc.reduce_scatter_single_coalesced(xs, "sum", [0] * len(xs), pg)
+    for x, r in zip(xs, scattered):
+        want = torch.empty(x.numel() // size, dtype=x.dtype)
+        dist.reduce_scatter_tensor(want, x, group=gloo)
+        same(done(r), want, "coalesced functional reduce_scatter")
+    flags = inputs(rank, 333, torch.uint8, 9).bool()  # a dtype the proxies do not carry: Gloo's, in the same work
+    gathered = fc.all_gather_single_coalesced(xs + [flags], pg)
+    for x, g in zip(xs + [flags], gathered):
+        want = torch.empty(size * x.numel(), dtype=x.dtype)
+        dist.all_gather_into_tensor(want, x, group=gloo)
+        same(done(g), want, "coalesced functional all_gather")
+    return 1
 
 
 def scenario_mismatch(pg, gloo, rank, size):
