@@ -6,12 +6,12 @@ lifecycle (``init``/``shutdown``), the allreduce, broadcast, allgather and reduc
 Sum/Average allreduces, reduce-scatters, broadcasts and allgathers travel through the proxy
 processes); ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
 ``allgather_object`` and ``sparse_allreduce_async`` are Horovod's functions running with these
-collectives (fasthorovod/torch/rebind.py); everything else is Horovod's object itself.
+collectives (fasthorovod/torch/rebind.py); ``Compression`` is Horovod's with ``bf16`` added
+(fasthorovod/torch/compression.py); everything else is Horovod's object itself.
 """
 from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Adasum,
     Average,
-    Compression,
     HorovodInternalError,
     Max,
     Min,
@@ -48,6 +48,7 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
 from horovod.torch.mpi_ops import handle_average_backwards_compatibility, is_homogeneous  # noqa: F401
 
 from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError, FastHorovodTimeoutError  # noqa: F401
+from fasthorovod.torch.compression import Compression  # noqa: F401  (Horovod's, with bf16)
 from fasthorovod.torch.functions import (  # noqa: F401
     allgather_object,
     broadcast_object,

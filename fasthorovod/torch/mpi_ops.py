@@ -10,8 +10,9 @@ unchanged otherwise (small tensors, Min/Max/Product/Adasum, other process sets, 
 * the dtype is one the proxies reduce (uint8, int8, int16, int32, int64, float16, bfloat16,
   float32, float64) and the tensor holds at least FASTHOROVOD_PROXY_THRESHOLD_BYTES — or, for
   uint8, int8, int16 and bfloat16, which Horovod's CPU allreduce rejects, any size; and for float32
-  tensors compressed with ``Compression.fp16``, any size too: the proxies then put float16 on the
-  wire themselves and the tensor stays float32 (``wire_for``, docs/dataplane.md).
+  tensors compressed with ``Compression.fp16`` or ``Compression.bf16``, any size too: the proxies
+  then put float16 (bfloat16) on the wire themselves and the tensor stays float32 (``wire_for``,
+  docs/dataplane.md).
 
 The proxy path stages tensors through shared memory, so it also accepts non-contiguous tensors
 (out-of-place allreduces of small non-contiguous tensors are made contiguous before Horovod sees
@@ -55,7 +56,7 @@ import torch
 from horovod.common.process_sets import global_process_set
 from horovod.torch import functions as _hvd_functions
 from horovod.torch import mpi_ops as _hvd
-from horovod.torch.compression import Compression
+from fasthorovod.torch.compression import Compression
 from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compatibility
 
 from fasthorovod.config import Config
@@ -237,16 +238,16 @@ def _proxies_for(tensors: Sequence[torch.Tensor], op, process_set,
 # Reduced by the proxies but not by Horovod's torch CPU ops: always routed to the proxies.
 _BEYOND_HOROVOD = (torch.uint8, torch.int8, torch.int16, torch.bfloat16)
 
-# Horovod's compressors the proxies do themselves, on the wire: the type each hop carries.
-_WIRE = {Compression.fp16: torch.float16}
+# The compressors the proxies do themselves, on the wire: the type each hop carries.
+_WIRE = {Compression.fp16: torch.float16, Compression.bf16: torch.bfloat16}
 
 
 def wire_for(compression, tensors: Sequence[torch.Tensor], op=Average,
              process_set=global_process_set) -> Optional[torch.dtype]:
     """What the proxies put on the wire for `tensors` compressed with `compression`: float16 for
-    Horovod's ``Compression.fp16`` of float32 tensors that go through the proxies (at any size: the
-    proxies then take the place of the compressor, whose rounding they reproduce), else None (the
-    compressor runs as in Horovod)."""
+    Horovod's ``Compression.fp16`` (bfloat16 for ``Compression.bf16``) of float32 tensors that go
+    through the proxies (at any size: the proxies then take the place of the compressor, whose
+    rounding they reproduce), else None (the compressor runs as in Horovod)."""
     wire = _WIRE.get(compression)
     if wire is None or not tensors or any(t.dtype != torch.float32 for t in tensors):
         return None
@@ -406,8 +407,9 @@ def _resolved(op, average):
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set):
     """Averages or sums `tensor` over all ranks (differentiable). See ``horovod.torch.allreduce``.
-    With ``Compression.fp16`` a float32 tensor that the proxies carry stays float32 on this rank:
-    the proxies put float16 on the wire and add in float32 (``wire_for``)."""
+    With ``Compression.fp16`` (or ``Compression.bf16``) a float32 tensor that the proxies carry stays
+    float32 on this rank: the proxies put float16 (bfloat16) on the wire and add in float32
+    (``wire_for``)."""
     wire = wire_for(compression, [tensor], _resolved(op, average), process_set)
     if wire is not None:
         return _Allreduce.apply(tensor, average, name, op, prescale_factor, postscale_factor, process_set, wire)
@@ -550,8 +552,8 @@ def _scattered_gradient(grad, op, process_set, prescale_factor, postscale_factor
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0):
     """This rank's rows of `tensor` reduced over all ranks (differentiable). See
-    ``horovod.torch.reducescatter``; ``Compression.fp16`` of a float32 tensor the proxies carry is
-    done by them on the wire, as for :func:`allreduce`."""
+    ``horovod.torch.reducescatter``; ``Compression.fp16`` (``bf16``) of a float32 tensor the proxies
+    carry is done by them on the wire, as for :func:`allreduce`."""
     wire = _scatter_wire(compression, [tensor], op, process_set)
     if wire is not None:
         return _Reducescatter.apply(tensor, name, op, process_set, prescale_factor, postscale_factor, wire)

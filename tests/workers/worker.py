@@ -524,12 +524,13 @@ def scenario_allgather(args):
 
 
 def scenario_wire(args):
-    """Compression.fp16 done by the proxies: hvd.allreduce and grouped_allreduce of float32 tensors
-    (4 MiB, and one of 300 KiB, below the threshold: compression takes the proxies at any size)
-    return float32 values that every rank holds alike, each a float16 value; the lanes send about
-    half of what float32 needs; the error against the exact (float64) average is no larger than
-    that of Horovod's own fp16 compression of the same inputs; a DistributedOptimizer with
-    Compression.fp16 keeps its float32 gradients zero-copy in shared memory."""
+    """Compression.fp16 and Compression.bf16 done by the proxies: hvd.allreduce and grouped_allreduce
+    of float32 tensors (4 MiB, and one of 300 KiB, below the threshold: compression takes the
+    proxies at any size) return float32 values that every rank holds alike, each a value of the
+    wire type; the lanes send about half of what float32 needs; the error against the exact
+    (float64) average is within the bound of docs/dataplane.md and, for fp16, no larger than that of
+    Horovod's own fp16 compression of the same inputs; a DistributedOptimizer with either keeps its
+    float32 gradients zero-copy in shared memory."""
     import horovod.torch as horovod
     rank, size = hvd.rank(), hvd.size()
     group = hvd.proxy_group()
@@ -537,40 +538,45 @@ def scenario_wire(args):
     def inputs(count, seed):
         return [torch.randn(count, generator=torch.Generator().manual_seed(seed + r)) * (1 + r) for r in range(size)]
 
-    for count in (1 << 20, 75_000):
-        xs = inputs(count, 7 * count)
-        exact = torch.stack([x.double() for x in xs]).sum(0) / size
-        sent = sum(s["bytes_sent"] for s in group.lane_stats())
-        ours = hvd.allreduce(xs[rank], name=f"wire.{count}", compression=hvd.Compression.fp16)
-        sent = sum(s["bytes_sent"] for s in group.lane_stats()) - sent
-        theirs = horovod.allreduce(xs[rank], name=f"horovod.{count}", compression=horovod.Compression.fp16)
-        assert ours.dtype == torch.float32 and torch.equal(ours.half().float(), ours), "not float16 values"
-        digests = hvd.allgather_object(hashlib.sha256(ours.numpy().tobytes()).hexdigest())
-        assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
-        float32_bytes = 2 * (size - 1) * count * 4 // size
-        assert float32_bytes // 2 <= sent < 0.6 * float32_bytes, (count, sent, float32_bytes)
-        ours_error, their_error = ((t.double() - exact).abs() for t in (ours, theirs))
-        # docs/dataplane.md: each hop rounds a partial sum (scaled by 1/n afterwards), then the average once
-        magnitude = torch.stack([x.double().abs() for x in xs]).sum(0)
-        bound = (size - 1) / size * 2.0 ** -11 * magnitude + 2.0 ** -11 * exact.abs() + 1e-7
-        assert bool((ours_error <= bound).all()), (ours_error - bound).max().item()
-        # and no worse than Horovod's own fp16 compression of the same (seeded) inputs
-        assert ours_error.max() <= their_error.max() and ours_error.mean() <= their_error.mean(), \
-            (ours_error.max().item(), their_error.max().item(), ours_error.mean().item(), their_error.mean().item())
-        print(f"WIRE rank {rank} count {count}: error max {ours_error.max().item():.3g} mean "
-              f"{ours_error.mean().item():.3g}; Horovod's fp16 max {their_error.max().item():.3g} mean "
-              f"{their_error.mean().item():.3g}; {sent} bytes sent (float32: {float32_bytes})", flush=True)
+    for kind, wire, bits in (("fp16", torch.float16, 11), ("bf16", torch.bfloat16, 8)):
+        for count in (1 << 20, 75_000):
+            xs = inputs(count, 7 * count)
+            exact = torch.stack([x.double() for x in xs]).sum(0) / size
+            sent = sum(s["bytes_sent"] for s in group.lane_stats())
+            ours = hvd.allreduce(xs[rank], name=f"wire.{kind}.{count}", compression=getattr(hvd.Compression, kind))
+            sent = sum(s["bytes_sent"] for s in group.lane_stats()) - sent
+            assert ours.dtype == torch.float32 and torch.equal(ours.to(wire).float(), ours), f"not {wire} values"
+            digests = hvd.allgather_object(hashlib.sha256(ours.numpy().tobytes()).hexdigest())
+            assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+            float32_bytes = 2 * (size - 1) * count * 4 // size
+            assert float32_bytes // 2 <= sent < 0.6 * float32_bytes, (count, sent, float32_bytes)
+            ours_error = (ours.double() - exact).abs()
+            # docs/dataplane.md: each hop rounds a partial sum (scaled by 1/n afterwards), then the average once
+            magnitude = torch.stack([x.double().abs() for x in xs]).sum(0)
+            bound = (size - 1) / size * 2.0 ** -bits * magnitude + 2.0 ** -bits * exact.abs() + 1e-7
+            assert bool((ours_error <= bound).all()), (kind, (ours_error - bound).max().item())
+            line = f"WIRE {kind} rank {rank} count {count}: error max {ours_error.max().item():.3g} mean " \
+                   f"{ours_error.mean().item():.3g}"
+            if kind == "fp16":  # no worse than Horovod's own fp16 compression of the same (seeded) inputs
+                theirs = horovod.allreduce(xs[rank], name=f"horovod.{count}", compression=horovod.Compression.fp16)
+                their_error = (theirs.double() - exact).abs()
+                assert ours_error.max() <= their_error.max() and ours_error.mean() <= their_error.mean(), \
+                    (ours_error.max().item(), their_error.max().item(), ours_error.mean().item(),
+                     their_error.mean().item())
+                line += f"; Horovod's fp16 max {their_error.max().item():.3g} mean {their_error.mean().item():.3g}"
+            print(f"{line}; {sent} bytes sent (float32: {float32_bytes})", flush=True)
     grouped = hvd.grouped_allreduce([torch.full((1000,), 0.1 * (rank + 1)), torch.full((3000,), 1.0 / 3)],
                                     op=hvd.Sum, name="wire.grouped", compression=hvd.Compression.fp16)
     expected = [torch.tensor(0.1 * size * (size + 1) / 2).half().float(), torch.tensor(size / 3).half().float()]
     for out, value in zip(grouped, expected):
         assert out.dtype == torch.float32 and torch.allclose(out, value.expand_as(out), rtol=2e-3), (out[:3], value)
-    model = torch.nn.Linear(512, 1024)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                                   compression=hvd.Compression.fp16)
-    model(torch.randn(8, 512)).sum().backward()
-    opt.step()
-    assert all(group.pool.locate(p.grad) is not None for p in model.parameters()), "gradients are not zero-copy"
+    for compression in (hvd.Compression.fp16, hvd.Compression.bf16):
+        model = torch.nn.Linear(512, 1024)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), compression=compression)
+        model(torch.randn(8, 512)).sum().backward()
+        opt.step()
+        assert all(group.pool.locate(p.grad) is not None for p in model.parameters()), "gradients are not zero-copy"
     print(f"rank {rank}: wire ok", flush=True)
 
 
