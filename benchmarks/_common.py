@@ -20,7 +20,8 @@ Backends, as written on the command line (``--backends a,b,c``):
                                   a '+flat' suffix sets FASTHOROVOD_HIERARCHICAL=0 (one ring
                                   through every rank even with several ranks per host),
                                   a '+norehash' suffix sets FASTHOROVOD_REHASH=0 (slow flows
-                                  keep their connections),
+                                  keep their connections), '+bf16' FastHorovod's
+                                  Compression.bf16 (bfloat16 on the wire),
                                   an '@DIR' suffix runs the checkout DIR instead of this one
     torch-gloo[:D]                N processes started here, torch.distributed gloo (env://);
                                   with D, Gloo's several-device workaround: the interface
@@ -107,14 +108,14 @@ class Backend:
     sockets: int = None    # fasthorovod: TCP connections per lane (spec 'fasthorovod:KxS')
     flat: bool = False     # fasthorovod: FASTHOROVOD_HIERARCHICAL=0 (spec suffix '+flat')
     hierarchical: bool = False  # horovod-*: HOROVOD_HIERARCHICAL_ALLREDUCE=1 (suffix '+hierarchical')
-    fp16: bool = False     # horovod-*, fasthorovod: Compression.fp16 (suffix '+fp16')
+    compression: str = None  # horovod-*, fasthorovod: "fp16" (suffix '+fp16'), fasthorovod also "bf16"
     norehash: bool = False  # fasthorovod: FASTHOROVOD_REHASH=0 (suffix '+norehash')
 
 
 def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     """Parse 'kind[:count[xsockets]][:algorithm][+trace][+fp16][@DIR]' (xsockets, algorithm, +trace and
     @DIR only for fasthorovod; algorithm only if with_algorithm; +fp16, Horovod's Compression.fp16,
-    for horovod and fasthorovod). 'fasthorovod:4x2' is 4 proxies with 2
+    for horovod and fasthorovod; +bf16, FastHorovod's Compression.bf16, for fasthorovod). 'fasthorovod:4x2' is 4 proxies with 2
     TCP connections each; plain 'fasthorovod' sets neither (FastHorovod's defaults), and so do
     'fasthorovod:ssd-sgd' and 'fasthorovod::ssd-sgd' (defaults, one algorithm). @DIR runs the fasthorovod of another
     checkout (its extension built in place: ``setup.py build_ext --inplace``), so that two versions
@@ -127,12 +128,15 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
         if not os.path.isfile(os.path.join(source, "fasthorovod", "__init__.py")):
             raise ValueError(f"backend {spec!r}: {source} is not a fasthorovod checkout")
     body, *suffixes = body.split("+")
-    unknown = set(suffixes) - {"trace", "flat", "hierarchical", "fp16", "norehash"}
+    unknown = set(suffixes) - {"trace", "flat", "hierarchical", "fp16", "bf16", "norehash"}
     if unknown:
         raise ValueError(f"backend {spec!r}: unknown suffix '+{sorted(unknown)[0]}' "
-                         "(+trace, +flat, +hierarchical, +fp16, +norehash)")
+                         "(+trace, +flat, +hierarchical, +fp16, +bf16, +norehash)")
     trace, flat, hierarchical = ("trace" in suffixes), ("flat" in suffixes), ("hierarchical" in suffixes)
-    fp16 = "fp16" in suffixes
+    compressions = [c for c in ("fp16", "bf16") if c in suffixes]
+    if len(compressions) > 1:
+        raise ValueError(f"backend {spec!r}: one compression at most (+fp16 or +bf16)")
+    compression = compressions[0] if compressions else None
     parts = body.split(":")
     kind = _ALIASES.get(parts[0], parts[0])
     if kind not in kinds:
@@ -170,9 +174,12 @@ def parse_backend(spec, kinds=KINDS, with_algorithm=False):
     if hierarchical and kind not in ("horovod-gloo", "horovod-mpi"):
         raise ValueError(f"backend {spec!r}: only horovod backends take +hierarchical "
                          "(FastHorovod's is on by default; +flat turns it off)")
-    if fp16 and kind not in HVD_MODULES:
+    if compression == "fp16" and kind not in HVD_MODULES:
         raise ValueError(f"backend {spec!r}: only horovod and fasthorovod backends take +fp16 (Compression.fp16)")
-    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical, fp16, norehash)
+    if compression == "bf16" and kind != "fasthorovod":
+        raise ValueError(f"backend {spec!r}: only fasthorovod backends take +bf16 (Compression.bf16, FastHorovod's)")
+    return Backend(spec.strip(), kind, count, algorithm, trace, source, sockets, flat, hierarchical, compression,
+                   norehash)
 
 
 def parse_backends(text, kinds=KINDS, with_algorithm=False):

@@ -140,25 +140,26 @@ def parse_args(argv=None):
 class HorovodComm:
     """horovod.torch or fasthorovod.torch (the same API)."""
 
-    def __init__(self, module, fp16=False):
+    def __init__(self, module, compression=None):
         self.hvd = importlib.import_module(module)
         self.hvd.init()
         self.rank, self.size = self.hvd.rank(), self.hvd.size()
-        self.fp16 = fp16  # Compression.fp16: Horovod's allreduce_ takes no compressor, its allreduce does
+        # "fp16" or "bf16", hvd.Compression's: Horovod's allreduce_ takes no compressor, its allreduce does
+        self.compression = compression
 
     def barrier(self):
         self.hvd.barrier()
 
     def allreduce_(self, buf, op, name):
         op = self.hvd.Sum if op == "sum" else self.hvd.Average
-        if self.fp16:
-            buf.copy_(self.hvd.allreduce(buf, op=op, name=name, compression=self.hvd.Compression.fp16))
+        if self.compression:
+            buf.copy_(self.hvd.allreduce(buf, op=op, name=name, compression=getattr(self.hvd.Compression, self.compression)))
         else:
             self.hvd.allreduce_(buf, op=op, name=name)
 
     def reducescatter(self, buf, op, name):
         op = self.hvd.Sum if op == "sum" else self.hvd.Average
-        compression = self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
+        compression = getattr(self.hvd.Compression, self.compression or "none")
         return self.hvd.reducescatter(buf, op=op, name=name, compression=compression)
 
     def allgather(self, buf, name):
@@ -168,9 +169,9 @@ class HorovodComm:
         return self.hvd.alltoall(buf, name=name)
 
     def allreduce_async_(self, buf, op, name):
-        if self.fp16:
-            raise ValueError("+fp16 backends run one allreduce at a time (Horovod's async allreduce takes no "
-                             "compressor): leave out --batch")
+        if self.compression:
+            raise ValueError(f"+{self.compression} backends run one allreduce at a time (Horovod's async allreduce "
+                             "takes no compressor): leave out --batch")
         return self.hvd.allreduce_async_(buf, op=self.hvd.Sum if op == "sum" else self.hvd.Average, name=name)
 
     def synchronize(self, handle):
@@ -233,7 +234,7 @@ class MpiComm:
 
 def open_comm(backend, rendezvous):
     if backend.kind in common.HVD_MODULES:
-        return HorovodComm(common.HVD_MODULES[backend.kind], backend.fp16)
+        return HorovodComm(common.HVD_MODULES[backend.kind], backend.compression)
     if backend.kind in common.TORCH_BACKENDS:
         return TorchComm(backend, rendezvous)
     return MpiComm()
@@ -247,12 +248,16 @@ def make_inputs(count, rank, size, op):
     return pattern.mul_(rank + 1), expected
 
 
-def check(buf, expected, op, rank, nbytes, iteration, fp16=False, collective="allreduce"):
+# Mantissa bits (with the implicit one) of each compression's wire type.
+WIRE_BITS = {"fp16": 11, "bf16": 8}
+
+
+def check(buf, expected, op, rank, nbytes, iteration, compression=None, collective="allreduce"):
     """Raise if ``buf`` is not the expected result (bitwise for Sum; 1e-6 relative for Average,
-    whose 1/N scaling need not be exact; with fp16 compression 16 x 2^-11 relative: the rounding
-    of a float16 partial sum at each hop of a ring of up to 16 ranks)."""
-    if fp16:
-        ok = torch.allclose(buf, expected, rtol=2.0 ** -11 * 16, atol=0)
+    whose 1/N scaling need not be exact; with fp16 compression 16 x 2^-11 relative (bf16: 2^-8): the
+    rounding of a 16-bit partial sum at each hop of a ring of up to 16 ranks)."""
+    if compression:
+        ok = torch.allclose(buf, expected, rtol=2.0 ** -WIRE_BITS[compression] * 16, atol=0)
     elif op == "sum":
         ok = torch.equal(buf, expected)
     else:
@@ -310,7 +315,7 @@ def measure(comm, nbytes, args):
         elapsed = time.perf_counter() - start
         exact = gather or exchange  # nothing is reduced: bit for bit
         check(out, expected, "sum" if exact else args.op, comm.rank, nbytes, iteration,
-              getattr(comm, "fp16", False) and not exact, args.collective)
+              None if exact else getattr(comm, "compression", None), args.collective)
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)  # per iteration, the slowest rank
@@ -341,7 +346,7 @@ def measure_batch(comm, nbytes, args):
             comm.synchronize(handle)
         elapsed = time.perf_counter() - start
         for buf in bufs:
-            check(buf, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "fp16", False))
+            check(buf, expected, args.op, comm.rank, nbytes, iteration, getattr(comm, "compression", None))
         if iteration >= args.warmup:
             times.append(elapsed)
     slowest = np.max(comm.allgather_object(times), axis=0)

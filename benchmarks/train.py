@@ -398,8 +398,8 @@ def worker(args):
     model, train_step, compute_step = synthetic_problem(args, rank)
 
     kwargs = optimizer_kwargs(backend, args.algorithm, args.algorithm_warmup)
-    if backend.fp16:
-        kwargs["compression"] = hvd.Compression.fp16
+    if backend.compression:
+        kwargs["compression"] = getattr(hvd.Compression, backend.compression)
     try:
         optimizer = hvd.DistributedOptimizer(sgd(model), named_parameters=model.named_parameters(),
                                              **kwargs)
@@ -528,7 +528,7 @@ def overlap_bound(result, ceiling, wire_factor=1.0):
 
 def attach_overlap(rounds, backends):
     """Gives every ok job of every round (lists in plan order, the ceiling job first) its
-    ``overlap`` against that round's ceiling (``overlap_bound``; fp16 backends send half the
+    ``overlap`` against that round's ceiling (``overlap_bound``; +fp16 and +bf16 backends send half the
     bytes); returns the rounds without their ceiling jobs, and the ceiling jobs."""
     ring = [e for r in rounds for e in r if e["backend"] == common.RING]
     jobs = [[e for e in r if e["backend"] != common.RING] for r in rounds]
@@ -537,7 +537,7 @@ def attach_overlap(rounds, backends):
                        None)
         for backend, entry in zip(backends, entries):
             if entry["status"] == "ok":
-                entry["result"]["overlap"] = overlap_bound(entry["result"], ceiling, 0.5 if backend.fp16 else 1.0)
+                entry["result"]["overlap"] = overlap_bound(entry["result"], ceiling, 0.5 if backend.compression else 1.0)
     return jobs, ring
 
 

@@ -113,15 +113,20 @@ def test_backend_specs():
             common.parse_backend(bad)
 
 
-def test_fp16_suffix_is_horovods_compressor_for_both_apis():
-    assert common.parse_backend("fasthorovod+fp16").fp16 and common.parse_backend("horovod+fp16").fp16
-    assert not common.parse_backend("fasthorovod").fp16
+def test_fp16_suffix_is_horovods_compressor_for_both_apis_bf16_fasthorovods():
+    assert common.parse_backend("fasthorovod+fp16").compression == common.parse_backend("horovod+fp16").compression == "fp16"
+    assert common.parse_backend("fasthorovod+bf16").compression == "bf16"
+    assert common.parse_backend("fasthorovod").compression is None
     with pytest.raises(ValueError, match="only horovod and fasthorovod backends take \\+fp16"):
         common.parse_backend("torch-gloo+fp16")
+    with pytest.raises(ValueError, match="only fasthorovod backends take \\+bf16"):
+        common.parse_backend("horovod+bf16")
+    with pytest.raises(ValueError, match="one compression at most"):
+        common.parse_backend("fasthorovod+fp16+bf16")
     expected = torch.full((8,), 10000.0)  # 10000 is not a float16 value: 9999.9 would not be either
-    allreduce.check(torch.full((8,), 10000.0 * (1 + 2.0 ** -9)), expected, "sum", 0, 32, 0, fp16=True)
+    allreduce.check(torch.full((8,), 10000.0 * (1 + 2.0 ** -9)), expected, "sum", 0, 32, 0, compression="fp16")
     with pytest.raises(RuntimeError, match="wrong sum allreduce"):
-        allreduce.check(torch.full((8,), 10100.0), expected, "sum", 0, 32, 0, fp16=True)
+        allreduce.check(torch.full((8,), 10100.0), expected, "sum", 0, 32, 0, compression="fp16")
 
 
 def test_flat_and_hierarchical_suffixes():
