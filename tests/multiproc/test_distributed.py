@@ -41,6 +41,12 @@ def launch(np_: int, scenario: str, *args: str, timeout: float = 240.0) -> list:
         procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, *args], env=env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True))
+    return _results(procs, timeout)
+
+
+def _results(procs, timeout: float) -> list:
+    """[(exit status, output)] of `procs` (each started in a session of its own); every one still
+    running after `timeout` seconds is killed with its process group."""
     results = []
     try:
         for proc in procs:
@@ -126,17 +132,8 @@ def test_torchrun_on_each_host_of_an_emulated_cloud():
                              env=dict(os.environ, **ENV), cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
                  for i, host in enumerate(cloud.hosts)]
-        outputs = []
-        try:
-            for proc in procs:
-                outputs.append(proc.communicate(timeout=240)[0])
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-    for rank, (proc, out) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0 and f"rank {rank}: ddp ok" in out, f"host {rank} exited {proc.returncode}:\n{out[-3000:]}"
-    plan = json.loads(outputs[0].split("rank 0: data plane ", 1)[1].splitlines()[0])
+        results = _results(procs, 240)
+    _all_ok(results, "ddp")
+    plan = json.loads(results[0][1].split("rank 0: data plane ", 1)[1].splitlines()[0])
     assert plan["probe"] is not None and plan["sockets_source"] == "probe", plan
     print(f"probe: {plan['sockets_per_lane']} sockets per lane, {plan['probe']['curve_bytes_per_second']}")
