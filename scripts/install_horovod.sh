@@ -19,21 +19,23 @@ cache=${FASTHOROVOD_WHEEL_CACHE:-$HOME/.cache/fasthorovod/wheels}
 log() { printf '[horovod] %s\n' "$*" >&2; }
 
 "$py" -c "import horovod.torch" >/dev/null 2>&1 && { log "horovod.torch already imports"; exit 0; }
-"$py" -c "import torch" >/dev/null 2>&1 || { log "install torch first: $py -m pip install torch"; exit 1; }
+# What the build depends on, in one look at torch: its release (the cache key), the C++ standard its
+# headers need (C++17 from 2.1, C++20 from 2.14; Horovod asks for C++14) and whether it is a CUDA build.
+facts=$("$py" -c "import torch; v = torch.__version__; print(v, 'c++20' if tuple(map(int, v.split('+')[0].split('.')[:2])) >= (2, 14) else 'c++17', torch.version.cuda is not None)" 2>/dev/null) \
+  || { log "install torch first: $py -m pip install torch"; exit 1; }
+read -r torch_version std torch_cuda <<<"$facts"
 
-cache=$cache/torch-$("$py" -c "import torch; print(torch.__version__)")
+cache=$cache/torch-$torch_version
 mkdir -p "$cache"
 wheel=$(ls "$cache"/horovod-0.28.1-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then
   log "building horovod 0.28.1 (about 7 minutes on 2 cores; cached in $cache afterwards)"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  # torch's headers need C++17 (torch >= 2.1) or C++20 (torch >= 2.14); Horovod asks for C++14.
-  std=$("$py" -c "import torch; v = tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])); print('c++20' if v >= (2, 14) else 'c++17')")
   printf '#!/bin/sh\nexec %s "$@" -std=%s\n' "${CXX:-c++}" "$std" >"$work/cxx"
   chmod +x "$work/cxx"
   cuda=()
-  if [ "$("$py" -c "import torch; print(torch.version.cuda is not None)")" = True ]; then
+  if [ "$torch_cuda" = True ]; then
     # A CUDA build of torch makes Horovod build its CUDA operations, with CUDA_STANDARD 11 for
     # its kernels, which a CUDA 13 toolkit's headers reject: the toolkit is seen through a
     # directory whose nvcc compiles in the host compiler's standard instead. $CUDA_HOME
