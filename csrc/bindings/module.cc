@@ -10,6 +10,7 @@
 
 #include "bindings/errors.h"
 #include "collectives/reduce.h"
+#include "collectives/alltoall.h"
 #include "collectives/ring.h"
 #include "negotiation/coordinator.h"
 #include "negotiation/member.h"
@@ -244,13 +245,17 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              CallReleased([&] { return c.WaitListening(timeout, &ports); });
              return ports;
            })
+      .def("mesh_ports", &ProxyChannel::MeshPorts,
+           R"pbdoc(After wait_listening: each lane's mesh port for the alltoall (0: no mesh).)pbdoc")
       .def("connect",
            [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports,
-              uint32_t sockets_per_lane, double timeout) {
-             CallReleased([&] { return c.Connect(hosts, ports, sockets_per_lane, timeout); });
+              uint32_t sockets_per_lane, double timeout, const std::vector<std::string>& mesh_hosts,
+              const std::vector<std::vector<int>>& mesh_ports) {
+             CallReleased([&] { return c.Connect(hosts, ports, sockets_per_lane, timeout, mesh_hosts, mesh_ports); });
            },
            py::arg("hosts"), py::arg("ports"), py::arg("sockets_per_lane"), py::arg("timeout"),
-           R"pbdoc(Lets the proxies connect lane j to (hosts[j], ports[j]) with `sockets_per_lane` sockets each way.)pbdoc")
+           py::arg("mesh_hosts") = std::vector<std::string>{}, py::arg("mesh_ports") = std::vector<std::vector<int>>{},
+           R"pbdoc(Lets the proxies connect lane j to (hosts[j], ports[j]) with `sockets_per_lane` sockets each way; `mesh_hosts[r]` and `mesh_ports[r][j]` are where lane j's alltoall mesh finds rank r.)pbdoc")
       .def("post",
            [](ProxyChannel& c, const RequestDesc& request) {
              uint64_t seq = 0;
@@ -311,6 +316,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         d["collectives"] = s.collectives;
         d["zero_filled"] = s.zero_filled;
         d["busy_ns"] = s.busy_ns;
+        d["mesh_bytes_sent"] = s.mesh_bytes_sent;
+        d["mesh_bytes_received"] = s.mesh_bytes_received;
         d["rehashes"] = s.rehashes;
         d["rehash_ns"] = s.rehash_ns;
         return d;
@@ -425,6 +432,14 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         },
         py::arg("count"), py::arg("weights"),
         R"pbdoc(Element boundaries of each lane's shard of `count` elements, proportional to `weights` (lane j takes [b_j, b_j+1); 0 first, count last): the coordinator's one computation (csrc/negotiation/wire.h).)pbdoc");
+  m.def(
+      "alltoall_layout",
+      [](const std::vector<uint64_t>& send_count, const std::vector<uint64_t>& recv_count, size_t elem) {
+        const AlltoallLayout l = AlltoallLayoutOf(send_count, recv_count, elem);
+        return py::make_tuple(l.send_offset, l.recv_offset, l.total_bytes);
+      },
+      py::arg("send_count"), py::arg("recv_count"), py::arg("elem"),
+      R"pbdoc((send offset, receive offset, total bytes) of an alltoall's staging buffer after its size table (collectives/alltoall.h).)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;
@@ -434,6 +449,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
   m.attr("OP_GATHER") = static_cast<uint32_t>(ReduceOp::kGather);
   m.attr("OP_BROADCAST") = static_cast<uint32_t>(ReduceOp::kBroadcast);
   m.attr("OP_REDUCESCATTER") = static_cast<uint32_t>(ReduceOp::kReduceScatter);
+  m.attr("OP_ALLTOALL") = static_cast<uint32_t>(ReduceOp::kAlltoall);
+  m.attr("MAX_MESH_RANKS") = kMaxMeshRanks;
   m.attr("REQUEST_ALLREDUCE") = static_cast<uint32_t>(RequestKind::kAllreduce);
   py::dict dtypes;  // torch's names ("float32", ...) -> the core's codes
   py::dict wire;    // (torch's name in memory, on the wire) -> the compressed codes

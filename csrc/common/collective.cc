@@ -18,6 +18,7 @@ std::string DescribeCollective(const CollectiveDesc& d) {
                           : d.op == static_cast<uint32_t>(ReduceOp::kGather)    ? std::string("allgather")
                           : d.op == static_cast<uint32_t>(ReduceOp::kBroadcast) ? std::string("broadcast")
                           : d.op == static_cast<uint32_t>(ReduceOp::kReduceScatter) ? std::string("reducescatter")
+                          : d.op == static_cast<uint32_t>(ReduceOp::kAlltoall)  ? std::string("alltoall")
                                                                                 : Str("op code ", d.op);
   return Str("tensor '", name, "' (collective #", d.seq, ", ", d.total_bytes, " bytes, lane shard ", d.shard_bytes,
              " bytes, ", DTypeValid(d.dtype) ? DTypeName(static_cast<DType>(d.dtype)) : "bad dtype", ", ", kind, ")");

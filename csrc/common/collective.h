@@ -20,12 +20,15 @@ constexpr size_t kWireNameBytes = 32;
 // kReduceScatter is a sum that stops after the ring's reduce-scatter phase: each rank keeps the
 // chunk it holds reduced (see RingAllreduce). The worker lays each rank's part out as an
 // allgather's rows (fasthorovod/proxy/scatter.py).
+// kAlltoall is not a reduction either: each rank sends a block to every other rank over the
+// proxies' mesh (collectives/alltoall.h); the request's buffer holds the block sizes.
 // kBroadcast is reduced as kSum of integer words: the worker stages the root's tensor on the root and
 // zeros everywhere else (fasthorovod/proxy/group.py, ProxyGroup.broadcast), so every rank receives the
 // root's bytes. It has its own code so that a broadcast and an allreduce of one name never match, and
 // so that the negotiation can refuse it while a rank has joined (a joined rank's zeros could stand in
 // for the root's tensor), as Horovod does.
-enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2, kBroadcast = 3, kReduceScatter = 4 };
+enum class ReduceOp : uint32_t { kSum = 0, kAverage = 1, kGather = 2, kBroadcast = 3, kReduceScatter = 4,
+                              kAlltoall = 5 };
 
 // Whether a collective of `op` holds `size` equal rows, one per rank, each laid out by equal shares
 // of its width over the lanes (an allgather, a reduce-scatter); other collectives are cut by the

@@ -27,6 +27,7 @@ const char* WithoutJoin(uint32_t op) {
     case ReduceOp::kBroadcast: return "Broadcast";
     case ReduceOp::kGather: return "Allgather";
     case ReduceOp::kReduceScatter: return "Reducescatter";
+    case ReduceOp::kAlltoall: return "Alltoall";
     default: return nullptr;
   }
 }

@@ -24,6 +24,7 @@ const char* Verb(uint32_t op) {
   if (op == static_cast<uint32_t>(ReduceOp::kBroadcast)) return "broadcast";
   if (op == static_cast<uint32_t>(ReduceOp::kGather)) return "allgather";
   if (op == static_cast<uint32_t>(ReduceOp::kReduceScatter)) return "reducescatter";
+  if (op == static_cast<uint32_t>(ReduceOp::kAlltoall)) return "alltoall";
   return "allreduce";
 }
 

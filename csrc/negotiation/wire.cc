@@ -27,7 +27,7 @@ Status CheckWireDesc(const WireDesc& d, uint64_t max_tensor_bytes, const std::st
   if (d.name.empty() || d.name.size() >= kNameBytes) return bad(Str("a name of ", d.name.size(), " bytes (1..", kNameBytes - 1, " allowed)"));
   if (d.shape.size() > kMaxShapeText) return bad(Str("a shape text of ", d.shape.size(), " bytes (at most ", kMaxShapeText, ")"));
   if (!DTypeValid(d.dtype)) return bad(Str("dtype code ", d.dtype, " (not a dtype)"));
-  if (d.op > static_cast<uint32_t>(ReduceOp::kReduceScatter)) return bad(Str("op code ", d.op, " (not an op)"));
+  if (d.op > static_cast<uint32_t>(ReduceOp::kAlltoall)) return bad(Str("op code ", d.op, " (not an op)"));
   if (WireCompressed(static_cast<DType>(d.dtype)) && d.op > static_cast<uint32_t>(ReduceOp::kAverage) &&
       d.op != static_cast<uint32_t>(ReduceOp::kReduceScatter)) {
     return bad(Str("op code ", d.op, " for dtype code ", d.dtype, " (a compression of sums only)"));

@@ -177,10 +177,33 @@ Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* por
   return Status::Ok();
 }
 
+std::vector<int> ProxyChannel::MeshPorts() const {
+  std::vector<int> ports;
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) ports.push_back(header_->lanes[lane].mesh_port);
+  return ports;
+}
+
 Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
-                             uint32_t sockets_per_lane, double timeout_seconds) {
+                             uint32_t sockets_per_lane, double timeout_seconds,
+                             const std::vector<std::string>& mesh_hosts,
+                             const std::vector<std::vector<int>>& mesh_ports) {
   if (next_hosts.size() != header_->num_lanes || next_ports.size() != header_->num_lanes) {
     return Status::Error(Code::kInvalidArgument, "one next address per lane is required");
+  }
+  if (!mesh_hosts.empty()) {
+    if (mesh_hosts.size() != header_->size || mesh_ports.size() != header_->size ||
+        header_->size > kMaxMeshRanks) {
+      return Status::Error(Code::kInvalidArgument, Str("the mesh needs one address and port list per rank (",
+                                                       header_->size, " ranks, at most ", kMaxMeshRanks, ")"));
+    }
+    for (uint32_t r = 0; r < header_->size; ++r) {
+      if (mesh_ports[r].size() != header_->num_lanes) {
+        return Status::Error(Code::kInvalidArgument, Str("rank ", r, "'s mesh ports: one per lane is required"));
+      }
+      CopyString(header_->mesh_hosts[r], mesh_hosts[r]);
+      for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) header_->mesh_ports[r][lane] = mesh_ports[r][lane];
+    }
+    header_->mesh_size = header_->size;
   }
   if (sockets_per_lane < 1 || sockets_per_lane > kMaxSocketsPerLane) {
     return Status::Error(Code::kInvalidArgument, Str("sockets per lane must be in [1, ", kMaxSocketsPerLane,
@@ -400,6 +423,8 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   s.collectives = info.collectives.load();
   s.zero_filled = info.zero_filled.load();
   s.busy_ns = info.busy_ns.load();
+  s.mesh_bytes_sent = info.mesh_bytes_sent.load();
+  s.mesh_bytes_received = info.mesh_bytes_received.load();
   s.rehashes = info.rehashes.load();
   s.rehash_ns = info.rehash_ns.load();
   return s;

@@ -44,6 +44,8 @@ struct LaneSnapshot {
   uint64_t collectives = 0;
   uint64_t zero_filled = 0;
   uint64_t busy_ns = 0;
+  uint64_t mesh_bytes_sent = 0;
+  uint64_t mesh_bytes_received = 0;
   uint64_t rehashes = 0;  // send sockets this lane has replaced by new connections
   uint64_t rehash_ns = 0;  // time it spent replacing connections (either side's)
 };
@@ -63,11 +65,17 @@ class ProxyChannel {
   int ProxyFd(uint32_t lane) const;
   Status WatchProxy(uint32_t lane, int pid);
   Status WaitListening(double timeout_seconds, std::vector<int>* ports);
+  // After WaitListening: each lane's mesh port (0: the proxies open no mesh).
+  std::vector<int> MeshPorts() const;
   // Gives lane j the address of lane j of the next rank and lets the proxies connect with
   // `sockets_per_lane` sockets each way (every rank must pass the same number; the configured one,
-  // or what the path probe chose); returns once every lane is connected.
+  // or what the path probe chose); returns once every lane is connected. `mesh_hosts[r]` and
+  // `mesh_ports[r][j]` (every rank's address and lanes' mesh ports, or both empty: no mesh) are what
+  // the lanes' alltoall mesh connects to when the first alltoall comes (collectives/alltoall.h).
   Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
-                 uint32_t sockets_per_lane, double timeout_seconds);
+                 uint32_t sockets_per_lane, double timeout_seconds,
+                 const std::vector<std::string>& mesh_hosts = {},
+                 const std::vector<std::vector<int>>& mesh_ports = {});
 
   // The hierarchical allreduce (shm/host.h), before Connect: local rank 0 creates the host segment
   // (CreateHost; returns its descriptor, which the others open through /proc), the others open it

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "collectives/alltoall.h"
 #include "collectives/ring.h"
 #include "proxy/watch.h"
 #include "shm/channel.h"
@@ -110,6 +111,10 @@ class Proxy {
     int port = 0;
     FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &listener_, &port));
     info_.listen_port = port;
+    if (ch_->size > 1 && ch_->size <= kMaxMeshRanks) {  // the alltoall's; connected at the first one
+      FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &mesh_listener_, &port));
+      info_.mesh_port = port;
+    }
     info_.pid = getpid();
     info_.state.store(static_cast<uint32_t>(LaneState::kListening));
 
@@ -230,9 +235,10 @@ class Proxy {
 
   Status Execute(const RequestDesc& r) {
     if (r.kind != static_cast<uint32_t>(RequestKind::kAllreduce) || !DTypeValid(r.dtype) ||
-        r.op > static_cast<uint32_t>(ReduceOp::kReduceScatter)) {
+        r.op > static_cast<uint32_t>(ReduceOp::kAlltoall)) {
       return Status::Error(Code::kInvalidArgument, "malformed request");
     }
+    if (r.op == static_cast<uint32_t>(ReduceOp::kAlltoall)) return ExecuteAlltoall(r);
     const DType dtype = static_cast<DType>(r.dtype);
     const size_t elem = DTypeSize(dtype);
     ShmSegment* buffer = nullptr;
@@ -276,6 +282,71 @@ class Proxy {
     info_.bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.busy_ns.fetch_add(static_cast<uint64_t>(stats.end_ns - stats.start_ns), std::memory_order_relaxed);
+    info_.collectives.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+
+  // -- the alltoall (collectives/alltoall.h) -----------------------------------------------------
+
+  Status ExecuteAlltoall(const RequestDesc& r) {
+    const uint32_t n = ch_->size;
+    if (Hierarchical() || n < 2 || ch_->mesh_size != n) {
+      return Status::Error(Code::kInvalidArgument, "an alltoall runs on the mesh of a flat layout of 2 to 256 ranks");
+    }
+    if ((r.flags & kRequestZeroFill) != 0) {
+      return Status::Error(Code::kInvalidArgument, "Alltoall is not supported with Join at this time.");
+    }
+    ShmSegment* buffer = nullptr;
+    FHVD_RETURN_IF_ERROR(MapBuffer(r.buffer_id, &buffer));
+    const size_t elem = DTypeSize(static_cast<DType>(r.dtype));
+    const size_t table = 2 * n * sizeof(uint64_t);
+    if (r.buffer_offset > buffer->size() || buffer->size() - r.buffer_offset < table) {
+      return Status::Error(Code::kInvalidArgument, "alltoall request exceeds its data buffer (size table)");
+    }
+    char* base = static_cast<char*>(buffer->data()) + r.buffer_offset;
+    AlltoallWork work;
+    work.send_count.resize(n);
+    work.recv_count.resize(n);
+    std::memcpy(work.send_count.data(), base, n * sizeof(uint64_t));
+    std::memcpy(work.recv_count.data(), base + n * sizeof(uint64_t), n * sizeof(uint64_t));
+    for (uint32_t i = 0; i < n; ++i) {
+      if (work.send_count[i] > buffer->size() / elem || work.recv_count[i] > buffer->size() / elem) {
+        return Status::Error(Code::kInvalidArgument, "alltoall size table exceeds its data buffer");
+      }
+    }
+    const AlltoallLayout layout = AlltoallLayoutOf(work.send_count, work.recv_count, elem);
+    if (layout.total_bytes > buffer->size() - r.buffer_offset) {
+      return Status::Error(Code::kInvalidArgument, "alltoall request exceeds its data buffer");
+    }
+    work.send = base + layout.send_offset;
+    work.recv = base + layout.recv_offset;
+    work.dtype = static_cast<DType>(r.dtype);
+    work.lanes = ch_->num_lanes;
+    work.lane = lane_;
+    if (mesh_.empty()) {
+      std::vector<RingEndpoint> peers(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        peers[i] = RingEndpoint{std::string(ch_->mesh_hosts[i], strnlen(ch_->mesh_hosts[i], kHostBytes)),
+                                ch_->mesh_ports[i][lane_]};
+      }
+      FHVD_RETURN_IF_ERROR(EstablishMesh(self_, mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
+                                         ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_)
+                               .WithContext("connecting the alltoall mesh: "));
+    }
+    CollectiveDesc desc;
+    desc.seq = collective_seq_++;
+    desc.name_hash = r.name_hash;
+    desc.shape_hash = r.shape_hash;
+    desc.total_bytes = r.count * elem;
+    desc.shard_bytes = (r.lane_begin[lane_ + 1] - r.lane_begin[lane_]) * elem;
+    desc.dtype = r.dtype;
+    desc.op = r.op;
+    std::strncpy(desc.name, r.name, kWireNameBytes - 1);
+    trace_observer_.SetCollective(r.trace_id, 0);
+    RingStats stats;
+    Status st = MeshAlltoall(mesh_, desc, work, options_, &stats);
+    info_.mesh_bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
+    info_.mesh_bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.collectives.fetch_add(1, std::memory_order_relaxed);
     return st;
   }
@@ -559,6 +630,8 @@ class Proxy {
   const int segments_;  // the socket the worker hands buffers over (shm/handoff.h)
   bool segments_closed_ = false;
   Socket listener_;    // open while the lane has a ring: re-hashed connections come in here
+  Socket mesh_listener_;             // the alltoall mesh's connections come in here
+  std::vector<RingLinks> mesh_;      // by distance, once the first alltoall connected it
   LinkIdentity self_;  // what this lane proves to its ring neighbours
   RingEndpoint next_;
   RingLinks links_;

@@ -28,10 +28,11 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 7;
+constexpr uint32_t kChannelVersion = 8;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_LANE's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
+constexpr uint32_t kMaxMeshRanks = 256;  // the alltoall's mesh (collectives/alltoall.h) up to this many ranks
 constexpr size_t kErrorBytes = 2048;
 constexpr size_t kHostBytes = 64;
 constexpr size_t kNameBytes = 128;
@@ -46,6 +47,7 @@ struct LaneInfo {
   std::atomic<uint32_t> state;
   int32_t pid;
   int32_t listen_port;
+  int32_t mesh_port;                  // the mesh's listener (0: none)
   int32_t next_port;                  // written by the worker before `go`
   char next_host[kHostBytes];         // written by the worker before `go`
   uint32_t error_code;                // a Code: what kind of failure (state == kFailed)
@@ -57,6 +59,10 @@ struct LaneInfo {
   std::atomic<uint64_t> zero_filled;  // others' collectives run with zeros during the latest join
   std::atomic<uint32_t> trace_ack;    // the trace_generation this lane has applied (docs/trace.md)
   std::atomic<uint64_t> busy_ns;      // time spent inside collectives (per-lane rebalancing input)
+  // The alltoall's bytes over the mesh (not in bytes_sent/busy_ns: those are the ring's, which the
+  // rebalancing weighs).
+  std::atomic<uint64_t> mesh_bytes_sent;
+  std::atomic<uint64_t> mesh_bytes_received;
   // Re-hashing (transport/lane.h): the send sockets' pace, the sockets (bit s) the worker asks to
   // replace after the next collective (the lane takes and clears them), and how many were replaced.
   SocketCounters sockets[kMaxSocketsPerLane];
@@ -130,6 +136,11 @@ struct ChannelHeader {
   char trace_dir[kTraceDirBytes];
   int64_t trace_clock_offset_ns;
   std::atomic<uint32_t> trace_generation;
+  // The alltoall's mesh (collectives/alltoall.h), written before `go`: every rank's address and its
+  // lanes' mesh ports; mesh_size 0 when there is none (more than kMaxMeshRanks ranks).
+  uint32_t mesh_size;
+  char mesh_hosts[kMaxMeshRanks][kHostBytes];
+  int32_t mesh_ports[kMaxMeshRanks][kMaxLanes];
   LaneInfo lanes[kMaxLanes];
   RequestSlot slots[kNumSlots];
 };

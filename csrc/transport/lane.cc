@@ -120,12 +120,14 @@ class Lane::Impl {
     stats->rehash_in = rehash_in_;
     if (!st.ok()) {
       if (abort_origin_ < 0) abort_origin_ = static_cast<int64_t>(opt_.rank);
-      if (static_cast<uint32_t>(abort_origin_) != (opt_.rank + 1) % opt_.size) SendAbort(st);
+      if (static_cast<uint32_t>(abort_origin_) != Next()) SendAbort(st);
     }
     return st;
   }
 
  private:
+  uint32_t Next() const { return (opt_.rank + opt_.distance) % opt_.size; }
+  uint32_t Prev() const { return (opt_.rank + opt_.size - opt_.distance % opt_.size) % opt_.size; }
   struct OutFrame {
     FrameHeader header;
     const char* payload;
@@ -394,8 +396,7 @@ class Lane::Impl {
     }
     if (!SameCollective(h.desc, *desc_)) {
       abort_origin_ = opt_.rank;
-      return Status::Error(Code::kMismatch, MismatchMessage(opt_.lane, opt_.rank, *desc_,
-                                                            (opt_.rank + opt_.size - 1) % opt_.size, h.desc));
+      return Status::Error(Code::kMismatch, MismatchMessage(opt_.lane, opt_.rank, *desc_, Prev(), h.desc));
     }
     if (h.kind == kEnd) {
       if (h.length != 0) {  // an end marker has no payload; its length field would desynchronise the stream
@@ -442,8 +443,8 @@ class Lane::Impl {
                   int64_t dep_id) {
     FrameEvent e;
     e.send = send;
-    e.src = send ? opt_.rank : (opt_.rank + opt_.size - 1) % opt_.size;
-    e.dst = send ? (opt_.rank + 1) % opt_.size : opt_.rank;
+    e.src = send ? opt_.rank : Prev();
+    e.dst = send ? Next() : opt_.rank;
     e.lane = opt_.lane;
     e.socket = socket;
     e.frame = FrameOf(h);

@@ -135,6 +135,9 @@ struct LaneOptions {
   // replaces the connection after it (Rehash below); the receiver learns it from the marker.
   uint64_t rehash_out = 0;
   FrameObserver* observer = nullptr;              // if set, told about every data frame
+  // The ring's stride: this rank sends to rank + distance and receives from rank - distance (1: the
+  // lanes' rings; d: the mesh's links of distance d, collectives/alltoall.h).
+  uint32_t distance = 1;
   std::string prev_name;  // "rank 0 (10.0.0.1:4242)" for messages
   std::string next_name;
 };

@@ -475,82 +475,172 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
   return ConnectRingSockets(self, listener, next, all, all, sockets, socket_buffer_bytes, deadline, links, purpose);
 }
 
-Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
-                          const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
-                          int socket_buffer_bytes, Deadline deadline, RingLinks* links, LinkPurpose purpose) {
-  const uint32_t next_rank = (self.rank + 1) % self.size;
-  const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
-  const std::string next_name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
-  sockaddr_in next_addr;
-  FHVD_RETURN_IF_ERROR(Resolve(next.host, next.port, &next_addr));
+namespace {
 
-  // 1. The connector: the sockets `out` to the next rank (retrying while it is not listening yet),
-  //    each authenticated before the next one is opened.
+// One connection to open: socket `index` to rank `peer` at `addr` (`name` in messages).
+struct Outgoing {
+  uint32_t peer = 0;
+  uint32_t index = 0;
+  sockaddr_in addr{};
+  std::string name;
+  Socket sock;  // set once connected and authenticated
+};
+
+// The set-up both the rings and the mesh run: a connector thread opens `out` one after the other
+// (retrying while the peer is not listening yet), each authenticated before the next, while this
+// thread accepts `expected_in` connections from `listener` that `refuse` lets in and hands them to
+// `take`; strangers are rejected and waited past. `waiting` names what is still missing when the
+// deadline passes. Every socket is configured for data once all are in.
+Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPurpose purpose,
+                        std::vector<Outgoing>* out, size_t expected_in, int socket_buffer_bytes, Deadline deadline,
+                        const HandshakeAcceptor::Refuse& refuse, const HandshakeAcceptor::Take& take,
+                        const std::function<std::string(size_t)>& waiting) {
   std::atomic<bool> cancel{false}, connector_done{false};
   Status connected;
-  std::vector<Socket> to_next;
   std::thread connector([&] {
-    for (size_t i = 0; i < out.size() && connected.ok(); ++i) {
+    for (Outgoing& o : *out) {
       Socket sock;
       int backoff_ms = 10;
       for (;;) {
-        connected = ConnectOnce(next_addr, socket_buffer_bytes, deadline, &sock);
+        connected = ConnectOnce(o.addr, socket_buffer_bytes, deadline, &sock);
         if (connected.ok() || deadline.Expired() || cancel.load()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
         backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
       }
       if (!connected.ok()) {
-        connected = connected.WithContext("cannot connect to " + next_name + ": ");
+        connected = connected.WithContext("cannot connect to " + o.name + ": ");
         break;
       }
-      connected = AuthenticateToPeer(sock.fd(), self, purpose, out[i], next_rank, deadline, next_name, &cancel);
-      if (connected.ok()) to_next.push_back(std::move(sock));
+      connected = AuthenticateToPeer(sock.fd(), self, purpose, o.index, o.peer, deadline, o.name, &cancel);
+      if (!connected.ok()) break;
+      o.sock = std::move(sock);
     }
     connector_done.store(true);
   });
 
-  // 2. Meanwhile accept the sockets `in` from the previous rank; strangers are rejected and waited past.
-  std::vector<Socket> from_prev(static_cast<size_t>(sockets));
-  std::vector<bool> expected(static_cast<size_t>(sockets), false);
-  for (uint32_t s : in) expected[s] = true;
   size_t accepted = 0;
   Status accepting;
   HandshakeAcceptor acceptor(listener, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
+  auto counted = [&](const PeerClaim& claim, Socket sock) {
+    take(claim, std::move(sock));
+    ++accepted;
+  };
+  while (accepted < expected_in) {
+    if (connector_done.load() && !connected.ok()) break;
+    if (deadline.Expired()) {
+      accepting = Status::Error(Code::kTimeout, waiting(accepted));
+      break;
+    }
+    accepting = acceptor.Step(deadline.RemainingMs(100), refuse, counted);
+    if (!accepting.ok()) break;
+  }
+  if (!accepting.ok()) cancel.store(true);
+  connector.join();
+  // The connecting side's error first: a refusal by the peer names the cause (configuration).
+  FHVD_RETURN_IF_ERROR(connected);
+  FHVD_RETURN_IF_ERROR(accepting);
+  if (accepted < expected_in) return Status::Error(Code::kAborted, "connection set-up was abandoned");
+  for (Outgoing& o : *out) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(o.sock.fd()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+                          const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
+                          int socket_buffer_bytes, Deadline deadline, RingLinks* links, LinkPurpose purpose) {
+  const uint32_t next_rank = (self.rank + 1) % self.size;
+  const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
+  std::vector<Outgoing> outgoing(out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    outgoing[i].peer = next_rank;
+    outgoing[i].index = out[i];
+    outgoing[i].name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
+    FHVD_RETURN_IF_ERROR(Resolve(next.host, next.port, &outgoing[i].addr));
+  }
+  std::vector<Socket> from_prev(static_cast<size_t>(sockets));
+  std::vector<bool> expected(static_cast<size_t>(sockets), false);
+  for (uint32_t s : in) expected[s] = true;
   auto refuse = [&](const PeerClaim& claim) {
     std::string reason = RingRefusal(claim, self, sockets, purpose);
     if (reason.empty() && !expected[claim.socket_index]) reason = "socket index not expected now";
     if (reason.empty() && from_prev[claim.socket_index].valid()) reason = "duplicate socket index";
     return reason;
   };
-  auto take = [&](const PeerClaim& claim, Socket sock) {
-    from_prev[claim.socket_index] = std::move(sock);
-    ++accepted;
+  auto take = [&](const PeerClaim& claim, Socket sock) { from_prev[claim.socket_index] = std::move(sock); };
+  auto waiting = [&](size_t accepted) {
+    return Str("timed out waiting for rank ", prev_rank, " lane ", self.lane, " to connect (", accepted, "/",
+               in.size(), " sockets); is that rank running and reachable?");
   };
-  while (accepted < in.size()) {
-    if (connector_done.load() && !connected.ok()) break;
-    if (deadline.Expired()) {
-      accepting = Status::Error(Code::kTimeout,
-                                Str("timed out waiting for rank ", prev_rank, " lane ", self.lane, " to connect (",
-                                    accepted, "/", in.size(), " sockets); is that rank running and reachable?"));
-      break;
-    }
-    accepting = acceptor.Step(deadline.RemainingMs(100), refuse, take);
-    if (!accepting.ok()) break;
-  }
-  if (!accepting.ok()) cancel.store(true);
-  connector.join();
-  // The connecting side's error first: a refusal by the next rank names the cause (configuration).
-  FHVD_RETURN_IF_ERROR(connected);
-  FHVD_RETURN_IF_ERROR(accepting);
-  if (accepted < in.size()) return Status::Error(Code::kAborted, "ring set-up was abandoned");
-  for (size_t i = 0; i < out.size(); ++i) {
-    FHVD_RETURN_IF_ERROR(ConfigureDataSocket(to_next[i].fd()));
-    links->to_next[out[i]] = std::move(to_next[i]);  // the replaced connection closes here
-  }
+  FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, purpose, &outgoing, in.size(), socket_buffer_bytes, deadline,
+                                        refuse, take, waiting));
+  for (Outgoing& o : outgoing) links->to_next[o.index] = std::move(o.sock);  // the replaced connection closes here
   for (uint32_t s : in) {
     FHVD_RETURN_IF_ERROR(ConfigureDataSocket(from_prev[s].fd()));
     links->from_prev[s] = std::move(from_prev[s]);
   }
+  return Status::Ok();
+}
+
+Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std::vector<RingEndpoint>& peers,
+                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance) {
+  const uint32_t n = self.size;
+  if (peers.size() != n || sockets < 1) {
+    return Status::Error(Code::kInvalidArgument, Str("the mesh needs one address per rank (", peers.size(), " for ",
+                                                     n, " ranks) and at least one socket per peer"));
+  }
+  std::vector<RingLinks> links(n);
+  std::vector<Outgoing> outgoing;
+  for (uint32_t d = 1; d < n; ++d) {
+    links[d].to_next.resize(static_cast<size_t>(sockets));
+    links[d].from_prev.resize(static_cast<size_t>(sockets));
+    const uint32_t peer = (self.rank + d) % n;
+    for (int s = 0; s < sockets; ++s) {
+      Outgoing o;
+      o.peer = peer;
+      o.index = static_cast<uint32_t>(s);
+      o.name = Str("rank ", peer, " lane ", self.lane, " (mesh) at ", peers[peer].host, ":", peers[peer].port);
+      FHVD_RETURN_IF_ERROR(Resolve(peers[peer].host, peers[peer].port, &o.addr));
+      outgoing.push_back(std::move(o));
+    }
+  }
+  auto distance_of = [&](uint32_t rank) { return (self.rank + n - rank) % n; };
+  auto refuse = [&](const PeerClaim& claim) -> std::string {
+    if (claim.purpose != LinkPurpose::kMesh) return "not a mesh connection";
+    if (claim.size != n) return Str("world size ", claim.size, " != ", n);
+    if (claim.rank >= n || claim.rank == self.rank) return Str("sender is rank ", claim.rank);
+    if (claim.lane != self.lane) return Str("sender lane ", claim.lane, " != lane ", self.lane);
+    if (claim.socket_index >= static_cast<uint32_t>(sockets)) return "socket index out of range";
+    if (claim.config_hash != self.config_hash) {
+      return "configuration differs (FASTHOROVOD_* settings must be equal on every rank)";
+    }
+    if (links[distance_of(claim.rank)].from_prev[claim.socket_index].valid()) return "duplicate socket index";
+    return "";
+  };
+  auto take = [&](const PeerClaim& claim, Socket sock) {
+    links[distance_of(claim.rank)].from_prev[claim.socket_index] = std::move(sock);
+  };
+  const size_t expected = static_cast<size_t>(n - 1) * static_cast<size_t>(sockets);
+  auto waiting = [&](size_t accepted) {
+    std::string missing;
+    for (uint32_t d = 1; d < n; ++d) {
+      for (const Socket& s : links[d].from_prev) {
+        if (!s.valid()) {
+          missing += Str(missing.empty() ? "" : ", ", (self.rank + n - d) % n);
+          break;
+        }
+      }
+    }
+    return Str("timed out waiting for the mesh of lane ", self.lane, " (", accepted, "/", expected,
+               " sockets in; ranks still to connect: ", missing, "); are those ranks running and reachable?");
+  };
+  FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, LinkPurpose::kMesh, &outgoing, expected, socket_buffer_bytes,
+                                        deadline, refuse, take, waiting));
+  for (Outgoing& o : outgoing) links[(o.peer + n - self.rank) % n].to_next[o.index] = std::move(o.sock);
+  for (uint32_t d = 1; d < n; ++d) {
+    for (Socket& s : links[d].from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(s.fd()));
+  }
+  *by_distance = std::move(links);
   return Status::Ok();
 }
 

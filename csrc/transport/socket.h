@@ -50,7 +50,7 @@ constexpr size_t kNonceBytes = 16;
 constexpr double kHandshakeSeconds = 2.0;  // what one incoming connection gets to prove itself
 
 // What a connection is for; part of what the handshake authenticates.
-enum class LinkPurpose : uint32_t { kRing = 1, kNegotiation = 2, kProbe = 3 };
+enum class LinkPurpose : uint32_t { kRing = 1, kNegotiation = 2, kProbe = 3, kMesh = 4 };
 
 class Socket {
  public:
@@ -114,6 +114,15 @@ Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, cons
                           const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
                           int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                           LinkPurpose purpose = LinkPurpose::kRing);
+
+// The mesh of one lane (collectives/alltoall.h): S sockets from this rank to lane `self.lane` of
+// every other rank, and S from each of them, set up at once as EstablishRing does (authenticated,
+// purpose kMesh, on a listener of its own so that it never meets a ring's re-hashed connections).
+// `peers[r]` is rank r's mesh address for this lane (this rank's entry is not used). The links are
+// indexed by distance: (*by_distance)[d] sends to rank + d and receives from rank - d (entry 0 is
+// empty), so each is shaped like a ring's links and a Lane runs on it with LaneOptions::distance d.
+Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std::vector<RingEndpoint>& peers,
+                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance);
 
 // What a connecting peer says it is, from its Hello; authenticated once its Proof verifies.
 struct PeerClaim {

@@ -16,7 +16,7 @@ DTYPE_CODES = {getattr(torch, name): code for name, code in _C.DTYPES.items()}
 # whose hops carry float16 or bfloat16 and add in float32 (docs/dataplane.md)
 WIRE_CODES = {(getattr(torch, memory), getattr(torch, wire)): code for (memory, wire), code in _C.WIRE_DTYPES.items()}
 OP_SUM, OP_AVERAGE, OP_GATHER, OP_BROADCAST = _C.OP_SUM, _C.OP_AVERAGE, _C.OP_GATHER, _C.OP_BROADCAST
-OP_REDUCESCATTER = _C.OP_REDUCESCATTER
+OP_REDUCESCATTER, OP_ALLTOALL = _C.OP_REDUCESCATTER, _C.OP_ALLTOALL
 
 # A broadcast travels as a sum of the tensor's bytes read as integers of the element's width
 # (ProxyGroup.broadcast): the integer dtype for each element size.

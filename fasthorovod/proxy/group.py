@@ -35,7 +35,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import Config
 from fasthorovod.exceptions import FastHorovodError
-from fasthorovod.proxy import gather, scatter, startup
+from fasthorovod.proxy import alltoall, gather, scatter, startup
 from fasthorovod.proxy.buffers import Buffer, BufferPool, stage, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_AVERAGE, OP_BROADCAST, OP_SUM, WIRE_CODES, hash64, request
 from fasthorovod.proxy.plan import DataPlanePlan
@@ -65,6 +65,7 @@ class ProxyGroup:
         self.before_submit: List[Callable[[], None]] = []
         self.after_submit: List[Callable[[str, int, int], None]] = []
         self.second_stages = SecondStages()
+        self.mesh = False  # whether the lanes can open the alltoall's mesh (startup.py)
         self._tracing = False
         self._join_ticket: Optional[int] = None
         self._lock = threading.Lock()
@@ -220,6 +221,16 @@ class ProxyGroup:
         fills the request's outputs with every rank's rows of each, in rank order (gather.py)."""
         self._require_running()
         return gather.post_rows(self, tensors, name, gather_heads)
+
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], name: str,
+                 gather_heads=None) -> "alltoall.AlltoallRequest":
+        """Posts Horovod's alltoall of `tensor`, ``splits[d]`` rows to rank d: wait() fills the
+        request's ``output`` and ``received_splits`` (alltoall.py)."""
+        self._require_running()
+        if not self.mesh:
+            raise FastHorovodError("this data plane has no alltoall mesh (a hierarchical layout, or more than "
+                                   f"{_C.MAX_MESH_RANKS} ranks)")
+        return alltoall.post(self, tensor, splits, name, gather_heads)
 
     def reducescatter(self, tensors: Sequence[torch.Tensor], name: str, average: bool, prescale: float,
                       postscale: float, wire: Optional[torch.dtype] = None) -> Request:

@@ -176,10 +176,14 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
     if plan.layout is not None:
         group.plan = plan = _attach_host(group, plan, peers, allgather_object)
     mark("host")
-    all_ports = allgather_object(list(ports), name="fasthorovod.ports")
+    mesh_ports = group.channel.mesh_ports()
+    all_ports = allgather_object((list(ports), mesh_ports), name="fasthorovod.ports")
     after = plan.ring_next()
-    group.channel.connect([peers[after]["host"]] * plan.lanes, list(all_ports[after]),
-                          plan.sockets_per_lane, cfg.timeout_seconds)
+    group.mesh = plan.layout is None and all(all(p) for _, p in all_ports)
+    group.channel.connect([peers[after]["host"]] * plan.lanes, list(all_ports[after][0]),
+                          plan.sockets_per_lane, cfg.timeout_seconds,
+                          mesh_hosts=[p["host"] for p in peers] if group.mesh else [],
+                          mesh_ports=[list(p) for _, p in all_ports] if group.mesh else [])
     mark("rings")
     group.member = _C.Member(group.channel, native(
         _C.MemberOptions, rank=rank, size=size, token=token, coordinator_host=peers[0]["host"],

@@ -20,8 +20,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Sum,
     SyncBatchNorm,
     add_process_set,
-    alltoall,
-    alltoall_async,
     barrier,
     ccl_built,
     cross_rank,
@@ -58,6 +56,8 @@ from fasthorovod.torch.functions import (  # noqa: F401
 from fasthorovod.torch.mpi_ops import (  # noqa: F401
     allgather,
     allgather_async,
+    alltoall,
+    alltoall_async,
     allreduce,
     allreduce_,
     allreduce_async,

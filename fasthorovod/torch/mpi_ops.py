@@ -94,7 +94,7 @@ class _Runtime:
         self.names = itertools.count()
         self.horovod_names: Dict[int, str] = {}
         self.epoch = 0
-        self.allgather_handles = itertools.count()  # replaced by every data plane (_start_proxies)
+        self.two_stage_handles = itertools.count()  # replaced by every data plane (_start_proxies)
 
     def attach(self, group: ProxyGroup) -> None:
         """Runs `group` with the facade's policies (the lane balancer, the flow re-hasher) and
@@ -169,8 +169,8 @@ def _ticket_base(epoch: int) -> int:
     return (1 << 48) + (epoch << 32)
 
 
-def _allgather_handles(epoch: int):
-    """The handles of `epoch`'s allgathers, whose two collectives have tickets of their own (or,
+def _two_stage_handles(epoch: int):
+    """The handles of `epoch`'s allgathers and alltoalls, whose two collectives have tickets of their own (or,
     the first, a Horovod handle): from the middle of the epoch's range, which tickets never reach."""
     return itertools.count(_ticket_base(epoch) + (1 << 31))
 
@@ -178,7 +178,7 @@ def _allgather_handles(epoch: int):
 def _start_proxies() -> Config:
     config = Config.from_env()
     _runtime.epoch += 1
-    _runtime.allgather_handles = _allgather_handles(_runtime.epoch)
+    _runtime.two_stage_handles = _two_stage_handles(_runtime.epoch)
     if planner.enabled(config, _hvd.size()):
         _runtime.attach(ProxyGroup.start(config, _hvd.rank(), _hvd.size(),
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
@@ -636,7 +636,7 @@ def _allgather_async(tensors, name, process_set, grouped: bool):
 
     def result():
         return tuple(request.outputs) if grouped else request.outputs[0]
-    return _register(request, (), (), result, name, next(_runtime.allgather_handles))
+    return _register(request, (), (), result, name, next(_runtime.two_stage_handles))
 
 
 class _HorovodHeads:
@@ -696,9 +696,78 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 
 sparse_allreduce_async = rebound(_hvd.sparse_allreduce_async, _horovods, __name__)
+
+
+# -- alltoall -----------------------------------------------------------------------------------------
+
+def _alltoall_splits(tensor: torch.Tensor, splits, size: int) -> Optional[List[int]]:
+    """The rows for each rank as Horovod takes them (EnqueueTensorAlltoall), or None where Horovod
+    would refuse the call (so that its own error is raised on its path): `splits` a 1-D int32
+    tensor or a list of one count per rank summing to at most the first dimension, or None for
+    equal shares of a first dimension divisible by the size."""
+    if tensor.dim() == 0:
+        return None
+    rows = tensor.shape[0]
+    if splits is None:
+        return [rows // size] * size if rows % size == 0 else None
+    if isinstance(splits, torch.Tensor):
+        if splits.dim() != 1 or splits.dtype != torch.int32:
+            return None
+        counts = splits.tolist()
+    else:
+        try:
+            counts = [int(c) for c in splits]
+        except (TypeError, ValueError):
+            return None
+    if len(counts) != size or min(counts) < 0 or sum(counts) > rows:
+        return None
+    return counts
+
+
+def _alltoall_proxies_for(tensor: torch.Tensor, splits, process_set) -> Optional[ProxyGroup]:
+    """The proxies for an alltoall Horovod would take (its dtype check runs first), of any size
+    (whether a block is large is known only once every rank's splits are: alltoall.py): on a flat
+    layout with the alltoall's mesh, for a dtype the proxies carry, CPU or CUDA."""
+    _hvd._check_function(_hvd._alltoall_function_factory, tensor)
+    group = _runtime.group
+    if (group is None or not group.mesh or process_set.process_set_id != global_process_set.process_set_id
+            or not group.supports(tensor.dtype) or tensor.device.type not in ("cpu", "cuda")):
+        return None
+    return group if _alltoall_splits(tensor, splits, group.size) is not None else None
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Asynchronous alltoall: ``splits[d]`` rows of `tensor` to rank d (equal shares without
+    splits); ``synchronize`` returns the rows received from every rank in rank order and the
+    received splits. See ``horovod.torch.alltoall_async``."""
+    group = _alltoall_proxies_for(tensor, splits, process_set)
+    if group is None:
+        return _hvd.alltoall_async(tensor, splits, name, process_set)
+    name = _named(name, "alltoall")
+    with _horovods_value_error():
+        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name, _HorovodHeads)
+
+    def result():
+        received = request.received_splits
+        if isinstance(splits, torch.Tensor):  # Horovod's: splits.new(), filled
+            return request.output, torch.tensor(received, dtype=splits.dtype, device=splits.device)
+        return request.output, torch.tensor(received, dtype=torch.int32)
+    return _register(request, (), (), result, name, next(_runtime.two_stage_handles))
+
+
+_Alltoall = _with_these_collectives(_hvd.HorovodAlltoall)
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """``splits[d]`` rows of `tensor` to rank d, the rows from every rank back (differentiable);
+    with `splits`, also the received splits. See ``horovod.torch.alltoall``."""
+    return _Alltoall.apply(tensor, splits, name, process_set)
+
+
 _horovods.update(allgather_async=allgather_async, grouped_allgather_async=grouped_allgather_async,
                  allgather=allgather, grouped_allgather=grouped_allgather, synchronize=synchronize,
-                 allreduce=allreduce, grouped_allreduce=grouped_allreduce)
+                 allreduce=allreduce, grouped_allreduce=grouped_allreduce, alltoall_async=alltoall_async,
+                 alltoall=alltoall)
 
 
 # -- broadcast ----------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ MISMATCHES = ("size", "dtype", "op", "prescale")
 @pytest.fixture(scope="session")
 def three_ranks_two_proxies():
     """3 ranks, 2 proxies of 2 sockets each, 64 KiB segments, the harness's 1 MiB threshold."""
-    return run_scenarios(3, ("async", "join", "gather", "reducescatter", "allgather", "bad_input", "wire", "rehash"), "--inflight", "40",
+    return run_scenarios(3, ("async", "join", "gather", "reducescatter", "allgather", "alltoall", "bad_input", "wire",
+                                 "rehash"), "--inflight", "40",
                          env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 
@@ -33,7 +34,7 @@ def two_ranks_two_proxies():
 def two_ranks_three_proxies():
     """2 ranks, 3 proxies, threshold 0, 64 KiB segments; `rebalance` (which leaves the lane
     weights changed) runs last."""
-    return run_scenarios(2, ("gather", "reducescatter", "allgather", "refused", "rebalance"), "--count", "30",
+    return run_scenarios(2, ("gather", "reducescatter", "allgather", "alltoall", "refused", "rebalance"), "--count", "30",
                          env={"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 

@@ -105,11 +105,14 @@ class Lanes:
 
     ``tcp=False``: the hierarchical allreduce on one host, which reduces through shared memory and
     runs no ring, so the lanes move no byte over TCP (checked) and only `min_collectives` tells.
-    `ranks`: how many ranks end the job (an elastic job's final size), ``None`` for np."""
+    `ranks`: how many ranks end the job (an elastic job's final size), ``None`` for np.
+    ``mesh=True``: the alltoall, whose bytes the lanes count apart (``mesh_bytes_*``: its mesh's
+    sockets, not the rings')."""
     min_bytes: int = 1
     min_collectives: int = 1
     tcp: bool = True
     ranks: Optional[int] = None
+    mesh: bool = False
 
 
 Claim = Union[None, bool, Lanes]
@@ -148,12 +151,13 @@ def check_lanes(out: str, claim: Claim, ranks: Iterable[int], scenario: Optional
             continue
         lanes = claim if isinstance(claim, Lanes) else Lanes()
         assert planes, f"rank {rank}: no proxies ran in a job that claims the proxy path"
+        sent, received = ("mesh_bytes_sent", "mesh_bytes_received") if lanes.mesh else ("bytes_sent", "bytes_received")
         total = {key: [0] * max(len(plane["lanes"]) for plane in planes)
                  for key in ("bytes_sent", "bytes_received", "collectives")}
         for plane in planes:
             for j, lane in enumerate(plane["lanes"]):
-                for key in total:
-                    total[key][j] += lane[key]
+                for key, counter in (("bytes_sent", sent), ("bytes_received", received), ("collectives", "collectives")):
+                    total[key][j] += lane.get(counter, 0)
         summary = f"{what}rank {rank}: lanes sent {total['bytes_sent']} B, received {total['bytes_received']} B, " \
                   f"ran {total['collectives']} collectives"
         assert all(c >= lanes.min_collectives for c in total["collectives"]), \

@@ -43,12 +43,27 @@ def test_a_proxied_claim_holds_on_every_rank():
     (GOOD, Lanes(min_collectives=3), "at least 3"),
     (out(line(0), line(1)), True, "no proxies ran"),
     (GOOD, Lanes(tcp=False), "moves nothing over TCP"),
+    (GOOD, Lanes(mesh=True), "every lane must move"),  # the rings' bytes are not the mesh's
     (out(line(0, [(0, 0, 0)]), line(1, [(0, 0, 1)])), False, "rank 1: a Horovod-path job"),
     (GOOD + line(1, [(1, 1, 1)]), True, "rank 1 reported its lanes twice"),
 ])
 def test_a_claim_that_does_not_hold_fails(text, claim, message):
     with pytest.raises(AssertionError, match=message):
         check_lanes(text, claim, range(2))
+
+
+def test_a_mesh_claim_counts_the_alltoall_mesh_bytes():
+    def mesh_line(rank):
+        lane = {"bytes_sent": 0, "bytes_received": 0, "collectives": 2, "mesh_bytes_sent": 700,
+                "mesh_bytes_received": 650}
+        return f"[{rank}]<stdout>:FASTHOROVOD_LANES " + json.dumps(
+            {"rank": rank, "planes": [{"rank": rank, "size": 2, "lanes": [lane, lane]}]})
+    text = out(mesh_line(0), mesh_line(1))
+    check_lanes(text, Lanes(min_bytes=1300, min_collectives=2, mesh=True), range(2))
+    with pytest.raises(AssertionError, match="at least 1301 B"):
+        check_lanes(text, Lanes(min_bytes=1301, mesh=True), range(2))
+    with pytest.raises(AssertionError, match="every lane must move"):
+        check_lanes(text, True, range(2))  # a ring claim: the rings moved nothing
 
 
 def test_the_planes_of_a_rank_add_up_lane_by_lane():
@@ -91,6 +106,6 @@ def test_lanes_since_counts_what_each_plane_did_in_between():
 
     def plane(*counters):
         return {"rank": 0, "size": 2, "lanes": [dict(zip(lanes.COUNTERS, c)) for c in counters]}
-    before = [plane((100, 100, 1))]
-    after = [plane((300, 250, 3)), plane((40, 40, 1))]  # the first plane closed, a second started
-    assert lanes.since(before, after) == [plane((200, 150, 2)), plane((40, 40, 1))]
+    before = [plane((100, 100, 1, 0, 0))]
+    after = [plane((300, 250, 3, 70, 60)), plane((40, 40, 1, 0, 0))]  # the first plane closed, a second started
+    assert lanes.since(before, after) == [plane((200, 150, 2, 70, 60)), plane((40, 40, 1, 0, 0))]

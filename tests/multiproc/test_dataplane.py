@@ -11,7 +11,7 @@ from fasthorovod.proxy.gather import INLINE_BYTES
 
 from tests.multiproc.conftest import MISMATCHES
 from tests.multiproc.harness import Lanes, check_lanes, ring_allgather_bytes, ring_allreduce_bytes, run_job
-from tests.workers.scatter_cases import allgather_cases, reducescatter_cases
+from tests.workers.scatter_cases import allgather_cases, alltoall_cases, reducescatter_cases
 
 pytestmark = pytest.mark.multiproc
 
@@ -157,6 +157,25 @@ def test_allgather_through_the_proxies_matches_horovods(np_, lanes, request):
     rows = allgathered_rows(np_)
     check_lanes(job.stdout, Lanes(min_bytes=ring_allgather_bytes(np_, *rows), min_collectives=len(rows)),
                 range(np_), scenario="allgather")
+
+
+def alltoall_sent(np_: int) -> int:
+    """A lower bound of what each rank's lanes send over the mesh in worker.py's alltoall scenario:
+    the first case's blocks for the other ranks (2.4 MB or more), sent three times (splits as a
+    list, as a tensor, asynchronously)."""
+    def sent(rank):
+        shape, dtype, splits = alltoall_cases(np_, rank)[0]
+        row = torch.Size(shape[1:]).numel() * torch.empty((), dtype=dtype).element_size()
+        return 3 * sum(c for d, c in enumerate(splits) if d != rank) * row
+    return min(sent(r) for r in range(np_))
+
+
+@pytest.mark.parametrize("np_,lanes", [(2, 3), (3, 2)])
+def test_alltoall_through_the_mesh_matches_horovods(np_, lanes, request):
+    job = request.getfixturevalue("two_ranks_three_proxies" if np_ == 2 else "three_ranks_two_proxies")
+    assert job.stdout.count("alltoall ok") == np_, job.stdout[-2000:]
+    check_lanes(job.stdout, Lanes(min_bytes=alltoall_sent(np_), min_collectives=3, mesh=True), range(np_),
+                scenario="alltoall")
 
 
 def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):

@@ -20,7 +20,7 @@ import json
 import sys
 
 PREFIX = "FASTHOROVOD_LANES "
-COUNTERS = ("bytes_sent", "bytes_received", "collectives")
+COUNTERS = ("bytes_sent", "bytes_received", "collectives", "mesh_bytes_sent", "mesh_bytes_received")
 
 _closed_planes = []
 

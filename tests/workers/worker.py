@@ -17,7 +17,7 @@ import fasthorovod.torch as hvd
 import lanes  # tests/workers/, this script's directory
 from file_barrier import file_barrier
 from rendezvous import complete_uncleared_scopes
-from scatter_cases import allgather_cases, reducescatter_cases
+from scatter_cases import allgather_cases, alltoall_cases, reducescatter_cases
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -521,6 +521,69 @@ def scenario_allgather(args):
                 assert f"{kind} is not supported with Join" in str(e), str(e)
         hvd.join()
     print(f"rank {rank}: allgather ok", flush=True)
+
+
+def scenario_alltoall(args):
+    """Horovod's alltoall through the proxies' mesh (alltoall_cases: splits that differ between ranks
+    and destinations): every result and received split equals Horovod's own alltoall of the same
+    inputs, bit for bit — one by one, with splits as a list and as a tensor, asynchronous and
+    synchronized in another order on each rank, through autograd (Horovod's gradient); ranks that
+    disagree on a tensor's other dimensions get a mismatch error naming them, and an alltoall while
+    a rank has joined gets Horovod's error."""
+    import horovod.torch as horovod
+    rank, size = hvd.rank(), hvd.size()
+    cases = alltoall_cases(size, rank)
+
+    def inputs(i, shape, dtype):
+        return torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(100 * i + rank)).to(dtype)
+
+    def same(a, b, what):
+        assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+        assert torch.equal(a, b), what
+
+    xs = [inputs(i, shape, dtype) for i, (shape, dtype, _) in enumerate(cases)]
+    theirs = [horovod.alltoall(x, splits=torch.tensor(s, dtype=torch.int32) if s is not None else None,
+                               name=f"ha2a.{i}") for i, (x, (_, _, s)) in enumerate(zip(xs, cases))]
+    for i, (x, (_, _, splits), b) in enumerate(zip(xs, cases, theirs)):
+        # the same names on every rank, whether this rank gives splits (a list, then a tensor) or not
+        if splits is None:
+            same(hvd.alltoall(x, name=f"a2a.{i}"), b, f"alltoall {cases[i]}")
+            same(hvd.alltoall(x, name=f"a2a.again.{i}"), b, f"alltoall {cases[i]} again")
+            continue
+        out, received = hvd.alltoall(x, splits=splits, name=f"a2a.{i}")
+        same(out, b[0], f"alltoall {cases[i]}")
+        same(received, b[1], f"received splits {cases[i]}")
+        out, received = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32), name=f"a2a.again.{i}")
+        same(out, b[0], f"alltoall {cases[i]}, splits as a tensor")
+        same(received, b[1], f"received splits {cases[i]}, splits as a tensor")
+    handles = [hvd.alltoall_async(x, splits=s, name=f"a2a.async.{j}") for j, (x, (_, _, s)) in enumerate(zip(xs, cases))]
+    order = list(range(len(xs)))
+    for j in (order[::-1] if rank % 2 else order):  # each rank synchronizes in an order of its own
+        out, received = hvd.synchronize(handles[j])  # Horovod's synchronize: both, splits or not
+        same(out, theirs[j][0] if cases[j][2] is not None else theirs[j], "alltoall_async")
+    # Horovod's gradient: the received rows' gradient sent back, so each row sent to rank d gets d + 1
+    # (not compared with Horovod's own autograd: its backward alltoall is unnamed, and Horovod names
+    # it by a handle count that earlier scenarios' joins left different on each rank)
+    splits = cases[0][2]  # every row sent: Horovod's gradient has the rows the input sent
+    w = xs[0][:sum(splits)].clone().requires_grad_()
+    (hvd.alltoall(w, splits=splits, name="a2a.autograd")[0] * (rank + 1)).sum().backward()
+    expected = torch.repeat_interleave(torch.arange(1, size + 1, dtype=w.dtype), torch.tensor(splits))
+    same(w.grad, expected[:, None].expand_as(w).contiguous(), "alltoall's gradient")
+    try:
+        hvd.alltoall(torch.zeros(size * 70_000, rank + 1), name="a2a.mismatch")
+        raise AssertionError("an alltoall of mismatched shapes did not fail")
+    except hvd.CollectiveMismatchError as e:
+        assert "a2a.mismatch" in str(e) and f"alltoall of {rank + 1} " in str(e), str(e)
+    if rank == size - 1:  # a joined rank has no blocks to give: Horovod's error, on the proxies too
+        hvd.join()
+    else:
+        try:
+            hvd.alltoall(xs[1], name="a2a.join")
+            raise AssertionError("Alltoall with a joined rank did not fail")
+        except hvd.HorovodInternalError as e:
+            assert "Alltoall is not supported with Join" in str(e), str(e)
+        hvd.join()
+    print(f"rank {rank}: alltoall ok", flush=True)
 
 
 def scenario_wire(args):

@@ -1,0 +1,71 @@
+// Alltoall of one lane's part over the lane's mesh: every rank sends a block to every other rank
+// directly, each over S sockets of its own (transport/socket.h, EstablishMesh).
+//
+// A ring would forward each block through every rank between its source and its destination
+// (1.5x the bytes of a direct exchange at 4 ranks, (n - 1) / 2 hops on average); the mesh sends it
+// once. Lane j carries part j of every block (elements ChunkBegin(c, lanes, j) up to
+// ChunkBegin(c, lanes, j + 1) of a block of c elements), so the k lanes of a rank share every
+// block as they share an allreduce.
+//
+// Schedule: n - 1 steps, one per distance. At distance d this rank sends its part of the block for
+// rank + d and receives its part of the block from rank - d, on the mesh links of that distance,
+// with a Lane (LaneOptions::distance d): every step is a permutation, so each host sends and
+// receives one block at a time per lane, and lane j starts at distance j % (n - 1) + 1, so a rank's
+// k lanes send to different ranks at once. A part travels in segments of at most segment_bytes,
+// cut as a ring cuts a chunk (RingSegmentElements over the part), so that it spreads over the S
+// sockets; every frame is checked against this rank's own sizes (step = distance, segment, offset,
+// length) before a byte of its payload is read, and lands in place in the receive region. An empty
+// part still travels as one empty frame, so its header is checked.
+//
+// The block sizes come from the worker (the buffer's size table, fasthorovod/proxy/alltoall.py):
+// what rank s sends to rank r is what rank r receives from rank s, because every rank computed
+// its table from the same split matrix. A rank's block for itself is copied by its worker; the
+// proxies never touch it.
+//
+// Failure. A step that fails sends an abort frame on the step's links (the Lane does), and then on
+// the links of every other distance, so that each rank, whatever step it waits in, hears of it from
+// the rank it waits for; they fail and pass it on the same way. Every wait is bounded by the lane's
+// timeout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "collectives/ring.h"
+#include "common/collective.h"
+#include "common/status.h"
+#include "transport/socket.h"
+
+namespace fasthorovod {
+
+// Where one rank's alltoall lies in its staging buffer, relative to the request's offset: the size
+// table (2n uint64: elements sent to each rank, then elements received from each), then the send
+// region (blocks for ranks 0..n-1 in rank order), then the receive region (blocks from ranks
+// 0..n-1). Regions start on 64-byte boundaries.
+struct AlltoallLayout {
+  size_t send_offset = 0;
+  size_t recv_offset = 0;
+  size_t total_bytes = 0;
+};
+AlltoallLayout AlltoallLayoutOf(const std::vector<uint64_t>& send_count, const std::vector<uint64_t>& recv_count,
+                                size_t elem);
+
+// One lane's alltoall.
+struct AlltoallWork {
+  const char* send = nullptr;  // the send region
+  char* recv = nullptr;        // the receive region
+  std::vector<uint64_t> send_count;  // elements for each rank
+  std::vector<uint64_t> recv_count;  // elements from each rank
+  DType dtype = DType::kFloat32;
+  uint32_t lanes = 1;  // the rank's lanes, and this one
+  uint32_t lane = 0;
+};
+
+// Runs the alltoall with `by_distance` (EstablishMesh's links: entry d sends to rank + d).
+// `options` gives the rank, size, lane, timeout, abort flag and observer; the neighbour names are
+// made per step. On failure the mesh is unusable.
+Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& desc, const AlltoallWork& work,
+                    const RingOptions& options, RingStats* stats);
+
+}  // namespace fasthorovod

@@ -1,0 +1,198 @@
+"""The proxies' alltoall (Horovod's ``alltoall``), posted through a ProxyGroup's one submit path
+(``ProxyGroup._submit``) and carried by the lanes' mesh (csrc/collectives/alltoall.h).
+
+Rank s sends ``splits[d]`` rows of its tensor to rank d, and every rank may send a different
+number to each. In two stages, as the allgather of rows (gather.py):
+
+1. an allgather of every rank's *head*: a hash of the tensor's other dimensions and dtype (every
+   rank checks the others'), its splits, and its tensor's bytes when they fit in
+   :data:`~fasthorovod.proxy.gather.INLINE_BYTES`. Every rank then holds the whole split matrix.
+   When every rank's tensor fit, that one collective is the alltoall.
+2. otherwise, posted by the group's second-stage thread (stages.py) once the heads are in and under
+   the same name, the blocks: each rank writes a size table (elements it sends to each rank and
+   receives from each, both read from the matrix) and its rows into a staging buffer, and the
+   proxies send each block straight to its rank (lane j carries part j of every block), writing
+   what they receive in rank order. The rank's own block never leaves the worker: it is copied
+   from the input to the output directly.
+
+The collective the ranks negotiate is described by the matrix (its total, and a hash of it in the
+description), so every rank submits the same description; the sizes one rank's proxies send and
+another's receive agree because both come from that matrix.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+
+import torch
+
+from fasthorovod import _C
+from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
+from fasthorovod.proxy.buffers import copy_tensor
+from fasthorovod.proxy.core import DTYPE_CODES, OP_ALLTOALL, hash64
+from fasthorovod.proxy.gather import INLINE_BYTES, GatherRequest, post as gather_post
+from fasthorovod.proxy.requests import Request
+
+if TYPE_CHECKING:
+    from fasthorovod.proxy.group import ProxyGroup
+
+
+def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name: str,
+         gather_heads: Optional[Callable[[torch.Tensor, str], GatherRequest]] = None) -> "AlltoallRequest":
+    """Posts the alltoall of `tensor` (a dtype the proxies carry, at least one dimension, CPU or
+    CUDA), sending ``splits[d]`` rows to rank d (``sum(splits) <= tensor.shape[0]``; rows past the
+    sum are not sent, as in Horovod). The request's ``output`` holds the rows received from every
+    rank in rank order, ``received_splits`` how many came from each.
+
+    `gather_heads(head, name)`: how the heads travel (gather.py, ``post_rows``); by default the
+    proxies' own allgather.
+    """
+    n = group.size
+    if (tensor.dim() == 0 or tensor.dtype not in DTYPE_CODES or len(splits) != n or min(splits) < 0
+            or sum(splits) > tensor.shape[0] or group.plan.layout is not None):
+        raise ValueError(f"the proxies alltoall a tensor of a supported dtype with at least one dimension on a flat "
+                         f"ring, with one non-negative split per rank summing to at most its first dimension; got "
+                         f"{tuple(tensor.shape)} {tensor.dtype} with splits {list(splits)}")
+    description = f"alltoall of {','.join(map(str, tensor.shape[1:]))} {tensor.dtype}"
+    head = torch.zeros(8 * (1 + n) + INLINE_BYTES, dtype=torch.uint8)
+    words = head[:8 * (1 + n)].view(torch.int64)
+    words[0] = hash64(description) - (1 << 63)  # as a signed 64-bit word
+    words[1:].copy_(torch.tensor(list(splits), dtype=torch.int64))
+    row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()
+    sent = tensor[:sum(splits)]
+    if sum(splits) * row_bytes <= INLINE_BYTES:
+        payload = sent.reshape(-1).contiguous().view(torch.uint8)
+        copy_tensor(head[8 * (1 + n):8 * (1 + n) + payload.numel()], payload.cpu())
+    heads = gather_heads(head, name) if gather_heads is not None else gather_post(group, head, name, description)
+    request = AlltoallRequest(group, heads, sent, name, description)
+    group.second_stages.add(request)
+    return request
+
+
+class AlltoallRequest:
+    """A posted :func:`post`: ``wait()`` returns once ``output`` and ``received_splits`` (a list of
+    ints) hold the result, or raises what failed in either stage."""
+
+    def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
+        self._group = group
+        self._heads = heads
+        self._tensor: Optional[torch.Tensor] = tensor  # the rows this rank sends, held until staged
+        self._name = name
+        self._description = description
+        self._blocks: Optional[_Blocks] = None
+        self._error: Optional[BaseException] = None
+        self._posted = threading.Event()
+        self.output: Optional[torch.Tensor] = None  # complete once wait() returned
+        self.received_splits: List[int] = []
+
+    # -- the second-stage thread's side (stages.py) --
+
+    def first_done(self) -> bool:
+        return self._heads.poll()
+
+    def post_second(self) -> None:
+        try:
+            try:
+                self._heads.wait()
+            except Exception as e:  # the heads' allgather refused: say it of the alltoall, as Horovod does
+                if "is not supported with Join" in str(e):
+                    raise type(e)("Alltoall is not supported with Join at this time.") from e
+                raise
+            n, rank, x = self._group.size, self._group.rank, self._tensor
+            heads = self._heads.output.reshape(n, -1)  # one head per rank, uint8
+            words = heads[:, :8 * (1 + n)].contiguous().view(torch.int64)
+            self._check_descriptions(words[:, 0].tolist())
+            matrix = words[:, 1:].tolist()  # matrix[s][d]: rows rank s sends to rank d
+            self.received_splits = [matrix[s][rank] for s in range(n)]
+            row_elems = math.prod(x.shape[1:])
+            row_bytes = row_elems * x.element_size()
+            self.output = torch.empty((sum(self.received_splits),) + tuple(x.shape[1:]), dtype=x.dtype,
+                                      device=x.device)
+            if max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES:
+                self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
+            elif any(matrix[s][d] for s in range(n) for d in range(n) if s != d):
+                self._blocks = _Blocks(self._group, self._name, x, matrix, row_elems, self.output)
+            else:  # only own blocks: nothing travels
+                self.output.copy_(x[sum(matrix[rank][:rank]):sum(matrix[rank][:rank + 1])])
+        except BaseException as e:  # raised to the caller by wait()
+            self._error = e
+        finally:
+            self._tensor = None
+            self._posted.set()
+
+    def abandon(self, error: BaseException) -> None:
+        self._error, self._tensor = error, None
+        self._posted.set()
+
+    def _check_descriptions(self, hashes: List[int]) -> None:
+        """Every rank holds the same heads, so every rank raises, or none."""
+        mine = hashes[self._group.rank]
+        if any(h != mine for h in hashes):
+            others = sorted(r for r, h in enumerate(hashes) if h != mine)
+            raise CollectiveMismatchError(
+                f"collective mismatch for tensor '{self._name}': ranks {others} alltoall tensors whose shapes (but "
+                f"for the first dimension) or dtype differ from rank {self._group.rank}'s ({self._description}). A "
+                f"tensor name must describe the same collective on every rank.")
+
+    def _from_heads(self, payloads: torch.Tensor, matrix: List[List[int]], row_bytes: int) -> None:
+        """Every rank's rows came inline: this rank's blocks, from each rank's head, in rank order."""
+        rank = self._group.rank
+        out = self.output.view(-1).view(torch.uint8) if self.output.numel() else None
+        at = 0
+        for s, row in enumerate(matrix):
+            nbytes = row[rank] * row_bytes
+            if nbytes:
+                begin = sum(row[:rank]) * row_bytes
+                copy_tensor(out[at:at + nbytes], payloads[s, begin:begin + nbytes])
+            at += nbytes
+
+    # -- the caller's side --
+
+    def poll(self) -> bool:
+        return self._posted.is_set() and (self._error is not None or self._blocks is None or self._blocks.poll())
+
+    def wait(self) -> None:
+        """Blocks until the result is in; raises what failed. The wait for the heads has no time
+        limit of its own, as any wait for other ranks to submit (a failure or shutdown of the data
+        plane ends it); the blocks' wait has the data plane's timeout."""
+        while not self._posted.wait(timeout=1.0):
+            if self._group._closed:
+                raise FastHorovodError("FastHorovod proxies are shut down")
+        if self._error is not None:
+            raise self._error
+        if self._blocks is not None:
+            self._blocks.wait()
+
+
+class _Blocks(Request):
+    """The second stage on the mesh: stages the size table and this rank's rows, copies its own
+    block straight to `output`, and once done copies the received blocks out."""
+
+    def __init__(self, group: "ProxyGroup", name: str, x: torch.Tensor, matrix: List[List[int]], row_elems: int,
+                 output: torch.Tensor) -> None:
+        n, rank, itemsize = group.size, group.rank, x.element_size()
+        send = [c * row_elems for c in matrix[rank]]
+        recv = [matrix[s][rank] * row_elems for s in range(n)]
+        send_offset, recv_offset, total = _C.alltoall_layout(send, recv, itemsize)
+        buffer = group.pool.acquire(total)
+        with group._releasing_on_failure(buffer):
+            buffer.view(torch.int64, 0, 2 * n).copy_(torch.tensor(send + recv, dtype=torch.int64))
+            flat = x.reshape(-1)
+            copy_tensor(buffer.view(x.dtype, send_offset, sum(send)), flat[:sum(send)])
+            own = sum(recv[:rank])
+            copy_tensor(output.view(-1)[own:own + recv[rank]], flat[sum(send[:rank]):sum(send[:rank + 1])])
+            total_elems = sum(map(sum, matrix)) * row_elems
+            ticket = group._submit(buffer, name, f"alltoall {hash64(repr(matrix)):016x}", sum(send) * itemsize,
+                                   buffer_offset=0, count=total_elems, dtype=DTYPE_CODES[x.dtype], op=OP_ALLTOALL)
+        super().__init__(group, ticket, buffer, True, (), (output,), ())
+        self._recv, self._recv_offset, self._rank = recv, recv_offset, rank
+
+    def _copy_out(self) -> None:
+        (out,) = self._outputs
+        flat, at, dtype = out.view(-1), 0, out.dtype
+        for s, count in enumerate(self._recv):
+            if s != self._rank and count:
+                copy_tensor(flat[at:at + count], self._buffer.view(dtype, self._recv_offset + at * out.element_size(),
+                                                                   count))
+            at += count

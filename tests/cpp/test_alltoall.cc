@@ -1,0 +1,148 @@
+// The mesh alltoall (collectives/alltoall.h) over loopback: ranks as threads, meshes connected as
+// the proxies connect them (EstablishMesh's handshakes).
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "collectives/alltoall.h"
+#include "common/clock.h"
+#include "harness.h"
+#include "loopback.h"
+
+using namespace fasthorovod;
+using fhtest::RunRanks;
+
+namespace {
+
+// Connects lane `lane`'s mesh of `size` ranks with `sockets` sockets per peer.
+std::vector<std::vector<RingLinks>> ConnectMesh(uint32_t size, int sockets, uint32_t lane = 0) {
+  std::vector<Socket> listeners(size);
+  std::vector<RingEndpoint> peers(size);
+  for (uint32_t r = 0; r < size; ++r) {
+    int port = 0;
+    CHECK(Listen("127.0.0.1", 0, &listeners[r], &port).ok());
+    peers[r] = {"127.0.0.1", port};
+  }
+  std::vector<std::vector<RingLinks>> mesh(size);
+  RunRanks(size, [&](uint32_t r) {
+    LinkIdentity self;
+    std::memset(self.token, 7, kTokenBytes);
+    self.rank = r;
+    self.size = size;
+    self.lane = lane;
+    Status st = EstablishMesh(self, listeners[r], peers, sockets, 0, Deadline::After(10.0), &mesh[r]);
+    CHECK(st.ok());
+  });
+  return mesh;
+}
+
+// Elements rank s sends rank d: uneven, some empty.
+uint64_t Count(uint32_t s, uint32_t d, uint32_t size) { return (s * 7 + d * 3) % (size + 2) == 0 ? 0 : 1000 + 37 * s + 11 * d; }
+int32_t Value(uint32_t s, uint32_t d, uint64_t i) { return static_cast<int32_t>(s * 100'000'000 + d * 1'000'000 + i); }
+
+RingOptions AlltoallOptions(uint32_t rank, uint32_t size, uint32_t lane) {
+  RingOptions o;
+  static_cast<LaneOptions&>(o) = fhtest::Options(rank, size, 10.0);
+  o.lane = lane;
+  o.segment_bytes = 1024;  // several segments per block, over every socket
+  return o;
+}
+
+void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
+  std::vector<std::vector<std::vector<RingLinks>>> meshes;
+  for (uint32_t j = 0; j < lanes; ++j) meshes.push_back(ConnectMesh(size, sockets, j));
+  std::vector<std::vector<int32_t>> send(size), recv(size);
+  std::vector<std::vector<uint64_t>> send_count(size), recv_count(size);
+  for (uint32_t r = 0; r < size; ++r) {
+    for (uint32_t d = 0; d < size; ++d) {
+      send_count[r].push_back(Count(r, d, size));
+      recv_count[r].push_back(Count(d, r, size));
+      for (uint64_t i = 0; i < Count(r, d, size); ++i) send[r].push_back(Value(r, d, i));
+    }
+    size_t received = 0;
+    for (uint64_t c : recv_count[r]) received += c;
+    recv[r].assign(received, -1);
+  }
+  RunRanks(size, [&](uint32_t r) {
+    for (uint32_t j = 0; j < lanes; ++j) {
+      AlltoallWork work;
+      work.send = reinterpret_cast<const char*>(send[r].data());
+      work.recv = reinterpret_cast<char*>(recv[r].data());
+      work.send_count = send_count[r];
+      work.recv_count = recv_count[r];
+      work.dtype = DType::kInt32;
+      work.lanes = lanes;
+      work.lane = j;
+      CollectiveDesc desc;
+      desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
+      desc.dtype = static_cast<uint16_t>(DType::kInt32);
+      RingStats stats;
+      Status st = MeshAlltoall(meshes[j][r], desc, work, AlltoallOptions(r, size, j), &stats);
+      CHECK(st.ok());
+    }
+  });
+  for (uint32_t r = 0; r < size; ++r) {
+    size_t at = 0;
+    for (uint32_t s = 0; s < size; ++s) {
+      for (uint64_t i = 0; i < recv_count[r][s]; ++i, ++at) {
+        // a rank's block for itself is its worker's to copy: the proxies leave it alone
+        const int32_t want = s == r ? -1 : Value(s, r, i);
+        if (recv[r][at] != want) {
+          CHECK_EQ(recv[r][at], want);
+          return;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(AlltoallLayoutPutsTheRegionsAfterTheTableOn64ByteBoundaries) {
+  const AlltoallLayout l = AlltoallLayoutOf({3, 0, 5}, {1, 2, 0}, 4);
+  CHECK_EQ(l.send_offset, size_t{64});  // 6 words of table
+  CHECK_EQ(l.recv_offset, size_t{64 + 64});  // 32 bytes sent, rounded up
+  CHECK_EQ(l.total_bytes, size_t{128 + 12});
+}
+
+TEST(MeshAlltoallDeliversEveryBlockOfUnevenSplits) {
+  CheckAlltoall(2, 1, 1);
+  CheckAlltoall(3, 2, 2);
+  CheckAlltoall(4, 2, 3);
+}
+
+TEST(AFailedAlltoallStepReachesEveryRankAtOnce) {
+  // rank 0 aborts before its first step: every other rank, whichever step it waits in, fails with
+  // rank 0's reason well before the 10 s timeout, never hangs
+  const uint32_t size = 4;
+  auto mesh = ConnectMesh(size, 1);
+  std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * 5000, 1)), recv = send;
+  std::vector<Status> results(size);
+  std::atomic<uint32_t> abort{1};
+  const char* reason = "rank 0 gave up";
+  const auto start = std::chrono::steady_clock::now();
+  RunRanks(size, [&](uint32_t r) {
+    AlltoallWork work;
+    work.send = reinterpret_cast<const char*>(send[r].data());
+    work.recv = reinterpret_cast<char*>(recv[r].data());
+    work.send_count.assign(size, 5000);
+    work.recv_count.assign(size, 5000);
+    work.dtype = DType::kInt32;
+    RingOptions o = AlltoallOptions(r, size, 0);
+    if (r == 0) {
+      o.abort = &abort;
+      o.abort_reason = reason;
+    }
+    CollectiveDesc desc;
+    desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
+    RingStats stats;
+    results[r] = MeshAlltoall(mesh[r], desc, work, o, &stats);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 5.0);
+  for (uint32_t r = 0; r < size; ++r) {
+    CHECK(!results[r].ok());
+    CHECK(results[r].message().find("rank 0 gave up") != std::string::npos);
+  }
+}
