@@ -607,14 +607,16 @@ def add_ring_arguments(parser):
                              "as netem check --ring: fasthorovod.netem.check.ring_flows)")
     parser.add_argument("--ring-seconds", type=float, default=3.0,
                         help="length of the ceiling's iperf3 test (default: %(default)s)")
+    parser.add_argument("--ring-pattern", choices=("ring", "mesh"), default="ring", help=argparse.SUPPRESS)
 
 
 def ring_worker_argv(script, args):
     """The ceiling job's rank: ``script --worker --backend tcp-ring``; the script's worker hands a
     tcp-ring backend to ``ring_worker``."""
     flows = [] if args.ring_flows is None else ["--ring-flows", str(args.ring_flows)]
+    pattern = ["--ring-pattern", "mesh"] if getattr(args, "collective", None) == "alltoall" else []
     return [sys.executable, "-u", os.path.abspath(script), "--worker", "--backend", RING, *flows,
-            "--ring-seconds", str(args.ring_seconds)]
+            "--ring-seconds", str(args.ring_seconds), *pattern]
 
 
 def own_host():
@@ -639,7 +641,9 @@ def ring_worker(args):
     """Every rank reports its emulated host; after Horovod has shut down (so that no rank's
     threads share the CPUs with the test), rank 0 measures the ring between those hosts
     (``fasthorovod.netem.check.measure_ring``: every host sends ``--ring-flows`` flows to the next
-    at once, the traffic pattern of a ring allreduce) and writes the goodput each host received."""
+    at once, the traffic pattern of a ring allreduce) and writes the goodput each host received.
+    For an alltoall (``--ring-pattern mesh``) every host sends to every other host at once instead
+    (``measure_mesh``), as many flows in all, spread over the other hosts."""
     import horovod.torch as hvd
 
     hvd.init()
@@ -663,18 +667,23 @@ def ring_worker(args):
         result = {"skipped": "every rank is on one emulated host: there is no ring to measure"}
     else:
         from fasthorovod.netem import NetemError, parse_spec
-        from fasthorovod.netem.check import measure_ring, ring_flows
+        from fasthorovod.netem.check import measure_mesh, measure_ring, ring_flows
 
         flows = args.ring_flows if args.ring_flows is not None else ring_flows(parse_spec(spec))
+        mesh = getattr(args, "ring_pattern", "ring") == "mesh"
         try:
-            received = measure_ring(distinct, flows, args.ring_seconds)
+            if mesh:
+                flows = -(-flows // (len(distinct) - 1))  # to each other host
+                received = measure_mesh(distinct, flows, args.ring_seconds)
+            else:
+                received = measure_ring(distinct, flows, args.ring_seconds)
         except NetemError as err:
             if "iperf3 not found" not in str(err):
                 raise
             result = {"skipped": str(err)}
         else:
             result = {"hosts": [h.name for h in distinct], "addresses": [h.address for h in distinct],
-                      "flows": flows, "seconds": args.ring_seconds,
+                      "pattern": "mesh" if mesh else "ring", "flows": flows, "seconds": args.ring_seconds,
                       "received_bits_per_s": received,
                       "mean_gbps": statistics.fmean(received) / 1e9, "min_gbps": min(received) / 1e9}
     write_json(args.result_file, result)
@@ -683,8 +692,9 @@ def ring_worker(args):
 def ring_line(entry):
     """One ceiling job's result in a line."""
     result = entry["result"]
+    where = "to every other host" if result.get("pattern") == "mesh" else "each to the next host"
     return (f"{result['mean_gbps']:.3f} Gbit/s per host (min {result['min_gbps']:.3f}), "
-            f"{result['flows']} flows each to the next host")
+            f"{result['flows']} flows {where}")
 
 
 def merge_ring(entries):
@@ -697,6 +707,7 @@ def merge_ring(entries):
     return {"status": "ok", "mean_gbps": statistics.median(r["mean_gbps"] for r in ok),
             "min_gbps": statistics.median(r["min_gbps"] for r in ok),
             "round_mean_gbps": [r["mean_gbps"] for r in ok], "rounds_measured": len(ok), "flows": ok[0]["flows"],
+            "pattern": ok[0].get("pattern", "ring"),
             "spread": spread([r["mean_gbps"] for r in ok]), "rounds": entries}
 
 
@@ -705,6 +716,10 @@ def ceiling_line(ceiling):
     if ceiling["status"] != "ok":
         return f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}"
     rounds = ceiling["rounds_measured"]
+    if ceiling.get("pattern") == "mesh":
+        return (f"raw-TCP mesh ceiling ({RING} job, iperf3, every host to every other at once): "
+                f"{format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
+                f"{rounds} round{'s' if rounds != 1 else ''})")
     return (f"raw-TCP ring ceiling ({RING}, iperf3, every host to the next at once): "
             f"{format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
             f"{rounds} round{'s' if rounds != 1 else ''})")

@@ -34,7 +34,8 @@ an allgather (``hvd.allgather``, the Horovod-API backends only) whose result hol
 each rank giving 1/N of them; the result is checked bit for bit against every rank's rows, and the
 bus bandwidth is (N-1)/N * bytes / latency, nccl-tests' definition for an allgather. With
 ``--collective alltoall`` it is Horovod's alltoall of the buffer in equal splits (each rank sends
-1/N of its `bytes` to every rank), checked bit for bit, with the same bus bandwidth.
+1/N of its `bytes` to every rank), checked bit for bit, with the same bus bandwidth; its ceiling is
+raw TCP in the alltoall's pattern, every host sending to every other at once.
 
 With ``--batch N`` an iteration instead posts N async allreduces of the size, in a different
 random order on every rank, and waits for all of them (the Horovod-API backends only: the others

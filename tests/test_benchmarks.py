@@ -653,6 +653,15 @@ def test_allreduce_ceiling_option_and_bench_command_lines():
     assert allreduce.parse_args([]).proxy_threshold == 64 << 10 and not allreduce.parse_args([]).ceiling
     argv = common.ring_worker_argv(allreduce.__file__, args)
     assert argv[2].endswith("allreduce.py") and argv[argv.index("--backend") + 1] == common.RING
+    assert "--ring-pattern" not in argv  # an allreduce's ceiling: the ring
+    alltoall = allreduce.parse_args(["--ceiling", "--collective", "alltoall"])
+    argv = common.ring_worker_argv(allreduce.__file__, alltoall)
+    assert argv[argv.index("--ring-pattern") + 1] == "mesh"  # an alltoall's: every host to every other
+    assert allreduce.parse_args(argv[3:] + ["--result-file", "x"]).ring_pattern == "mesh"
+    mesh = common.merge_ring([{"status": "ok", "result": {"mean_gbps": 0.9, "min_gbps": 0.8, "flows": 5,
+                                                          "pattern": "mesh"}}])
+    assert "mesh ceiling" in common.ceiling_line(mesh) and "every host to every other" in common.ceiling_line(mesh)
+    assert "to every other host" in common.ring_line(mesh["rounds"][0])
     with pytest.raises(SystemExit):
         allreduce.parse_args(["--ring-flows", "0"])
     # what scripts/bench.sh runs parses, with FastHorovod's defaults

@@ -34,7 +34,7 @@ from fasthorovod.netem import (
 from fasthorovod.netem import cloud as cloud_module
 from fasthorovod.netem.__main__ import _describe as describe
 from fasthorovod.netem.__main__ import main
-from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_ring, measure_tcp, ring_flows
+from fasthorovod.netem.check import CheckResult, PathResult, _measure_pairs, check_paths, measure_mesh, measure_ring, measure_tcp, ring_flows
 from fasthorovod.netem.shaping import FIRST_PORT_TABLE, FlowHash, flow_bucket, leaf_classid, shaping_commands
 from fasthorovod.netem.state import ETC_NETNS, STATE_DIR, Host, InstanceState, process_running, process_start_ticks
 
@@ -466,6 +466,16 @@ def test_each_flow_is_capped_but_more_flows_get_more(cloud: EmulatedCloud) -> No
 def test_ring_measurement_sends_both_ways_at_once_within_each_link(cloud: EmulatedCloud) -> None:
     # Two hosts: host0 -> host1 and host1 -> host0 at the same time, each link capped on egress.
     goodput = measure_ring(cloud.hosts, flows=4, seconds=2)
+    assert len(goodput) == 2
+    for bits in goodput:
+        assert 0.3 * cloud.spec.link_bits_per_s <= bits <= 1.1 * cloud.spec.link_bits_per_s, goodput
+
+
+@netem
+@pytest.mark.netem
+def test_mesh_measurement_sends_from_every_host_to_every_other_at_once(cloud: EmulatedCloud) -> None:
+    # Two hosts: the mesh is the ring both ways; each host's goodput is what it received in all.
+    goodput = measure_mesh(cloud.hosts, flows=4, seconds=2)
     assert len(goodput) == 2
     for bits in goodput:
         assert 0.3 * cloud.spec.link_bits_per_s <= bits <= 1.1 * cloud.spec.link_bits_per_s, goodput

@@ -432,14 +432,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         },
         py::arg("count"), py::arg("weights"),
         R"pbdoc(Element boundaries of each lane's shard of `count` elements, proportional to `weights` (lane j takes [b_j, b_j+1); 0 first, count last): the coordinator's one computation (csrc/negotiation/wire.h).)pbdoc");
-  m.def(
-      "alltoall_layout",
-      [](const std::vector<uint64_t>& send_count, const std::vector<uint64_t>& recv_count, size_t elem) {
-        const AlltoallLayout l = AlltoallLayoutOf(send_count, recv_count, elem);
-        return py::make_tuple(l.send_offset, l.recv_offset, l.total_bytes);
-      },
-      py::arg("send_count"), py::arg("recv_count"), py::arg("elem"),
-      R"pbdoc((send offset, receive offset, total bytes) of an alltoall's staging buffer after its size table (collectives/alltoall.h).)pbdoc");
+  m.def("alltoall_send_offset", &AlltoallSendOffset, py::arg("size"),
+        R"pbdoc(Where an alltoall's send region starts in its buffer, after the size table of `size` ranks (collectives/alltoall.h).)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;

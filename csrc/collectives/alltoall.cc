@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
 
 #include "common/clock.h"
 #include "transport/lane.h"
@@ -93,39 +98,79 @@ LaneOptions StepOptions(const RingOptions& options, uint32_t distance) {
   return o;
 }
 
-// After a failed step: an abort frame to the rank at every other distance (alltoall.h, Failure).
-void TellEveryone(std::vector<RingLinks>& by_distance, const CollectiveDesc& desc, const RingOptions& options,
-                  uint32_t failed, const Status& why) {
-  std::atomic<uint32_t> raised{1};
-  const uint32_t code = static_cast<uint32_t>(why.code());
-  const std::string reason = why.message();
-  for (uint32_t d = 1; d < options.size; ++d) {
-    if (d == failed) continue;
-    LaneOptions o = StepOptions(options, d);
-    o.abort = &raised;
-    o.abort_reason = reason.c_str();
-    o.abort_code = &code;
-    o.timeout_seconds = 2.0;
-    Lane lane(by_distance[d], o);
-    lane.Begin(desc, 0, 0);
-    LaneStats unused;
-    (void)lane.Run(nullptr, &unused);  // fails at once, after sending the abort
+// The steps run at once, one thread each, and a trace records frames from one thread at a time.
+class SerialObserver : public FrameObserver {
+ public:
+  explicit SerialObserver(FrameObserver* inner) : inner_(inner) {}
+  int64_t OnFrame(const CollectiveDesc& desc, const FrameEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return inner_->OnFrame(desc, event);
   }
-}
+
+ private:
+  FrameObserver* inner_;
+  std::mutex mu_;
+};
+
+// What the steps share: the first failure (the cause every step's lane then aborts with) and the
+// counts.
+class Steps {
+ public:
+  explicit Steps(const RingOptions& options) : options_(options) {}
+
+  // Whether the job's abort flag is up; if so, the steps stop with its reason.
+  void Watch() {
+    if (options_.abort == nullptr || options_.abort->load(std::memory_order_acquire) == 0) return;
+    const bool known = options_.abort_reason != nullptr && options_.abort_reason[0] != '\0';
+    const Code code = options_.abort_code != nullptr ? CodeFromWire(*options_.abort_code) : Code::kAborted;
+    Fail(Status::Error(code, known ? options_.abort_reason : "the job is shutting down"));
+  }
+
+  void Fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_.ok()) return;
+    first_ = st;
+    const std::string& m = st.message();
+    m.copy(reason_, std::min(m.size(), sizeof(reason_) - 1));
+    code_ = static_cast<uint32_t>(st.code());
+    stop_.store(1, std::memory_order_release);  // after the reason: a lane reads it once it sees the flag
+  }
+
+  LaneOptions For(uint32_t distance, FrameObserver* observer) {
+    LaneOptions o = StepOptions(options_, distance);
+    o.abort = &stop_;
+    o.abort_reason = reason_;
+    o.abort_code = &code_;
+    o.observer = observer;
+    return o;
+  }
+
+  void Add(const LaneStats& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    totals_.bytes_sent += s.bytes_sent;
+    totals_.bytes_received += s.bytes_received;
+    totals_.frames_sent += s.frames_sent;
+    totals_.frames_received += s.frames_received;
+  }
+
+  Status first() const { return first_; }
+  const LaneStats& totals() const { return totals_; }
+
+ private:
+  const RingOptions& options_;
+  std::mutex mu_;
+  Status first_;
+  char reason_[kMaxAbortMessage] = {};  // written once, before stop_
+  uint32_t code_ = 0;
+  std::atomic<uint32_t> stop_{0};
+  LaneStats totals_;
+};
 
 }  // namespace
 
-AlltoallLayout AlltoallLayoutOf(const std::vector<uint64_t>& send_count, const std::vector<uint64_t>& recv_count,
-                                size_t elem) {
-  AlltoallLayout l;
-  size_t sent = 0, received = 0;
-  for (uint64_t c : send_count) sent += c;
-  for (uint64_t c : recv_count) received += c;
-  l.send_offset = Align64(sizeof(uint64_t) * (send_count.size() + recv_count.size()));
-  l.recv_offset = l.send_offset + Align64(sent * elem);
-  l.total_bytes = l.recv_offset + received * elem;
-  return l;
-}
+size_t AlltoallTableWords(uint32_t n) { return 2 * size_t{n} + 2; }
+
+size_t AlltoallSendOffset(uint32_t n) { return Align64(sizeof(uint64_t) * AlltoallTableWords(n)); }
 
 Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& desc, const AlltoallWork& work,
                     const RingOptions& options, RingStats* stats) {
@@ -135,26 +180,47 @@ Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& d
       work.lane >= work.lanes) {
     return Status::Error(Code::kInvalidArgument, "the alltoall's mesh or size table does not match the ranks");
   }
-  for (uint32_t i = 0; i + 1 < n; ++i) {
-    const uint32_t d = (work.lane + i) % (n - 1) + 1;
-    AlltoallStep step(work, options.rank, n, d, by_distance[d].to_next.size(), options.segment_bytes);
-    Lane lane(by_distance[d], StepOptions(options, d));
-    lane.Begin(desc, step.FramesOut(), step.FramesIn());
-    step.QueueAll(&lane);
-    LaneStats lane_stats;
-    Status st = lane.Run(&step, &lane_stats);
-    stats->bytes_sent += lane_stats.bytes_sent;
-    stats->bytes_received += lane_stats.bytes_received;
-    stats->frames_sent += lane_stats.frames_sent;
-    stats->frames_received += lane_stats.frames_received;
-    if (!st.ok()) {
-      TellEveryone(by_distance, desc, options, d, st);
-      stats->end_ns = NowNs();
-      return st;
+  std::unique_ptr<SerialObserver> observer;
+  if (options.observer != nullptr) observer = std::make_unique<SerialObserver>(options.observer);
+  Steps steps(options);
+  std::atomic<uint32_t> next{0};
+  std::mutex mu;
+  std::condition_variable done;
+  uint32_t running = std::min(n - 1, kMaxConcurrentSteps);
+  auto run_steps = [&] {
+    for (uint32_t i = next.fetch_add(1); i + 1 < n; i = next.fetch_add(1)) {
+      const uint32_t d = (work.lane + i) % (n - 1) + 1;
+      AlltoallStep step(work, options.rank, n, d, by_distance[d].to_next.size(), options.segment_bytes);
+      Lane lane(by_distance[d], steps.For(d, observer.get()));
+      lane.Begin(desc, step.FramesOut(), step.FramesIn());
+      step.QueueAll(&lane);
+      LaneStats lane_stats;
+      Status st = lane.Run(&step, &lane_stats);  // once a step failed, the others abort at once
+      steps.Add(lane_stats);
+      if (!st.ok()) steps.Fail(st);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (--running == 0) done.notify_all();
+  };
+  steps.Watch();  // an abort raised already: every step fails at once, telling its peer
+  std::vector<std::thread> pool;
+  for (uint32_t t = 0, threads = running; t < threads; ++t) pool.emplace_back(run_steps);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    // The job's abort flag reaches the steps through their own (Steps::Watch), within 50 ms.
+    while (!done.wait_for(lock, std::chrono::milliseconds(50), [&] { return running == 0; })) {
+      lock.unlock();
+      steps.Watch();
+      lock.lock();
     }
   }
+  for (auto& t : pool) t.join();
+  stats->bytes_sent = steps.totals().bytes_sent;
+  stats->bytes_received = steps.totals().bytes_received;
+  stats->frames_sent = steps.totals().frames_sent;
+  stats->frames_received = steps.totals().frames_received;
   stats->end_ns = NowNs();
-  return Status::Ok();
+  return steps.first();
 }
 
 }  // namespace fasthorovod

@@ -7,11 +7,13 @@
 // ChunkBegin(c, lanes, j + 1) of a block of c elements), so the k lanes of a rank share every
 // block as they share an allreduce.
 //
-// Schedule: n - 1 steps, one per distance. At distance d this rank sends its part of the block for
-// rank + d and receives its part of the block from rank - d, on the mesh links of that distance,
-// with a Lane (LaneOptions::distance d): every step is a permutation, so each host sends and
-// receives one block at a time per lane, and lane j starts at distance j % (n - 1) + 1, so a rank's
-// k lanes send to different ranks at once. A part travels in segments of at most segment_bytes,
+// Schedule: n - 1 steps, one per distance, run at once (up to kMaxConcurrentSteps, one thread each;
+// beyond that, each thread takes the next distance when its step is done). At distance d this rank
+// sends its part of the block for rank + d and receives its part of the block from rank - d, on the
+// mesh links of that distance, with a Lane (LaneOptions::distance d). Lane j takes the distances
+// from j % (n - 1) + 1 on, so that a rank's k lanes start with different ranks. Steps that waited
+// for each other (a permutation at a time) left the links idle whenever one pair lagged: with every
+// distance at once, no step waits for another. A part travels in segments of at most segment_bytes,
 // cut as a ring cuts a chunk (RingSegmentElements over the part), so that it spreads over the S
 // sockets; every frame is checked against this rank's own sizes (step = distance, segment, offset,
 // length) before a byte of its payload is read, and lands in place in the receive region. An empty
@@ -22,9 +24,10 @@
 // its table from the same split matrix. A rank's block for itself is copied by its worker; the
 // proxies never touch it.
 //
-// Failure. A step that fails sends an abort frame on the step's links (the Lane does), and then on
-// the links of every other distance, so that each rank, whatever step it waits in, hears of it from
-// the rank it waits for; they fail and pass it on the same way. Every wait is bounded by the lane's
+// Failure. A step that fails raises the alltoall's own abort flag, with its cause: every other step
+// of this rank then fails at once and sends an abort frame on its links (the Lane does), so each
+// rank hears of it from the rank it waits for, whatever distance that is, and passes it on the same
+// way. The job's abort flag stops the steps within 50 ms. Every wait is bounded by the lane's
 // timeout.
 #pragma once
 
@@ -39,17 +42,17 @@
 
 namespace fasthorovod {
 
-// Where one rank's alltoall lies in its staging buffer, relative to the request's offset: the size
-// table (2n uint64: elements sent to each rank, then elements received from each), then the send
-// region (blocks for ranks 0..n-1 in rank order), then the receive region (blocks from ranks
-// 0..n-1). Regions start on 64-byte boundaries.
-struct AlltoallLayout {
-  size_t send_offset = 0;
-  size_t recv_offset = 0;
-  size_t total_bytes = 0;
-};
-AlltoallLayout AlltoallLayoutOf(const std::vector<uint64_t>& send_count, const std::vector<uint64_t>& recv_count,
-                                size_t elem);
+// The most steps (distances) one lane runs at once.
+constexpr uint32_t kMaxConcurrentSteps = 8;
+
+// One rank's alltoall lies in two staging buffers. The request's buffer holds, from the request's
+// offset, the size table (2n + 2 uint64: elements sent to each rank, elements received from each,
+// the id of the receive buffer and the byte offset of the receive region in it), then, from
+// AlltoallSendOffset(n), the send region (blocks for ranks 0..n-1 in rank order). The receive
+// region (blocks from ranks 0..n-1 in rank order) is in the receive buffer: the worker stages its
+// rows while the split matrix is still being gathered, before it knows how much it will receive.
+size_t AlltoallTableWords(uint32_t n);
+size_t AlltoallSendOffset(uint32_t n);  // the table's bytes, rounded up to 64
 
 // One lane's alltoall.
 struct AlltoallWork {

@@ -299,27 +299,35 @@ class Proxy {
     ShmSegment* buffer = nullptr;
     FHVD_RETURN_IF_ERROR(MapBuffer(r.buffer_id, &buffer));
     const size_t elem = DTypeSize(static_cast<DType>(r.dtype));
-    const size_t table = 2 * n * sizeof(uint64_t);
-    if (r.buffer_offset > buffer->size() || buffer->size() - r.buffer_offset < table) {
+    const size_t send_offset = AlltoallSendOffset(n);
+    if (r.buffer_offset > buffer->size() || buffer->size() - r.buffer_offset < send_offset) {
       return Status::Error(Code::kInvalidArgument, "alltoall request exceeds its data buffer (size table)");
     }
     char* base = static_cast<char*>(buffer->data()) + r.buffer_offset;
+    std::vector<uint64_t> table(AlltoallTableWords(n));
+    std::memcpy(table.data(), base, table.size() * sizeof(uint64_t));
     AlltoallWork work;
-    work.send_count.resize(n);
-    work.recv_count.resize(n);
-    std::memcpy(work.send_count.data(), base, n * sizeof(uint64_t));
-    std::memcpy(work.recv_count.data(), base + n * sizeof(uint64_t), n * sizeof(uint64_t));
+    work.send_count.assign(table.begin(), table.begin() + n);
+    work.recv_count.assign(table.begin() + n, table.begin() + 2 * n);
+    ShmSegment* recv_buffer = nullptr;
+    if (table[2 * n] > UINT32_MAX) return Status::Error(Code::kInvalidArgument, "alltoall receive buffer id out of range");
+    FHVD_RETURN_IF_ERROR(MapBuffer(static_cast<uint32_t>(table[2 * n]), &recv_buffer));
+    // Every count bounded first, so that the sums below cannot wrap.
+    uint64_t sent = 0, received = 0;
     for (uint32_t i = 0; i < n; ++i) {
-      if (work.send_count[i] > buffer->size() / elem || work.recv_count[i] > buffer->size() / elem) {
-        return Status::Error(Code::kInvalidArgument, "alltoall size table exceeds its data buffer");
+      if (work.send_count[i] > buffer->size() / elem || work.recv_count[i] > recv_buffer->size() / elem) {
+        return Status::Error(Code::kInvalidArgument, "alltoall size table exceeds its data buffers");
       }
+      sent += work.send_count[i];
+      received += work.recv_count[i];
     }
-    const AlltoallLayout layout = AlltoallLayoutOf(work.send_count, work.recv_count, elem);
-    if (layout.total_bytes > buffer->size() - r.buffer_offset) {
-      return Status::Error(Code::kInvalidArgument, "alltoall request exceeds its data buffer");
+    const uint64_t recv_offset = table[2 * n + 1];
+    if (sent > (buffer->size() - r.buffer_offset - send_offset) / elem || recv_offset > recv_buffer->size() ||
+        received > (recv_buffer->size() - recv_offset) / elem) {
+      return Status::Error(Code::kInvalidArgument, "alltoall request exceeds its data buffers");
     }
-    work.send = base + layout.send_offset;
-    work.recv = base + layout.recv_offset;
+    work.send = base + send_offset;
+    work.recv = static_cast<char*>(recv_buffer->data()) + recv_offset;
     work.dtype = static_cast<DType>(r.dtype);
     work.lanes = ch_->num_lanes;
     work.lane = lane_;

@@ -214,15 +214,26 @@ def measure_ring(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> 
     return [goodput for goodput, _ in _measure_pairs(pairs, flows, seconds)]
 
 
+def measure_mesh(hosts: list, flows: int = MANY_FLOWS, seconds: float = 2.0) -> list:
+    """Goodput in bit/s received by each host while every host sends ``flows`` flows to every other
+    host at once (the traffic pattern of an alltoall)."""
+    pairs = [(hosts[i], hosts[j]) for i in range(len(hosts)) for j in range(len(hosts)) if i != j]
+    received = [0.0] * len(hosts)
+    for (_, server), (goodput, _) in zip(pairs, _measure_pairs(pairs, flows, seconds)):
+        received[hosts.index(server)] += goodput
+    return received
+
+
 def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
-    """Runs one iperf3 test per (client, server) pair, all at the same time; for each, the receiver's
-    goodput and the (client port, server port) of every flow."""
+    """Runs one iperf3 test per (client, server) pair, all at the same time (pair i's server on port
+    IPERF_PORT + i); for each, the receiver's goodput and the (client port, server port) of every flow."""
     _require_iperf3()
     client_timeout = seconds + 20
     with contextlib.ExitStack() as stack:
-        for _, server in pairs:
+        for i, (_, server) in enumerate(pairs):
             server_argv = [
-                "iperf3", "--server", "--one-off", "--forceflush", "--bind", server.address, "--port", str(IPERF_PORT),
+                "iperf3", "--server", "--one-off", "--forceflush", "--bind", server.address,
+                "--port", str(IPERF_PORT + i),
             ]  # fmt: skip
             iperf_server = stack.enter_context(
                 run_in_host(server, server_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -230,10 +241,10 @@ def _measure_pairs(pairs: list, flows: int, seconds: float) -> list:
             stack.callback(iperf_server.kill)
             _wait_until_listening(iperf_server, SERVER_START_TIMEOUT_S)
         clients = []
-        for client, server in pairs:
+        for i, (client, server) in enumerate(pairs):
             client_argv = [
                 *exec_prefix(client),
-                "iperf3", "--client", server.address, "--port", str(IPERF_PORT),
+                "iperf3", "--client", server.address, "--port", str(IPERF_PORT + i),
                 "--time", f"{seconds:g}", "--parallel", str(flows), "--json",
             ]  # fmt: skip
             proc = subprocess.Popen(client_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

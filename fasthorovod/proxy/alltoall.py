@@ -9,11 +9,14 @@ number to each. In two stages, as the allgather of rows (gather.py):
    :data:`~fasthorovod.proxy.gather.INLINE_BYTES`. Every rank then holds the whole split matrix.
    When every rank's tensor fit, that one collective is the alltoall.
 2. otherwise, posted by the group's second-stage thread (stages.py) once the heads are in and under
-   the same name, the blocks: each rank writes a size table (elements it sends to each rank and
-   receives from each, both read from the matrix) and its rows into a staging buffer, and the
-   proxies send each block straight to its rank (lane j carries part j of every block), writing
-   what they receive in rank order. The rank's own block never leaves the worker: it is copied
-   from the input to the output directly.
+   the same name, the blocks: the proxies send each block straight to its rank (lane j carries
+   part j of every block) and write what they receive in rank order into a receive buffer. The
+   rank's rows are staged into the send buffer when the alltoall is called, while the heads
+   travel; once they are in, the rank writes the size table (elements it sends to each rank and
+   receives from each, both from the matrix, and where the receive region is), posts the blocks,
+   copies its own block (which never leaves the worker) into the output and touches the rest of
+   the output while the proxies work, so that copying the received blocks out meets no page
+   faults (a fresh 64 MiB tensor takes three times as long to fill as a used one).
 
 The collective the ranks negotiate is described by the matrix (its total, and a hash of it in the
 description), so every rank submits the same description; the sizes one rank's proxies send and
@@ -29,7 +32,7 @@ import torch
 
 from fasthorovod import _C
 from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
-from fasthorovod.proxy.buffers import copy_tensor
+from fasthorovod.proxy.buffers import Buffer, copy_tensor, zero_tensor
 from fasthorovod.proxy.core import DTYPE_CODES, OP_ALLTOALL, hash64
 from fasthorovod.proxy.gather import INLINE_BYTES, GatherRequest, post as gather_post
 from fasthorovod.proxy.requests import Request
@@ -65,7 +68,9 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
         payload = sent.reshape(-1).contiguous().view(torch.uint8)
         copy_tensor(head[8 * (1 + n):8 * (1 + n) + payload.numel()], payload.cpu())
     heads = gather_heads(head, name) if gather_heads is not None else gather_post(group, head, name, description)
-    request = AlltoallRequest(group, heads, sent, name, description)
+    request = AlltoallRequest(group, heads, tensor, name, description)
+    if sum(splits) * row_bytes > INLINE_BYTES:
+        request.stage(sent)  # while the heads travel
     group.second_stages.add(request)
     return request
 
@@ -77,7 +82,8 @@ class AlltoallRequest:
     def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
         self._group = group
         self._heads = heads
-        self._tensor: Optional[torch.Tensor] = tensor  # the rows this rank sends, held until staged
+        self._like: Optional[torch.Tensor] = tensor  # the input, for the output's shape, dtype, device
+        self._send: Optional[Buffer] = None  # the staged rows (stage), until the blocks own it
         self._name = name
         self._description = description
         self._blocks: Optional[_Blocks] = None
@@ -85,6 +91,19 @@ class AlltoallRequest:
         self._posted = threading.Event()
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
+
+    def stage(self, rows: torch.Tensor) -> None:
+        """Copies the rows this rank sends into a send buffer, after its size table."""
+        group, offset = self._group, _C.alltoall_send_offset(self._group.size)
+        nbytes = rows.numel() * rows.element_size()
+        self._send = group.pool.acquire(offset + nbytes)
+        with group._releasing_on_failure(self._send):
+            copy_tensor(self._send.view(rows.dtype, offset, rows.numel()), rows.reshape(-1))
+
+    def _release_send(self) -> None:
+        if self._send is not None:
+            self._group.pool.release(self._send)
+            self._send = None
 
     # -- the second-stage thread's side (stages.py) --
 
@@ -99,7 +118,7 @@ class AlltoallRequest:
                 if "is not supported with Join" in str(e):
                     raise type(e)("Alltoall is not supported with Join at this time.") from e
                 raise
-            n, rank, x = self._group.size, self._group.rank, self._tensor
+            n, rank, x = self._group.size, self._group.rank, self._like
             heads = self._heads.output.reshape(n, -1)  # one head per rank, uint8
             words = heads[:, :8 * (1 + n)].contiguous().view(torch.int64)
             self._check_descriptions(words[:, 0].tolist())
@@ -111,18 +130,21 @@ class AlltoallRequest:
                                       device=x.device)
             if max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES:
                 self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
-            elif any(matrix[s][d] for s in range(n) for d in range(n) if s != d):
-                self._blocks = _Blocks(self._group, self._name, x, matrix, row_elems, self.output)
-            else:  # only own blocks: nothing travels
-                self.output.copy_(x[sum(matrix[rank][:rank]):sum(matrix[rank][:rank + 1])])
+            else:
+                if self._send is None:  # this rank's rows fit inline, another rank's did not
+                    self.stage(x[:sum(matrix[rank])])
+                send, self._send = self._send, None
+                self._blocks = _Blocks(self._group, self._name, send, matrix, row_elems, self.output)
         except BaseException as e:  # raised to the caller by wait()
             self._error = e
         finally:
-            self._tensor = None
+            self._release_send()
+            self._like = None
             self._posted.set()
 
     def abandon(self, error: BaseException) -> None:
-        self._error, self._tensor = error, None
+        self._error, self._like = error, None
+        self._release_send()
         self._posted.set()
 
     def _check_descriptions(self, hashes: List[int]) -> None:
@@ -166,33 +188,43 @@ class AlltoallRequest:
 
 
 class _Blocks(Request):
-    """The second stage on the mesh: stages the size table and this rank's rows, copies its own
-    block straight to `output`, and once done copies the received blocks out."""
+    """The second stage on the mesh: writes the size table into `send` (this rank's rows are
+    staged there already), posts the blocks with a receive buffer, copies the own block straight
+    to `output` and touches the rest of it; once done, copies the received blocks out. Owns both
+    buffers from here on (Request releases the send buffer, _finish the receive buffer)."""
 
-    def __init__(self, group: "ProxyGroup", name: str, x: torch.Tensor, matrix: List[List[int]], row_elems: int,
+    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, matrix: List[List[int]], row_elems: int,
                  output: torch.Tensor) -> None:
-        n, rank, itemsize = group.size, group.rank, x.element_size()
-        send = [c * row_elems for c in matrix[rank]]
+        n, rank, dtype = group.size, group.rank, output.dtype
+        itemsize = output.element_size()
+        sent = [c * row_elems for c in matrix[rank]]
         recv = [matrix[s][rank] * row_elems for s in range(n)]
-        send_offset, recv_offset, total = _C.alltoall_layout(send, recv, itemsize)
-        buffer = group.pool.acquire(total)
-        with group._releasing_on_failure(buffer):
-            buffer.view(torch.int64, 0, 2 * n).copy_(torch.tensor(send + recv, dtype=torch.int64))
-            flat = x.reshape(-1)
-            copy_tensor(buffer.view(x.dtype, send_offset, sum(send)), flat[:sum(send)])
-            own = sum(recv[:rank])
-            copy_tensor(output.view(-1)[own:own + recv[rank]], flat[sum(send[:rank]):sum(send[:rank + 1])])
-            total_elems = sum(map(sum, matrix)) * row_elems
-            ticket = group._submit(buffer, name, f"alltoall {hash64(repr(matrix)):016x}", sum(send) * itemsize,
-                                   buffer_offset=0, count=total_elems, dtype=DTYPE_CODES[x.dtype], op=OP_ALLTOALL)
-        super().__init__(group, ticket, buffer, True, (), (output,), ())
-        self._recv, self._recv_offset, self._rank = recv, recv_offset, rank
+        offset = _C.alltoall_send_offset(n)
+        self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
+        with group._releasing_on_failure(send), group._releasing_on_failure(self._recv_buffer):
+            send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
+                                                                    dtype=torch.int64))
+            total = sum(map(sum, matrix)) * row_elems
+            ticket = group._submit(send, name, f"alltoall {hash64(repr(matrix)):016x}", sum(sent) * itemsize,
+                                   buffer_offset=0, count=total, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
+        super().__init__(group, ticket, send, True, (), (output,), ())
+        self._recv, self._rank = recv, rank
+        # While the proxies work: the own block, and the first touch of every other page.
+        own, flat = sum(recv[:rank]), output.view(-1)
+        copy_tensor(flat[own:own + recv[rank]], send.view(dtype, offset + sum(sent[:rank]) * itemsize, sent[rank]))
+        zero_tensor(flat[:own])
+        zero_tensor(flat[own + recv[rank]:])
 
     def _copy_out(self) -> None:
         (out,) = self._outputs
         flat, at, dtype = out.view(-1), 0, out.dtype
         for s, count in enumerate(self._recv):
             if s != self._rank and count:
-                copy_tensor(flat[at:at + count], self._buffer.view(dtype, self._recv_offset + at * out.element_size(),
-                                                                   count))
+                copy_tensor(flat[at:at + count], self._recv_buffer.view(dtype, at * out.element_size(), count))
             at += count
+
+    def _finish(self) -> None:
+        super()._finish()
+        if self._recv_buffer is not None:
+            self._group.pool.release(self._recv_buffer)
+            self._recv_buffer = None

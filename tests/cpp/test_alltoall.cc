@@ -99,11 +99,10 @@ void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
 
 }  // namespace
 
-TEST(AlltoallLayoutPutsTheRegionsAfterTheTableOn64ByteBoundaries) {
-  const AlltoallLayout l = AlltoallLayoutOf({3, 0, 5}, {1, 2, 0}, 4);
-  CHECK_EQ(l.send_offset, size_t{64});  // 6 words of table
-  CHECK_EQ(l.recv_offset, size_t{64 + 64});  // 32 bytes sent, rounded up
-  CHECK_EQ(l.total_bytes, size_t{128 + 12});
+TEST(AlltoallSendRegionStartsAfterTheTableOnA64ByteBoundary) {
+  CHECK_EQ(AlltoallTableWords(3), size_t{8});  // sent to each, received from each, receive buffer and offset
+  CHECK_EQ(AlltoallSendOffset(3), size_t{64});
+  CHECK_EQ(AlltoallSendOffset(4), size_t{128});  // 80 bytes of table
 }
 
 TEST(MeshAlltoallDeliversEveryBlockOfUnevenSplits) {
