@@ -10,9 +10,10 @@ to the program as the group itself) with two data planes:
   carry and of at least the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default), and
   the same collectives when FSDP2 issues them (``all_gather_single``, ``reduce_scatter_single``) or
   functional collectives do (``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``);
+  and ``all_to_all_single`` of any size on the lanes' mesh (a dtype the proxies carry, a flat ring);
 * an internal Gloo process group on the same store, for everything else: small tensors, other
-  ops, ``all_to_all``, ``barrier``, point-to-point, and every process group created after the first
-  (subgroups), whose results are Gloo's own.
+  ops, ``all_to_all`` of tensor lists, ``barrier``, point-to-point, and every process group created
+  after the first (subgroups), whose results are Gloo's own.
 
 The proxies start up over the c10d store (fasthorovod/distributed/exchange.py) instead of
 Horovod's collectives. c10d has every rank issue the same collectives in the same order, so a
@@ -248,9 +249,35 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return _together([self.reduce_scatter_single(o, x, opts) for o, x in zip(outputs, inputs)], outputs)
 
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, opts=None):
+        """``dist.all_to_all_single`` on the lanes' mesh (fasthorovod/proxy/alltoall.py) at any size:
+        the ranks' splits may differ, so whether a rank's share is large is known only once the
+        split matrix is, and every rank decides alike from what is the same everywhere (the dtype,
+        the device kind, the data plane)."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        group, n = self.proxies, self.size()
+        if (group is None or not group.mesh or not group.supports(input.dtype) or input.dim() == 0
+                or output.dtype != input.dtype or input.device.type not in ("cpu", "cuda")):
+            return self._gloo.alltoall_base(output, input, output_split_sizes or [], input_split_sizes or [], opts)
+        splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // n] * n
+        request = None
+
+        def post(name):
+            nonlocal request
+            request = group.alltoall(input, splits, name)
+            return request
+
+        def finish():
+            if request.output.shape != output.shape:
+                raise ValueError(f"all_to_all_single received {tuple(request.output.shape)} rows, the output "
+                                 f"holds {tuple(output.shape)} (output_split_sizes: {output_split_sizes})")
+            output.copy_(request.output)
+        return self._proxied("alltoall", post, finish, [output])
+
+    alltoall_base = all_to_all_single  # the name the process group calls
+
     # -- Gloo's alone (the internal group's method of the same name, or of the name Gloo gives it) --
 
-    all_to_all_single = alltoall_base = _on_gloo("alltoall_base")
     alltoall = _on_gloo("alltoall")
     barrier = _on_gloo("barrier")
     reduce = _on_gloo("reduce")

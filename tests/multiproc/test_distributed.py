@@ -85,6 +85,11 @@ def test_fsdp2_trains_bit_for_bit_as_on_gloo():
 
 
 @pytest.mark.parametrize("np_", [2, 3])
+def test_all_to_all_single_matches_gloo_on_the_mesh(np_):
+    _all_ok(launch(np_, "alltoall"), "alltoall")
+
+
+@pytest.mark.parametrize("np_", [2, 3])
 def test_functional_collectives_match_gloo_through_the_proxies(np_):
     _all_ok(launch(np_, "functional"), "functional")
 

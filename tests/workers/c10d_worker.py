@@ -92,7 +92,7 @@ def scenario_conformance(pg, gloo, rank, size):
         work.wait()
         same(x, e, "async all_reduce")
     proxied += 4
-    x = torch.arange(size * 6, dtype=torch.float32) + 100 * rank  # Gloo's alone: all_to_all, barrier
+    x = torch.arange(size * 6, dtype=torch.float32) + 100 * rank  # small: inline in the mesh's heads; barrier: Gloo's
     ours, theirs = torch.empty_like(x), torch.empty_like(x)
     dist.all_to_all_single(ours, x)
     dist.all_to_all_single(theirs, x, group=gloo)
@@ -202,6 +202,30 @@ def scenario_functional(pg, gloo, rank, size):
         dist.all_gather_into_tensor(want, x, group=gloo)
         same(done(g), want, "coalesced functional all_gather")
     return 1
+
+
+def scenario_alltoall(pg, gloo, rank, size):
+    """``dist.all_to_all_single`` on the lanes' mesh gives Gloo's results: equal splits and splits
+    that differ between ranks and destinations (some empty), several dtypes, 2-D rows."""
+    proxied = 0
+    for seed, (rows, dtype) in enumerate([(50_000 * size, torch.float32), (3_000 * size, torch.int64),
+                                          (7 * size, torch.float64)]):
+        x = inputs(rank, rows * 4, dtype, seed).view(rows, 4)
+        want = torch.empty_like(x)
+        dist.all_to_all_single(want, x, group=gloo)
+        got = torch.empty_like(x)
+        dist.all_to_all_single(got, x, group=pg)
+        same(got, want, f"all_to_all_single {dtype}")
+        proxied += 1
+    send = [(rank + d) % (size + 1) * 1000 for d in range(size)]  # rank s sends rank d this many rows
+    recv = [(s + rank) % (size + 1) * 1000 for s in range(size)]
+    x = inputs(rank, sum(send) * 3, torch.float32, 7).view(sum(send), 3)
+    want = torch.empty(sum(recv), 3)
+    dist.all_to_all_single(want, x, recv, send, group=gloo)
+    got = torch.empty(sum(recv), 3)
+    dist.all_to_all_single(got, x, recv, send, group=pg)
+    same(got, want, "all_to_all_single with uneven splits")
+    return proxied + 1
 
 
 def scenario_mismatch(pg, gloo, rank, size):
