@@ -25,17 +25,16 @@ another's receive agree because both come from that matrix.
 from __future__ import annotations
 
 import math
-import threading
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
 
 from fasthorovod import _C
-from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
 from fasthorovod.proxy.buffers import Buffer, copy_tensor, zero_tensor
 from fasthorovod.proxy.core import DTYPE_CODES, OP_ALLTOALL, hash64
 from fasthorovod.proxy.gather import INLINE_BYTES, GatherRequest, post as gather_post
 from fasthorovod.proxy.requests import Request
+from fasthorovod.proxy.stages import HeadsFirst
 
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
@@ -75,20 +74,16 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
     return request
 
 
-class AlltoallRequest:
+class AlltoallRequest(HeadsFirst):
     """A posted :func:`post`: ``wait()`` returns once ``output`` and ``received_splits`` (a list of
     ints) hold the result, or raises what failed in either stage."""
 
+    verb = "alltoall"
+
     def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
-        self._group = group
-        self._heads = heads
+        super().__init__(group, heads, name, description)
         self._like: Optional[torch.Tensor] = tensor  # the input, for the output's shape, dtype, device
         self._send: Optional[Buffer] = None  # the staged rows (stage), until the blocks own it
-        self._name = name
-        self._description = description
-        self._blocks: Optional[_Blocks] = None
-        self._error: Optional[BaseException] = None
-        self._posted = threading.Event()
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
 
@@ -100,62 +95,35 @@ class AlltoallRequest:
         with group._releasing_on_failure(self._send):
             copy_tensor(self._send.view(rows.dtype, offset, rows.numel()), rows.reshape(-1))
 
-    def _release_send(self) -> None:
+    def _second_stage(self) -> Optional[Request]:
+        try:
+            self._heads.wait()
+        except Exception as e:  # the heads' allgather refused: say it of the alltoall, as Horovod does
+            if "is not supported with Join" in str(e):
+                raise type(e)("Alltoall is not supported with Join at this time.") from e
+            raise
+        n, rank, x = self._group.size, self._group.rank, self._like
+        heads = self._heads.output.reshape(n, -1)  # one head per rank, uint8
+        words = heads[:, :8 * (1 + n)].contiguous().view(torch.int64)
+        self.check_descriptions(words[:, 0].tolist())
+        matrix = words[:, 1:].tolist()  # matrix[s][d]: rows rank s sends to rank d
+        self.received_splits = [matrix[s][rank] for s in range(n)]
+        row_elems = math.prod(x.shape[1:])
+        row_bytes = row_elems * x.element_size()
+        self.output = torch.empty((sum(self.received_splits),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        if max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES:
+            self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
+            return None
+        if self._send is None:  # this rank's rows fit inline, another rank's did not
+            self.stage(x[:sum(matrix[rank])])
+        send, self._send = self._send, None
+        return _Blocks(self._group, self._name, send, matrix, row_elems, self.output)
+
+    def _drop(self) -> None:
         if self._send is not None:
             self._group.pool.release(self._send)
             self._send = None
-
-    # -- the second-stage thread's side (stages.py) --
-
-    def first_done(self) -> bool:
-        return self._heads.poll()
-
-    def post_second(self) -> None:
-        try:
-            try:
-                self._heads.wait()
-            except Exception as e:  # the heads' allgather refused: say it of the alltoall, as Horovod does
-                if "is not supported with Join" in str(e):
-                    raise type(e)("Alltoall is not supported with Join at this time.") from e
-                raise
-            n, rank, x = self._group.size, self._group.rank, self._like
-            heads = self._heads.output.reshape(n, -1)  # one head per rank, uint8
-            words = heads[:, :8 * (1 + n)].contiguous().view(torch.int64)
-            self._check_descriptions(words[:, 0].tolist())
-            matrix = words[:, 1:].tolist()  # matrix[s][d]: rows rank s sends to rank d
-            self.received_splits = [matrix[s][rank] for s in range(n)]
-            row_elems = math.prod(x.shape[1:])
-            row_bytes = row_elems * x.element_size()
-            self.output = torch.empty((sum(self.received_splits),) + tuple(x.shape[1:]), dtype=x.dtype,
-                                      device=x.device)
-            if max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES:
-                self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
-            else:
-                if self._send is None:  # this rank's rows fit inline, another rank's did not
-                    self.stage(x[:sum(matrix[rank])])
-                send, self._send = self._send, None
-                self._blocks = _Blocks(self._group, self._name, send, matrix, row_elems, self.output)
-        except BaseException as e:  # raised to the caller by wait()
-            self._error = e
-        finally:
-            self._release_send()
-            self._like = None
-            self._posted.set()
-
-    def abandon(self, error: BaseException) -> None:
-        self._error, self._like = error, None
-        self._release_send()
-        self._posted.set()
-
-    def _check_descriptions(self, hashes: List[int]) -> None:
-        """Every rank holds the same heads, so every rank raises, or none."""
-        mine = hashes[self._group.rank]
-        if any(h != mine for h in hashes):
-            others = sorted(r for r, h in enumerate(hashes) if h != mine)
-            raise CollectiveMismatchError(
-                f"collective mismatch for tensor '{self._name}': ranks {others} alltoall tensors whose shapes (but "
-                f"for the first dimension) or dtype differ from rank {self._group.rank}'s ({self._description}). A "
-                f"tensor name must describe the same collective on every rank.")
+        self._like = None
 
     def _from_heads(self, payloads: torch.Tensor, matrix: List[List[int]], row_bytes: int) -> None:
         """Every rank's rows came inline: this rank's blocks, from each rank's head, in rank order."""
@@ -168,23 +136,6 @@ class AlltoallRequest:
                 begin = sum(row[:rank]) * row_bytes
                 copy_tensor(out[at:at + nbytes], payloads[s, begin:begin + nbytes])
             at += nbytes
-
-    # -- the caller's side --
-
-    def poll(self) -> bool:
-        return self._posted.is_set() and (self._error is not None or self._blocks is None or self._blocks.poll())
-
-    def wait(self) -> None:
-        """Blocks until the result is in; raises what failed. The wait for the heads has no time
-        limit of its own, as any wait for other ranks to submit (a failure or shutdown of the data
-        plane ends it); the blocks' wait has the data plane's timeout."""
-        while not self._posted.wait(timeout=1.0):
-            if self._group._closed:
-                raise FastHorovodError("FastHorovod proxies are shut down")
-        if self._error is not None:
-            raise self._error
-        if self._blocks is not None:
-            self._blocks.wait()
 
 
 class _Blocks(Request):

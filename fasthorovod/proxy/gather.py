@@ -15,17 +15,16 @@ joined rank's zeros fit too.
 from __future__ import annotations
 
 import math
-import threading
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
 
 from fasthorovod import _C
-from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
 from fasthorovod.proxy.buffers import copy_tensor, zero_tensor
 from fasthorovod.proxy.core import BROADCAST_WORDS, DTYPE_CODES, OP_GATHER, OP_SUM, hash64
 from fasthorovod.proxy.requests import GatherRequest, Request
 from fasthorovod.proxy.rows import Layout, RowsOut
+from fasthorovod.proxy.stages import HeadsFirst
 
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
@@ -124,63 +123,40 @@ def post_rows(group: "ProxyGroup", tensors: Sequence[torch.Tensor], name: str,
     return request
 
 
-class RowsRequest:
+class RowsRequest(HeadsFirst):
     """A posted :func:`post_rows`: ``wait()`` returns once the rows are in ``outputs`` (or raises
     what failed in either stage)."""
 
+    verb = "allgather"
+
     def __init__(self, group: "ProxyGroup", heads, tensors: Sequence[torch.Tensor], name: str,
                  description: str) -> None:
-        self._group = group
-        self._heads = heads
+        super().__init__(group, heads, name, description)
         self._tensors = list(tensors)  # this rank's rows, held until they are staged
-        self._name = name
-        self._description = description
-        self._rows: Optional[Request] = None
-        self._error: Optional[BaseException] = None
-        self._posted = threading.Event()
         self.outputs: List[torch.Tensor] = []  # complete once wait() returned
 
-    # -- the second-stage thread's side (stages.py) --
+    def _second_stage(self) -> Optional[Request]:
+        self._heads.wait()
+        heads = self._heads.output.reshape(self._group.size, -1)  # one head per rank, uint8
+        k = len(self._tensors)
+        words = heads[:, :8 * (1 + k)].contiguous().view(torch.int64)
+        self.check_descriptions(words[:, 0].tolist())
+        counts = words[:, 1:].t().tolist()
+        row_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in self._tensors]
+        sent = [sum(c[r] * b for c, b in zip(counts, row_bytes)) for r in range(self._group.size)]
+        if max(sent) > INLINE_BYTES:
+            return self._post_rows(counts)
+        self.outputs = self._empty_outputs(counts)
+        for r in range(self._group.size):
+            mine = [out[sum(c[:r]):sum(c[:r + 1])] for out, c in zip(self.outputs, counts)]
+            _inline(mine, heads[r, 8 * (1 + k):], into_head=False)
+        return None
 
-    def first_done(self) -> bool:
-        return self._heads.poll()
+    def _drop(self) -> None:
+        self._tensors = []
 
-    def post_second(self) -> None:
-        try:
-            self._heads.wait()
-            heads = self._heads.output.reshape(self._group.size, -1)  # one head per rank, uint8
-            k = len(self._tensors)
-            words = heads[:, :8 * (1 + k)].contiguous().view(torch.int64)
-            self._check_descriptions(words[:, 0].tolist())
-            counts = words[:, 1:].t().tolist()
-            row_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in self._tensors]
-            sent = [sum(c[r] * b for c, b in zip(counts, row_bytes)) for r in range(self._group.size)]
-            if max(sent) <= INLINE_BYTES:
-                self.outputs = self._empty_outputs(counts)
-                for r in range(self._group.size):
-                    mine = [out[sum(c[:r]):sum(c[:r + 1])] for out, c in zip(self.outputs, counts)]
-                    _inline(mine, heads[r, 8 * (1 + k):], into_head=False)
-            else:
-                self._rows = self._post_rows(counts)
-        except BaseException as e:  # raised to the caller by wait()
-            self._error = e
-        finally:
-            self._tensors = []
-            self._posted.set()
-
-    def abandon(self, error: BaseException) -> None:
-        self._error, self._tensors = error, []
-        self._posted.set()
-
-    def _check_descriptions(self, hashes: List[int]) -> None:
-        """Every rank holds the same heads, so every rank raises, or none."""
-        mine = hashes[self._group.rank]
-        if any(h != mine for h in hashes):
-            others = sorted(r for r, h in enumerate(hashes) if h != mine)
-            raise CollectiveMismatchError(
-                f"collective mismatch for tensor '{self._name}': ranks {others} allgather tensors whose shapes "
-                f"(but for the first dimension) or dtype differ from rank {self._group.rank}'s "
-                f"({self._description}). A tensor name must describe the same collective on every rank.")
+    def _finished(self) -> None:
+        self.outputs = self._second.outputs
 
     def _post_rows(self, counts: List[List[int]]) -> Request:
         group, tensors, n = self._group, self._tensors, self._group.size
@@ -200,21 +176,3 @@ class RowsRequest:
     def _empty_outputs(self, counts: List[List[int]]) -> List[torch.Tensor]:
         return [torch.empty((sum(c),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
                 for c, t in zip(counts, self._tensors)]
-
-    # -- the caller's side --
-
-    def poll(self) -> bool:
-        return self._posted.is_set() and (self._error is not None or self._rows is None or self._rows.poll())
-
-    def wait(self) -> None:
-        """Blocks until the rows are in ``outputs``; raises what failed. The wait for the counts has
-        no time limit of its own, as any wait for other ranks to submit (a failure or shutdown of
-        the data plane ends it); the rows' wait has the data plane's timeout."""
-        while not self._posted.wait(timeout=1.0):
-            if self._group._closed:
-                raise FastHorovodError("FastHorovod proxies are shut down")
-        if self._error is not None:
-            raise self._error
-        if self._rows is not None:
-            self._rows.wait()
-            self.outputs = self._rows.outputs

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List
+from typing import TYPE_CHECKING, List, Optional
 
-from fasthorovod.exceptions import FastHorovodError
+from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
+
+if TYPE_CHECKING:
+    from fasthorovod.proxy.group import ProxyGroup
 
 FIRST_POLL_SECONDS = 50e-6
 LAST_POLL_SECONDS = 250e-6
@@ -73,3 +76,82 @@ class SecondStages:
             else:
                 time.sleep(pause)
                 pause = min(2 * pause, LAST_POLL_SECONDS)
+
+
+class HeadsFirst:
+    """A collective whose first stage is an allgather of every rank's *head* (what the ranks must
+    learn of each other: row counts, splits, a hash of the tensors' other dimensions, small payloads)
+    and whose second, posted here once the heads are in, is a request of the proxies, or nothing
+    when the heads carried everything: the allgather of rows (gather.py) and the alltoall
+    (alltoall.py). A subclass implements ``_second_stage()`` (reads ``self._heads.output``, returns
+    the posted request or None; may raise, and the caller's ``wait()`` raises it) and ``_drop()``
+    (gives back what it held for the second stage), and may override ``_finished()`` (after the
+    second stage's wait)."""
+
+    verb = "run"  # what the ranks do with their tensors, for the mismatch message
+
+    def __init__(self, group: "ProxyGroup", heads, name: str, description: str) -> None:
+        self._group = group
+        self._heads = heads  # poll(), wait(), then output: one head per rank
+        self._name = name
+        self._description = description
+        self._second = None
+        self._error: Optional[BaseException] = None
+        self._posted = threading.Event()
+
+    # -- the second-stage thread's side --
+
+    def first_done(self) -> bool:
+        return self._heads.poll()
+
+    def post_second(self) -> None:
+        try:
+            self._second = self._second_stage()
+        except BaseException as e:  # raised to the caller by wait()
+            self._error = e
+        finally:
+            self._drop()
+            self._posted.set()
+
+    def abandon(self, error: BaseException) -> None:
+        self._error = error
+        self._drop()
+        self._posted.set()
+
+    def _second_stage(self):
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        pass
+
+    def _finished(self) -> None:
+        pass
+
+    def check_descriptions(self, hashes: List[int]) -> None:
+        """Raises CollectiveMismatchError naming the ranks whose description hash differs from this
+        rank's. Every rank holds the same heads, so every rank raises, or none."""
+        mine = hashes[self._group.rank]
+        if any(h != mine for h in hashes):
+            others = sorted(r for r, h in enumerate(hashes) if h != mine)
+            raise CollectiveMismatchError(
+                f"collective mismatch for tensor '{self._name}': ranks {others} {self.verb} tensors whose shapes "
+                f"(but for the first dimension) or dtype differ from rank {self._group.rank}'s "
+                f"({self._description}). A tensor name must describe the same collective on every rank.")
+
+    # -- the caller's side --
+
+    def poll(self) -> bool:
+        return self._posted.is_set() and (self._error is not None or self._second is None or self._second.poll())
+
+    def wait(self) -> None:
+        """Blocks until the result is in; raises what failed. The wait for the heads has no time
+        limit of its own, as any wait for other ranks to submit (a failure or shutdown of the data
+        plane ends it); the second stage's wait has the data plane's timeout."""
+        while not self._posted.wait(timeout=1.0):
+            if self._group._closed:
+                raise FastHorovodError("FastHorovod proxies are shut down")
+        if self._error is not None:
+            raise self._error
+        if self._second is not None:
+            self._second.wait()
+            self._finished()

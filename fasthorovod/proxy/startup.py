@@ -13,7 +13,8 @@ Inside ``hvd.init()``, only when size > 1 and FASTHOROVOD_NUM_LANES is not 0:
    and one Unix socket pair per proxy, and spawns ``python -m fasthorovod.proxy FD j`` for j < k,
    each in a process group of its own with its end of the pair inherited as FD; the proxy receives
    the channel's descriptor on it (and later every data buffer's), binds on the job's interface and
-   reports its port in the channel; ``allgather_object`` exchanges the ports; lane j of rank r is
+   reports its ports in the channel (its ring's, and its alltoall mesh's, which connects at the
+   first alltoall); ``allgather_object`` exchanges the ports; lane j of rank r is
    told the address of lane j of the rank after it in the ring, connects, and accepts lane j of the
    rank before (a mutual challenge-response handshake: both ends prove they hold the token, which
    never travels, and agree on ranks, lane and configuration hash; csrc/transport/socket.h);

@@ -1,10 +1,10 @@
 """Drop-in replacement for ``horovod.torch``: ``import fasthorovod.torch as hvd``.
 
 Every public name of ``horovod.torch`` 0.28.1 is available here with the same signature. The
-lifecycle (``init``/``shutdown``), the allreduce, broadcast, allgather and reducescatter families,
-``poll``/``synchronize``, ``join`` and ``DistributedOptimizer`` are FastHorovod's own (large
-Sum/Average allreduces, reduce-scatters, broadcasts and allgathers travel through the proxy
-processes); ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
+lifecycle (``init``/``shutdown``), the allreduce, broadcast, allgather, reducescatter and alltoall
+families, ``poll``/``synchronize``, ``join`` and ``DistributedOptimizer`` are FastHorovod's own (large
+Sum/Average allreduces, reduce-scatters, broadcasts, allgathers and alltoalls travel through the
+proxy processes); ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
 ``allgather_object`` and ``sparse_allreduce_async`` are Horovod's functions running with these
 collectives (fasthorovod/torch/rebind.py); ``Compression`` is Horovod's with ``bf16`` added
 (fasthorovod/torch/compression.py); everything else is Horovod's object itself.

@@ -1,5 +1,5 @@
-"""Horovod's torch collectives with large Sum/Average allreduces, reduce-scatters, broadcasts and
-allgathers routed through the proxies.
+"""Horovod's torch collectives with large Sum/Average allreduces, reduce-scatters, broadcasts,
+allgathers and alltoalls routed through the proxies.
 
 Every function here has the signature and behaviour of its namesake in ``horovod.torch`` 0.28.1.
 An allreduce goes through FastHorovod's proxies when all of these hold, and through Horovod
@@ -33,6 +33,13 @@ flat ring goes through the proxies at any size, for a dtype they carry and tenso
 dimension: the first dimensions may differ between ranks, so each rank's row counts (and small
 payloads) travel first through Horovod's allgather, then the rows over the lanes
 (fasthorovod/proxy/gather.py).
+
+An alltoall (``alltoall``, ``alltoall_async``) of the global process set goes through the proxies'
+mesh at any size, where the data plane has one (a flat layout of at most 256 ranks), for a dtype
+they carry and a tensor of at least one dimension, once Horovod's own checks of the arguments
+passed (a call Horovod refuses goes to Horovod and raises its error): each rank's splits (and small
+payloads) travel first through Horovod's allgather, then the blocks, each straight to its rank
+(fasthorovod/proxy/alltoall.py).
 
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
 ``broadcast_parameters``, ``broadcast_optimizer_state`` and ``broadcast_object`` of
