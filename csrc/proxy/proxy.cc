@@ -337,9 +337,12 @@ class Proxy {
         peers[i] = RingEndpoint{std::string(ch_->mesh_hosts[i], strnlen(ch_->mesh_hosts[i], kHostBytes)),
                                 ch_->mesh_ports[i][lane_]};
       }
+      info_.progress_ns.store(NowNs());
       FHVD_RETURN_IF_ERROR(EstablishMesh(self_, mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
-                                         ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_)
+                                         ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_,
+                                         &ch_->abort)
                                .WithContext("connecting the alltoall mesh: "));
+      info_.progress_ns.store(NowNs());
     }
     CollectiveDesc desc;
     desc.seq = collective_seq_++;

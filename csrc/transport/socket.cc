@@ -108,14 +108,20 @@ int64_t WaitFd(int fd, short events, Deadline deadline) {
   return rc;
 }
 
-// One connect attempt that completes or fails before the deadline.
-Status ConnectOnce(const sockaddr_in& addr, int buffer_bytes, Deadline deadline, Socket* out) {
+// One connect attempt that completes or fails before the deadline; *refused (if given) says whether
+// it failed because nothing listens at the address (ECONNREFUSED).
+Status ConnectOnce(const sockaddr_in& addr, int buffer_bytes, Deadline deadline, Socket* out,
+                   bool* refused = nullptr) {
+  if (refused != nullptr) *refused = false;
   Socket sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return Status::Error(Code::kIoError, "socket(): " + ErrnoString(errno));
   SetBufferSizes(sock.fd(), buffer_bytes);  // before connect, so the window scale can use it
   FHVD_RETURN_IF_ERROR(SetNonBlocking(sock.fd()));
   if (::connect(sock.fd(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if (errno != EINPROGRESS) return Status::Error(Code::kIoError, "connect(): " + ErrnoString(errno));
+    if (errno != EINPROGRESS) {
+      if (refused != nullptr) *refused = errno == ECONNREFUSED;
+      return Status::Error(Code::kIoError, "connect(): " + ErrnoString(errno));
+    }
     for (;;) {
       if (deadline.Expired()) return Status::Error(Code::kTimeout, "connect() timed out");
       int rc = WaitFd(sock.fd(), POLLOUT, deadline);
@@ -125,7 +131,10 @@ Status ConnectOnce(const sockaddr_in& addr, int buffer_bytes, Deadline deadline,
     int err = 0;
     socklen_t len = sizeof(err);
     getsockopt(sock.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return Status::Error(Code::kIoError, "connect(): " + ErrnoString(err));
+    if (err != 0) {
+      if (refused != nullptr) *refused = err == ECONNREFUSED;
+      return Status::Error(Code::kIoError, "connect(): " + ErrnoString(err));
+    }
   }
   *out = std::move(sock);
   return Status::Ok();
@@ -490,11 +499,16 @@ struct Outgoing {
 // (retrying while the peer is not listening yet), each authenticated before the next, while this
 // thread accepts `expected_in` connections from `listener` that `refuse` lets in and hands them to
 // `take`; strangers are rejected and waited past. `waiting` names what is still missing when the
-// deadline passes. Every socket is configured for data once all are in.
+// deadline passes. Every socket is configured for data once all are in. `listening`: the peers'
+// listeners have been open since before their addresses were exchanged (the mesh's), so a refused
+// connection means the peer's proxy is gone and set-up fails at once (kPeerError) instead of
+// retrying until the deadline; a ring's peer may not listen yet. `abort`, when set and raised, ends
+// the wait (kAborted): the job's collectives failed elsewhere.
 Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPurpose purpose,
                         std::vector<Outgoing>* out, size_t expected_in, int socket_buffer_bytes, Deadline deadline,
                         const HandshakeAcceptor::Refuse& refuse, const HandshakeAcceptor::Take& take,
-                        const std::function<std::string(size_t)>& waiting) {
+                        const std::function<std::string(size_t)>& waiting, bool listening = false,
+                        const std::atomic<uint32_t>* abort = nullptr) {
   std::atomic<bool> cancel{false}, connector_done{false};
   Status connected;
   std::thread connector([&] {
@@ -502,7 +516,12 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
       Socket sock;
       int backoff_ms = 10;
       for (;;) {
-        connected = ConnectOnce(o.addr, socket_buffer_bytes, deadline, &sock);
+        bool refused = false;
+        connected = ConnectOnce(o.addr, socket_buffer_bytes, deadline, &sock, &refused);
+        if (refused && listening) {
+          connected = Status::Error(Code::kPeerError, "the connection was refused: its proxy is gone");
+          break;
+        }
         if (connected.ok() || deadline.Expired() || cancel.load()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
         backoff_ms = backoff_ms < 500 ? backoff_ms * 2 : 500;
@@ -527,6 +546,10 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
   };
   while (accepted < expected_in) {
     if (connector_done.load() && !connected.ok()) break;
+    if (abort != nullptr && abort->load() != 0) {
+      accepting = Status::Error(Code::kAborted, "connection set-up stopped: the job's collectives were aborted");
+      break;
+    }
     if (deadline.Expired()) {
       accepting = Status::Error(Code::kTimeout, waiting(accepted));
       break;
@@ -583,7 +606,8 @@ Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, cons
 }
 
 Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std::vector<RingEndpoint>& peers,
-                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance) {
+                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance,
+                     const std::atomic<uint32_t>* abort) {
   const uint32_t n = self.size;
   if (peers.size() != n || sockets < 1) {
     return Status::Error(Code::kInvalidArgument, Str("the mesh needs one address per rank (", peers.size(), " for ",
@@ -635,7 +659,7 @@ Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std
                " sockets in; ranks still to connect: ", missing, "); are those ranks running and reachable?");
   };
   FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, LinkPurpose::kMesh, &outgoing, expected, socket_buffer_bytes,
-                                        deadline, refuse, take, waiting));
+                                        deadline, refuse, take, waiting, /*listening=*/true, abort));
   for (Outgoing& o : outgoing) links[(o.peer + n - self.rank) % n].to_next[o.index] = std::move(o.sock);
   for (uint32_t d = 1; d < n; ++d) {
     for (Socket& s : links[d].from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(s.fd()));

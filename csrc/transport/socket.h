@@ -121,8 +121,11 @@ Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, cons
 // `peers[r]` is rank r's mesh address for this lane (this rank's entry is not used). The links are
 // indexed by distance: (*by_distance)[d] sends to rank + d and receives from rank - d (entry 0 is
 // empty), so each is shaped like a ring's links and a Lane runs on it with LaneOptions::distance d.
+// The peers' mesh listeners are open from start-up on, so a refused connection fails set-up at once
+// (kPeerError: that rank's proxy is gone); `abort`, if given, is polled while waiting (kAborted).
 Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std::vector<RingEndpoint>& peers,
-                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance);
+                     int sockets, int socket_buffer_bytes, Deadline deadline, std::vector<RingLinks>* by_distance,
+                     const std::atomic<uint32_t>* abort = nullptr);
 
 // What a connecting peer says it is, from its Hello; authenticated once its Proof verifies.
 struct PeerClaim {

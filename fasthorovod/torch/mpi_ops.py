@@ -38,7 +38,7 @@ An alltoall (``alltoall``, ``alltoall_async``) of the global process set goes th
 mesh at any size, where the data plane has one (a flat layout of at most 256 ranks), for a dtype
 they carry and a tensor of at least one dimension, once Horovod's own checks of the arguments
 passed (a call Horovod refuses goes to Horovod and raises its error): each rank's splits (and small
-payloads) travel first through Horovod's allgather, then the blocks, each straight to its rank
+payloads) travel first through the proxies' allgather, then the blocks, each straight to its rank
 (fasthorovod/proxy/alltoall.py).
 
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
@@ -752,7 +752,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return _hvd.alltoall_async(tensor, splits, name, process_set)
     name = _named(name, "alltoall")
     with _horovods_value_error():
-        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name, _HorovodHeads)
+        # The heads take the proxies' own allgather, so that a peer's failure reaches this rank
+        # through the negotiation whichever stage it is in (Horovod's allgather has no timeout).
+        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name)
 
     def result():
         received = request.received_splits

@@ -1,10 +1,11 @@
-"""Failure injection: a proxy killed or frozen mid-allreduce, and a worker killed.
+"""Failure injection: a proxy killed or frozen mid-allreduce (or killed mid-alltoall), and a worker
+killed.
 
 Every rank must raise the exact exception class of the failure's kind — FastHorovodTimeoutError for
 a frozen proxy, ProxyDiedError on the rank whose proxy was killed, FastHorovodError (a peer's
 failure) on the others — naming the failed rank and lane where it can be known, within
 FASTHOROVOD_TIMEOUT_SECONDS, and nothing — no proxy process, no shared-memory segment —
-may be left behind (tests/multiproc/harness.py checks after each job). The three jobs run at the
+may be left behind (tests/multiproc/harness.py checks after each job). The four jobs run at the
 same time (they spend most of their time waiting for timeouts and for processes to die).
 """
 import json
@@ -30,6 +31,7 @@ def fault_jobs(tmp_path_factory):
     out = tmp_path_factory.mktemp("worker-killed")
     results = run_concurrently({
         "kill": lambda: _run_fault(3, "kill", "--trials", "20", "--seed", "7", job_timeout=900),
+        "kill-alltoall": lambda: _run_fault(3, "kill", "--trials", "6", "--seed", "11", "--collective", "alltoall"),
         "stop": lambda: _run_fault(3, "stop", "--trials", "2", "--seed", "3"),
         # the launcher reports the dead rank, so the job fails
         "worker": lambda: _run_fault(3, "worker", "--out", str(out / "result"), expect_success=False),
@@ -47,6 +49,13 @@ def test_proxy_sigkill_at_random_points_20_trials(fault_jobs):
     result, _ = _job(fault_jobs, "kill")
     assert "DETECTION trials=20" in result.stdout, result.stdout[-3000:]
     print(re.findall(r"DETECTION.*", result.stdout)[0])
+
+
+def test_proxy_sigkill_mid_alltoall_6_trials(fault_jobs):
+    # the alltoall's mesh: every rank hears of the dead proxy from the rank it waits for, whatever
+    # distance that is (csrc/collectives/alltoall.h, Failure), and names it
+    result, _ = _job(fault_jobs, "kill-alltoall")
+    assert "DETECTION trials=6" in result.stdout, result.stdout[-3000:]
 
 
 def test_proxy_sigstop_is_detected_by_timeout(fault_jobs):

@@ -19,23 +19,29 @@ import fasthorovod.torch as hvd
 VICTIM = 1
 
 
-def run_until_error(deadline_s: float) -> tuple:
-    """Issues allreduces until one raises; returns (error, time it was raised)."""
-    x = torch.ones(4 << 20)  # 16 MiB
+def run_until_error(deadline_s: float, collective: str = "allreduce") -> tuple:
+    """Issues allreduces (or alltoalls, on the lanes' mesh) until one raises; returns (error, time it
+    was raised)."""
+    x = torch.ones(4 << 20) if collective == "allreduce" else torch.ones(hvd.size() << 20)  # 16 MiB; 4 MiB a block
     end = time.time() + deadline_s
     i = 0
     while time.time() < end:
         try:
-            handle = hvd.allreduce_async(x, op=hvd.Sum, name=f"fault.{i}")
-            out = hvd.synchronize(handle)
-            assert torch.all(out == hvd.size()), "a completed allreduce must still be exact"
+            if collective == "alltoall":
+                out = hvd.alltoall(x * (hvd.rank() + 1), name=f"fault.{i}")
+                expected = torch.arange(1, hvd.size() + 1, dtype=x.dtype).repeat_interleave(x.numel() // hvd.size())
+                assert torch.equal(out, expected), "a completed alltoall must still be exact"
+            else:
+                handle = hvd.allreduce_async(x, op=hvd.Sum, name=f"fault.{i}")
+                out = hvd.synchronize(handle)
+                assert torch.all(out == hvd.size()), "a completed allreduce must still be exact"
         except hvd.FastHorovodError as e:
             return e, time.time()
         i += 1
     return None, time.time()
 
 
-def trial(kind: str, rng: random.Random, timeout: float) -> dict:
+def trial(kind: str, rng: random.Random, timeout: float, collective: str) -> dict:
     rank = hvd.rank()
     lane = rng.randrange(hvd.proxy_group().lanes)
     delay = rng.uniform(0.05, 0.8)
@@ -51,7 +57,7 @@ def trial(kind: str, rng: random.Random, timeout: float) -> dict:
             os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
 
         threading.Thread(target=inject, daemon=True).start()
-    error, raised_at = run_until_error(delay + 3 * timeout + 10)
+    error, raised_at = run_until_error(delay + 3 * timeout + 10, collective)
     report = {"rank": rank, "lane": lane, "error": repr(error) if error else None,
               "type": type(error).__name__ if error else None, "raised_at": raised_at, "injected_at": injected_at}
     reports = hvd.allgather_object(report, name="fault.report")
@@ -103,6 +109,7 @@ def main():
     parser.add_argument("--out", default="")
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--collective", choices=["allreduce", "alltoall"], default="allreduce")
     args = parser.parse_args()
     timeout = float(os.environ["FASTHOROVOD_TIMEOUT_SECONDS"])
     if args.kind == "worker":
@@ -113,7 +120,7 @@ def main():
     for t in range(args.trials):
         if t:
             hvd.restart_proxies()
-        result = trial(args.kind, rng, timeout)
+        result = trial(args.kind, rng, timeout, args.collective)
         injected = next(r["injected_at"] for r in result["reports"] if r["injected_at"] is not None)
         for r in result["reports"]:
             assert r["error"] is not None, f"trial {t}: rank {r['rank']} did not raise: {result}"
