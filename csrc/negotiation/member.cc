@@ -185,6 +185,11 @@ Status Member::Join(uint64_t* ticket) {
   return Status::Ok();
 }
 
+Status Member::Broken() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
 bool Member::Poll(uint64_t ticket) {
   uint64_t seq;
   {

@@ -82,6 +82,10 @@ class Member {
   // This rank joins: the ticket completes when every rank has joined, with the last one.
   Status Join(uint64_t* ticket);
   bool Poll(uint64_t ticket);
+  // Why this rank's data plane is broken (a failure here, another rank's, the coordinator gone), or
+  // Ok: for waits outside the negotiation (the heads of a two-stage collective travel through
+  // Horovod, which has no timeout), so that they end when the data plane has failed.
+  Status Broken();
   // Waits for the ticket: for its turn (until it runs, or a failure anywhere fails it), then for its collective
   // (FASTHOROVOD_TIMEOUT_SECONDS of no progress). *last_joined is set for join tickets.
   Status Wait(uint64_t ticket, double timeout_seconds, int64_t* last_joined);

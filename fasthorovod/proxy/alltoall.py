@@ -79,6 +79,7 @@ class AlltoallRequest(HeadsFirst):
     ints) hold the result, or raises what failed in either stage."""
 
     verb = "alltoall"
+    heads_end_with_the_data_plane = True
 
     def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
         super().__init__(group, heads, name, description)

@@ -89,6 +89,12 @@ class HeadsFirst:
     second stage's wait)."""
 
     verb = "run"  # what the ranks do with their tensors, for the mismatch message
+    # Whether a broken data plane ends the wait for the heads: for a collective whose every rank
+    # takes the data plane's second stage at the size it has (the alltoall), a rank whose previous
+    # collective failed never submits the next heads, which travel through Horovod (no timeout).
+    # The allgather of rows leaves it off: a small one completes in its heads, and Horovod's own
+    # allgather_object keeps working after a failure (the fault tests report through it).
+    heads_end_with_the_data_plane = False
 
     def __init__(self, group: "ProxyGroup", heads, name: str, description: str) -> None:
         self._group = group
@@ -145,11 +151,15 @@ class HeadsFirst:
 
     def wait(self) -> None:
         """Blocks until the result is in; raises what failed. The wait for the heads has no time
-        limit of its own, as any wait for other ranks to submit (a failure or shutdown of the data
-        plane ends it); the second stage's wait has the data plane's timeout."""
-        while not self._posted.wait(timeout=1.0):
+        limit of its own, as any wait for other ranks to submit; the data plane's shutdown ends it,
+        and with ``heads_end_with_the_data_plane`` so does its failure (on this rank or another)
+        while the heads are not in, within 0.1 s. The second stage's wait has the data plane's
+        timeout."""
+        while not self._posted.wait(timeout=0.1):
             if self._group._closed:
                 raise FastHorovodError("FastHorovod proxies are shut down")
+            if self.heads_end_with_the_data_plane and not self._heads.poll():
+                self._group.member.check()  # heads that are in: the second stage comes, and fails if it must
         if self._error is not None:
             raise self._error
         if self._second is not None:

@@ -38,7 +38,7 @@ An alltoall (``alltoall``, ``alltoall_async``) of the global process set goes th
 mesh at any size, where the data plane has one (a flat layout of at most 256 ranks), for a dtype
 they carry and a tensor of at least one dimension, once Horovod's own checks of the arguments
 passed (a call Horovod refuses goes to Horovod and raises its error): each rank's splits (and small
-payloads) travel first through the proxies' allgather, then the blocks, each straight to its rank
+payloads) travel first through Horovod's allgather, then the blocks, each straight to its rank
 (fasthorovod/proxy/alltoall.py).
 
 A broadcast (``broadcast``, ``broadcast_``, ``broadcast_async``, ``broadcast_async_``, and so
@@ -647,20 +647,31 @@ def _allgather_async(tensors, name, process_set, grouped: bool):
 
 
 class _HorovodHeads:
-    """The first collective of an allgather through the proxies (gather.py: every rank's row
-    counts, and its rows when they are small) is Horovod's own allgather: it is small, so it takes
-    Horovod's latency rather than a round of the proxies, and a small allgather is no slower than
-    Horovod's."""
+    """The first collective of an allgather or alltoall through the proxies (gather.py, alltoall.py:
+    every rank's row counts or splits, and its rows when they are small) is Horovod's own
+    allgather: it is small, so it takes Horovod's latency rather than a round of the proxies, and a
+    small allgather is no slower than Horovod's. Polled from two threads (the caller's wait and the
+    second-stage thread, whose wait synchronizes the handle: Horovod forgets it then), so both go
+    through one lock."""
 
     def __init__(self, head: torch.Tensor, name: str) -> None:
         self._handle = _hvd.allgather_async(head, name=name)
+        self._lock = threading.Lock()
+        self._done = False
         self.output: Optional[torch.Tensor] = None
 
     def poll(self) -> bool:
-        return _hvd.poll(self._handle)
+        with self._lock:
+            return self._done or _hvd.poll(self._handle)
 
     def wait(self) -> None:
-        self.output = _hvd.synchronize(self._handle)
+        with self._lock:
+            if self._done:
+                return
+            try:
+                self.output = _hvd.synchronize(self._handle)
+            finally:
+                self._done = True
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -752,9 +763,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         return _hvd.alltoall_async(tensor, splits, name, process_set)
     name = _named(name, "alltoall")
     with _horovods_value_error():
-        # The heads take the proxies' own allgather, so that a peer's failure reaches this rank
-        # through the negotiation whichever stage it is in (Horovod's allgather has no timeout).
-        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name)
+        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name, _HorovodHeads)
 
     def result():
         received = request.received_splits
