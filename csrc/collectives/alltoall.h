@@ -11,9 +11,9 @@
 // beyond that, each thread takes the next distance when its step is done). At distance d this rank
 // sends its part of the block for rank + d and receives its part of the block from rank - d, on the
 // mesh links of that distance, with a Lane (LaneOptions::distance d). Lane j takes the distances
-// from j % (n - 1) + 1 on, so that a rank's k lanes start with different ranks. Steps that waited
-// for each other (a permutation at a time) left the links idle whenever one pair lagged: with every
-// distance at once, no step waits for another. A part travels in segments of at most segment_bytes,
+// from j % (n - 1) + 1 on, so that a rank's k lanes start with different ranks. At once, a pair
+// that lags holds up no other step (one distance after another measured the same on the emulated
+// cloud: docs/benchmarks.md, Tried and rejected). A part travels in segments of at most segment_bytes,
 // cut as a ring cuts a chunk (RingSegmentElements over the part), so that it spreads over the S
 // sockets; every frame is checked against this rank's own sizes (step = distance, segment, offset,
 // length) before a byte of its payload is read, and lands in place in the receive region. An empty
