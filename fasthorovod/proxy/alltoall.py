@@ -18,8 +18,8 @@ number to each. In two stages, as the allgather of rows (gather.py):
    the output while the proxies work, so that copying the received blocks out meets no page
    faults (a fresh 64 MiB tensor takes three times as long to fill as a used one).
 
-The collective the ranks negotiate is described by the matrix (its total, and a hash of it in the
-description), so every rank submits the same description; the sizes one rank's proxies send and
+The collective the ranks negotiate is described by the matrix (the most one rank sends as its
+count, a hash of it in the description), so every rank submits the same description; the sizes one rank's proxies send and
 another's receive agree because both come from that matrix.
 """
 from __future__ import annotations
@@ -156,9 +156,11 @@ class _Blocks(Request):
         with group._releasing_on_failure(send), group._releasing_on_failure(self._recv_buffer):
             send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
                                                                     dtype=torch.int64))
-            total = sum(map(sum, matrix)) * row_elems
+            # What the ranks compare: the matrix (its hash) and, as the count, the most one rank sends
+            # (the same everywhere, and no more than one rank's tensor, which the size limits bound).
+            largest = max(sum(row) for row in matrix) * row_elems
             ticket = group._submit(send, name, f"alltoall {hash64(repr(matrix)):016x}", sum(sent) * itemsize,
-                                   buffer_offset=0, count=total, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
+                                   buffer_offset=0, count=largest, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
         super().__init__(group, ticket, send, True, (), (output,), ())
         self._recv, self._rank = recv, rank
         # While the proxies work: the own block, and the first touch of every other page.
