@@ -139,10 +139,13 @@ def main():
             # proxy killed while the alltoall's mesh connects: the ranks that find its listener
             # gone name it; one whose set-up another rank abandoned meanwhile names that rank
             # ("gave up waiting ...; see its own error"), whose error names the victim.
-            named = [r for r in result["reports"] if f"rank {VICTIM}" in r["error"]]
-            chained = [r for r in result["reports"] if "connecting the alltoall mesh" in r["error"]
-                       and "see its own error" in r["error"]]
-            assert len(named) + len(chained) == len(result["reports"]) and len(named) >= 2, \
+            def named(error):
+                return f"rank {VICTIM}" in error
+
+            def chained(error):
+                return "connecting the alltoall mesh" in error and "see its own error" in error
+            errors = [r["error"] for r in result["reports"]]
+            assert all(named(e) or chained(e) for e in errors) and sum(map(named, errors)) >= 2, \
                 f"trial {t}: not every rank named rank {VICTIM}: {result}"
         if int(os.environ.get("HOROVOD_RANK", "0")) == 0:
             print(f"trial {t}: lane {result['lane']} {args.kind}: every rank raised; "
