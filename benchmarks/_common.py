@@ -716,11 +716,9 @@ def ceiling_line(ceiling):
     if ceiling["status"] != "ok":
         return f"raw-TCP ring ceiling: {ceiling['status']}: {ceiling['reason']}"
     rounds = ceiling["rounds_measured"]
-    if ceiling.get("pattern") == "mesh":
-        return (f"raw-TCP mesh ceiling ({RING} job, iperf3, every host to every other at once): "
-                f"{format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
-                f"{rounds} round{'s' if rounds != 1 else ''})")
-    return (f"raw-TCP ring ceiling ({RING}, iperf3, every host to the next at once): "
+    what = ("mesh ceiling ({} job, iperf3, every host to every other at once)" if ceiling.get("pattern") == "mesh"
+            else "ring ceiling ({}, iperf3, every host to the next at once)").format(RING)
+    return (f"raw-TCP {what}: "
             f"{format_spread(ceiling['spread'], 3)} Gbit/s per host (median [min-max] over "
             f"{rounds} round{'s' if rounds != 1 else ''})")
 

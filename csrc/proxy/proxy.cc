@@ -250,17 +250,7 @@ class Proxy {
     const uint64_t end = r.lane_begin[lane_ + 1];
     if (begin > end || end > r.count) return Status::Error(Code::kInvalidArgument, "bad lane boundaries");
 
-    CollectiveDesc desc;
-    desc.seq = collective_seq_++;
-    desc.postscale = r.postscale;
-    desc.name_hash = r.name_hash;
-    desc.shape_hash = r.shape_hash;
-    desc.total_bytes = r.count * elem;
-    desc.shard_bytes = (end - begin) * elem;
-    desc.dtype = r.dtype;
-    desc.op = r.op;
-    std::strncpy(desc.name, r.name, kWireNameBytes - 1);
-
+    const CollectiveDesc desc = NextDesc(r, elem, end - begin);
     ShardWork work;
     work.data = static_cast<char*>(buffer->data()) + r.buffer_offset + begin * elem;
     work.count = end - begin;
@@ -286,12 +276,29 @@ class Proxy {
     return st;
   }
 
+  // This lane's description of request `r` (its next collective): what every frame carries and
+  // the peers compare (common/collective.h). `shard` is this lane's elements of it.
+  CollectiveDesc NextDesc(const RequestDesc& r, size_t elem, uint64_t shard) {
+    CollectiveDesc desc;
+    desc.seq = collective_seq_++;
+    desc.postscale = r.postscale;
+    desc.name_hash = r.name_hash;
+    desc.shape_hash = r.shape_hash;
+    desc.total_bytes = r.count * elem;
+    desc.shard_bytes = shard * elem;
+    desc.dtype = r.dtype;
+    desc.op = r.op;
+    std::strncpy(desc.name, r.name, kWireNameBytes - 1);
+    return desc;
+  }
+
   // -- the alltoall (collectives/alltoall.h) -----------------------------------------------------
 
   Status ExecuteAlltoall(const RequestDesc& r) {
     const uint32_t n = ch_->size;
     if (Hierarchical() || n < 2 || ch_->mesh_size != n) {
-      return Status::Error(Code::kInvalidArgument, "an alltoall runs on the mesh of a flat layout of 2 to 256 ranks");
+      return Status::Error(Code::kInvalidArgument,
+                           Str("an alltoall runs on the mesh of a flat layout of 2 to ", kMaxMeshRanks, " ranks"));
     }
     if ((r.flags & kRequestZeroFill) != 0) {
       return Status::Error(Code::kInvalidArgument, "Alltoall is not supported with Join at this time.");
@@ -344,15 +351,7 @@ class Proxy {
                                .WithContext("connecting the alltoall mesh: "));
       info_.progress_ns.store(NowNs());
     }
-    CollectiveDesc desc;
-    desc.seq = collective_seq_++;
-    desc.name_hash = r.name_hash;
-    desc.shape_hash = r.shape_hash;
-    desc.total_bytes = r.count * elem;
-    desc.shard_bytes = (r.lane_begin[lane_ + 1] - r.lane_begin[lane_]) * elem;
-    desc.dtype = r.dtype;
-    desc.op = r.op;
-    std::strncpy(desc.name, r.name, kWireNameBytes - 1);
+    const CollectiveDesc desc = NextDesc(r, elem, r.lane_begin[lane_ + 1] - r.lane_begin[lane_]);
     trace_observer_.SetCollective(r.trace_id, 0);
     RingStats stats;
     Status st = MeshAlltoall(mesh_, desc, work, options_, &stats);

@@ -57,7 +57,7 @@ import contextlib
 import itertools
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from horovod.common.process_sets import global_process_set
@@ -742,28 +742,31 @@ def _alltoall_splits(tensor: torch.Tensor, splits, size: int) -> Optional[List[i
     return counts
 
 
-def _alltoall_proxies_for(tensor: torch.Tensor, splits, process_set) -> Optional[ProxyGroup]:
-    """The proxies for an alltoall Horovod would take (its dtype check runs first), of any size
-    (whether a block is large is known only once every rank's splits are: alltoall.py): on a flat
-    layout with the alltoall's mesh, for a dtype the proxies carry, CPU or CUDA."""
+def _alltoall_proxies_for(tensor: torch.Tensor, splits, process_set) -> Optional[Tuple[ProxyGroup, List[int]]]:
+    """The proxies and the rows for each rank, for an alltoall Horovod would take (its dtype check
+    runs first), of any size (whether a block is large is known only once every rank's splits are:
+    alltoall.py): on a flat layout with the alltoall's mesh, for a dtype the proxies carry, CPU or
+    CUDA. None: Horovod's path."""
     _hvd._check_function(_hvd._alltoall_function_factory, tensor)
     group = _runtime.group
     if (group is None or not group.mesh or process_set.process_set_id != global_process_set.process_set_id
             or not group.supports(tensor.dtype) or tensor.device.type not in ("cpu", "cuda")):
         return None
-    return group if _alltoall_splits(tensor, splits, group.size) is not None else None
+    rows = _alltoall_splits(tensor, splits, group.size)
+    return (group, rows) if rows is not None else None
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Asynchronous alltoall: ``splits[d]`` rows of `tensor` to rank d (equal shares without
     splits); ``synchronize`` returns the rows received from every rank in rank order and the
     received splits. See ``horovod.torch.alltoall_async``."""
-    group = _alltoall_proxies_for(tensor, splits, process_set)
-    if group is None:
+    route = _alltoall_proxies_for(tensor, splits, process_set)
+    if route is None:
         return _hvd.alltoall_async(tensor, splits, name, process_set)
+    group, rows = route
     name = _named(name, "alltoall")
     with _horovods_value_error():
-        request = group.alltoall(tensor, _alltoall_splits(tensor, splits, group.size), name, _HorovodHeads)
+        request = group.alltoall(tensor, rows, name, _HorovodHeads)
 
     def result():
         received = request.received_splits
