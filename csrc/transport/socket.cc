@@ -499,17 +499,19 @@ struct Outgoing {
 // (retrying while the peer is not listening yet), each authenticated before the next, while this
 // thread accepts `expected_in` connections from `listener` that `refuse` lets in and hands them to
 // `take`; strangers are rejected and waited past. `waiting` names what is still missing when the
-// deadline passes. Every socket is configured for data once all are in. `listening`: the peers'
+// deadline passes. The sockets it opened are configured for data once all are in (the acceptor
+// configures those it accepts). `listening`: the peers'
 // listeners have been open since before their addresses were exchanged (the mesh's), so a refused
 // connection means the peer's proxy is gone and set-up fails at once (kPeerError) instead of
-// retrying until the deadline; a ring's peer may not listen yet. `abort`, when set and raised, ends
+// retrying until the deadline (after serving the other peers' handshakes for kHandshakeSeconds more);
+// a ring's peer may not listen yet. `abort`, when set and raised, ends
 // the wait (kAborted): the job's collectives failed elsewhere.
 Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPurpose purpose,
                         std::vector<Outgoing>* out, size_t expected_in, int socket_buffer_bytes, Deadline deadline,
                         const HandshakeAcceptor::Refuse& refuse, const HandshakeAcceptor::Take& take,
                         const std::function<std::string(size_t)>& waiting, bool listening = false,
                         const std::atomic<uint32_t>* abort = nullptr) {
-  std::atomic<bool> cancel{false}, connector_done{false};
+  std::atomic<bool> cancel{false}, connector_done{false}, peer_gone{false};
   Status connected;
   std::thread connector([&] {
     for (Outgoing& o : *out) {
@@ -520,6 +522,7 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
         connected = ConnectOnce(o.addr, socket_buffer_bytes, deadline, &sock, &refused);
         if (refused && listening) {
           connected = Status::Error(Code::kPeerError, "the connection was refused: its proxy is gone");
+          peer_gone.store(true);
           break;
         }
         if (connected.ok() || deadline.Expired() || cancel.load()) break;
@@ -544,8 +547,20 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
     take(claim, std::move(sock));
     ++accepted;
   };
+  bool grace_started = false;
+  Deadline grace = deadline;
   while (accepted < expected_in) {
-    if (connector_done.load() && !connected.ok()) break;
+    if (connector_done.load() && !connected.ok()) {
+      // A peer whose proxy is gone: this rank still serves the others' handshakes for a moment, so
+      // that each of them reaches the dead peer itself and names it, instead of seeing this rank
+      // give up halfway through its own handshake.
+      if (!peer_gone.load()) break;
+      if (!grace_started) {
+        grace = Deadline::After(kHandshakeSeconds);
+        grace_started = true;
+      }
+      if (grace.Expired()) break;
+    }
     if (abort != nullptr && abort->load() != 0) {
       accepting = Status::Error(Code::kAborted, "connection set-up stopped: the job's collectives were aborted");
       break;
@@ -598,10 +613,7 @@ Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, cons
   FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, purpose, &outgoing, in.size(), socket_buffer_bytes, deadline,
                                         refuse, take, waiting));
   for (Outgoing& o : outgoing) links->to_next[o.index] = std::move(o.sock);  // the replaced connection closes here
-  for (uint32_t s : in) {
-    FHVD_RETURN_IF_ERROR(ConfigureDataSocket(from_prev[s].fd()));
-    links->from_prev[s] = std::move(from_prev[s]);
-  }
+  for (uint32_t s : in) links->from_prev[s] = std::move(from_prev[s]);
   return Status::Ok();
 }
 
@@ -661,9 +673,6 @@ Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std
   FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, LinkPurpose::kMesh, &outgoing, expected, socket_buffer_bytes,
                                         deadline, refuse, take, waiting, /*listening=*/true, abort));
   for (Outgoing& o : outgoing) links[(o.peer + n - self.rank) % n].to_next[o.index] = std::move(o.sock);
-  for (uint32_t d = 1; d < n; ++d) {
-    for (Socket& s : links[d].from_prev) FHVD_RETURN_IF_ERROR(ConfigureDataSocket(s.fd()));
-  }
   *by_distance = std::move(links);
   return Status::Ok();
 }
