@@ -151,12 +151,14 @@ class HorovodComm:
     def barrier(self):
         self.hvd.barrier()
 
-    def allreduce_(self, buf, op, name):
+    def allreduce(self, buf, op, name):
+        """The reduced tensor: `buf` itself, or with a compressor the new tensor Horovod's
+        out-of-place allreduce returns (its in-place allreduce_ takes no compressor)."""
         op = self.hvd.Sum if op == "sum" else self.hvd.Average
         if self.compression:
-            buf.copy_(self.hvd.allreduce(buf, op=op, name=name, compression=getattr(self.hvd.Compression, self.compression)))
-        else:
-            self.hvd.allreduce_(buf, op=op, name=name)
+            return self.hvd.allreduce(buf, op=op, name=name, compression=getattr(self.hvd.Compression, self.compression))
+        self.hvd.allreduce_(buf, op=op, name=name)
+        return buf
 
     def reducescatter(self, buf, op, name):
         op = self.hvd.Sum if op == "sum" else self.hvd.Average
@@ -197,10 +199,11 @@ class TorchComm:
     def barrier(self):
         self.dist.barrier()
 
-    def allreduce_(self, buf, op, name):
+    def allreduce(self, buf, op, name):
         self.dist.all_reduce(buf, op=self.dist.ReduceOp.SUM)
         if op == "average":  # gloo has no AVG
             buf.div_(self.size)
+        return buf
 
     def allgather_object(self, obj):
         return self.world.allgather_object(obj)
@@ -221,10 +224,11 @@ class MpiComm:
     def barrier(self):
         self.comm.Barrier()
 
-    def allreduce_(self, buf, op, name):
+    def allreduce(self, buf, op, name):
         self.comm.Allreduce(self.MPI.IN_PLACE, buf.numpy(), op=self.MPI.SUM)
         if op == "average":
             buf.div_(self.size)
+        return buf
 
     def allgather_object(self, obj):
         return self.comm.allgather(obj)
@@ -311,8 +315,7 @@ def measure(comm, nbytes, args):
         elif exchange:
             out = comm.alltoall(buf, f"alltoall.{nbytes}")
         else:
-            comm.allreduce_(buf, args.op, f"allreduce.{nbytes}")
-            out = buf
+            out = comm.allreduce(buf, args.op, f"allreduce.{nbytes}")
         elapsed = time.perf_counter() - start
         exact = gather or exchange  # nothing is reduced: bit for bit
         check(out, expected, "sum" if exact else args.op, comm.rank, nbytes, iteration,

@@ -39,8 +39,9 @@
 //
 // Compression on the wire (the dtypes kFloat32WireFloat16/BFloat16: float32 in memory). Every frame
 // carries the segment rounded to the 16-bit wire type, converted into a wire copy of the shard just
-// before it is queued; a reduce-scatter payload is added into the float32 shard in float32, and an
-// allgather payload lands in the wire copy and is converted into the shard. The owner of a chunk
+// before a reduce-scatter step queues it; a reduce-scatter payload is added into the float32 shard in
+// float32, and an allgather payload lands in the wire copy, is converted into the shard and is
+// forwarded from the wire copy as it came. The owner of a chunk
 // rounds its final values to the wire type too before it sends them, so that every rank ends with
 // the same values (what the wire can carry). Frame offsets and lengths count wire bytes.
 //
@@ -162,7 +163,9 @@ class RingRun : public FrameSink {
     f.offset = begin * unit_;
     f.length = (end - begin) * unit_;
     if (compressed_) {
-      ToWire(wire_, Wire(begin), Floats(begin), end - begin);
+      // An allgather step forwards what the wire copy holds already: the owner's rounded values or
+      // the payload received into it.
+      if (step < opt_.size - 1) ToWire(wire_, Wire(begin), Floats(begin), end - begin);
       lane_.Send(f, Wire(begin));
     } else {
       lane_.Send(f, Bytes(begin));

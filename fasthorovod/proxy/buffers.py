@@ -4,7 +4,10 @@ Two kinds, one mechanism (a :class:`ShmBuffer`: an anonymous memfd that the chan
 proxy under the buffer's id when it is created, ``ProxyChannel.create_buffer``):
 
 * staging buffers, pooled by size class: an allreduce of an ordinary tensor copies it in, the
-  proxies reduce it in place, and the result is copied out;
+  proxies reduce it in place, and the result is copied out, or, for a new output of at least
+  :data:`LEND_MIN_BYTES` on the CPU (an out-of-place allreduce, an alltoall), *lent*: the output
+  is a tensor over the buffer itself (``BufferPool.lend``), which returns to the pool when the last
+  tensor over it is gone (no copy, and no fresh pages to fault in);
 * persistent buffers (``register``): memory the caller keeps using, e.g. the DistributedOptimizer's
   gradient buckets, whose tensors are views into the segment, so no copy is needed at all.
 
@@ -16,7 +19,9 @@ view.
 """
 from __future__ import annotations
 
+import math
 import threading
+import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -24,16 +29,22 @@ import torch
 from fasthorovod import _C
 
 _MIN_CLASS = 1 << 16
-_LARGE_STEP = 16 << 20
+_POWERS_UP_TO = 1 << 20
+
+# Outputs of at least this size are lent rather than copied out: above it a size class is at most
+# 1.25 times the size it holds, so a lent output keeps at most a quarter more memory than it needs.
+LEND_MIN_BYTES = _POWERS_UP_TO
 
 
 def size_class(nbytes: int) -> int:
-    """Rounds a request up to a pool size class (powers of two, then multiples of 16 MiB)."""
+    """Rounds a request up to a pool size class: 64 KiB, powers of two up to 1 MiB, then quarters
+    of the power of two below (1.25, 1.5, 1.75, 2 MiB, 2.5, 3, 3.5, 4 MiB, ...)."""
     if nbytes <= _MIN_CLASS:
         return _MIN_CLASS
-    if nbytes <= _LARGE_STEP:
+    if nbytes <= _POWERS_UP_TO:
         return 1 << (nbytes - 1).bit_length()
-    return -(-nbytes // _LARGE_STEP) * _LARGE_STEP
+    step = 1 << ((nbytes - 1).bit_length() - 3)
+    return -(-nbytes // step) * step
 
 
 class Buffer:
@@ -107,7 +118,7 @@ class BufferPool:
         """`create(id, nbytes)` makes the segment of a new buffer (``ProxyChannel.create_buffer``:
         every proxy holds it under `id` before a request can name it)."""
         self._create_segment = create
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a lent buffer comes back from a finalizer, on any thread
         self._next_id = 0
         self._free: Dict[int, List[Buffer]] = {}
         self._all: Dict[int, Buffer] = {}
@@ -131,7 +142,41 @@ class BufferPool:
 
     def release(self, buf: Buffer) -> None:
         with self._lock:
-            self._free.setdefault(size_class(buf.nbytes), []).append(buf)
+            if buf.id in self._all:  # not after close(): a closed pool keeps nothing
+                self._free.setdefault(size_class(buf.nbytes), []).append(buf)
+
+    def lend(self, buf: Buffer, pieces: Sequence[Tuple[int, torch.dtype, Sequence[int]]]) -> List[torch.Tensor]:
+        """Tensors over `buf` (acquired, holding results) for the caller to keep, one per piece
+        (byte offset, dtype, shape): each owns its bytes of the segment, is no view of another
+        tensor, and keeps the mapping alive. The buffer returns to the pool once every one of them
+        (and every view of them) is gone; until then nothing else uses it."""
+        if not pieces:
+            self.release(buf)
+            return []
+        whole = memoryview(buf.shm)
+        left = [len(pieces)]
+
+        def returned() -> None:
+            with self._lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self.release(buf)
+
+        tensors = []
+        for offset, dtype, shape in pieces:
+            numel = math.prod(shape)
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            if numel == 0:
+                tensors.append(torch.empty(shape, dtype=dtype))
+                returned()
+                continue
+            # torch.frombuffer holds the memoryview while the tensor's storage lives; its finalizer
+            # runs when the storage goes.
+            span = whole[offset:offset + numel * itemsize]
+            weakref.finalize(span, returned)
+            storage = torch.frombuffer(span, dtype=dtype).untyped_storage()
+            tensors.append(torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape)))
+        return tensors
 
     def register(self, nbytes: int) -> Buffer:
         """A persistent buffer the caller owns for the life of the pool (never recycled)."""

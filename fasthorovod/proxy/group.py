@@ -152,10 +152,12 @@ class ProxyGroup:
         those of a collective it leads (the coordinator's computation, ``_C.shard_boundaries``)."""
         return _C.shard_boundaries(count, self.lane_weights)
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name: str,
+    def allreduce(self, tensors: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]], name: str,
                   average: bool, prescale: float, postscale: float, wire: Optional[torch.dtype] = None) -> Request:
-        """Posts one fused allreduce of same-dtype tensors into `outputs`; `wire` (float16 or bfloat16,
-        for float32 tensors): what the proxies put on the wire instead (docs/dataplane.md)."""
+        """Posts one fused allreduce of same-dtype tensors into `outputs` (None: new outputs, lent
+        from the staging buffer, in the request's ``outputs``; only where ``requests.lendable``);
+        `wire` (float16 or bfloat16, for float32 tensors): what the proxies put on the wire instead
+        (docs/dataplane.md)."""
         shapes = ";".join(",".join(map(str, t.shape)) for t in tensors)
         code = DTYPE_CODES[tensors[0].dtype] if wire is None else WIRE_CODES[(tensors[0].dtype, wire)]
         return self._reduce(tensors, outputs, name, OP_AVERAGE if average else OP_SUM, prescale,
@@ -184,8 +186,8 @@ class ProxyGroup:
         self._require_running()
         dtype, itemsize = tensors[0].dtype, tensors[0].element_size()
         count = sum(t.numel() for t in tensors)
-        located = (self.pool.locate(tensors[0]) if contribute and len(tensors) == 1 and outputs[0] is tensors[0]
-                   else None)
+        located = (self.pool.locate(tensors[0]) if contribute and len(tensors) == 1 and outputs is not None
+                   and outputs[0] is tensors[0] else None)
         staged = located is None
         buffer, offset = located if located is not None else (self.pool.acquire(count * itemsize), 0)
         with self._releasing_on_failure(buffer, staged):

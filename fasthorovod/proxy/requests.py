@@ -1,35 +1,48 @@
 """Posted collectives of a ProxyGroup: what ``wait()`` completes and where the results go."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
-from fasthorovod.proxy.buffers import Buffer, copy_tensor
+from fasthorovod.proxy.buffers import LEND_MIN_BYTES, Buffer, copy_tensor
 
 if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
 
 
+def lendable(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether new outputs like `tensors` (staged together) are lent rather than copied out: on the
+    CPU and, together, at least LEND_MIN_BYTES (buffers.py)."""
+    return (all(t.device.type == "cpu" for t in tensors)
+            and sum(t.numel() * t.element_size() for t in tensors) >= LEND_MIN_BYTES)
+
+
 class Request:
-    """One posted allreduce (possibly several tensors fused into one staging buffer)."""
+    """One posted allreduce (possibly several tensors fused into one staging buffer). `outputs`
+    None: new outputs shaped like `tensors`, lent from the staging buffer (``BufferPool.lend``)
+    once done, in ``outputs``."""
 
     def __init__(self, group: "ProxyGroup", ticket: int, buffer: Buffer, staged: bool,
-                 tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], offsets: Sequence[int]) -> None:
+                 tensors: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]],
+                 offsets: Sequence[int]) -> None:
         self._group = group
         self.ticket = ticket  # the negotiation's ticket (also the proxies' trace request number)
         self._buffer = buffer
         self._staged = staged
         self._tensors = tensors
+        self._lent_shapes = [(t.dtype, tuple(t.shape)) for t in tensors] if outputs is None else None
         self._outputs = outputs
         self._offsets = offsets
         self._done = False
+        self.outputs: List[torch.Tensor] = []  # the lent outputs, once wait() returned
 
     def poll(self) -> bool:
         return self._done or self._group.member.poll(self.ticket)
 
     def wait(self) -> None:
-        """Blocks (GIL released) until done; copies results out; raises FastHorovodError on failure."""
+        """Blocks (GIL released) until done; copies results out (or lends them); raises
+        FastHorovodError on failure."""
         if self._done:
             return
         try:
@@ -37,7 +50,10 @@ class Request:
         except BaseException:
             self._finish()
             raise
-        if self._staged:
+        if self._lent_shapes is not None:
+            pieces = [(offset, dtype, shape) for (dtype, shape), offset in zip(self._lent_shapes, self._offsets)]
+            self.outputs, self._staged = self._group.pool.lend(self._buffer, pieces), False  # the tensors own it now
+        elif self._staged:
             self._copy_out()
         self._finish()
 

@@ -73,7 +73,7 @@ from fasthorovod.proxy.rehash import FlowRehasher
 from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
-from fasthorovod.proxy.requests import Request
+from fasthorovod.proxy.requests import Request, lendable
 from fasthorovod.torch.rebind import rebound
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
@@ -297,16 +297,26 @@ def _register(request: Request, outputs, landing, result, name: str, handle: Opt
     return handle
 
 
-def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
-          name: Optional[str], op, prescale_factor: float, postscale_factor: float, result,
+def _post(group: ProxyGroup, tensors: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]],
+          name: Optional[str], op, prescale_factor: float, postscale_factor: float, single: bool,
           wire: Optional[torch.dtype] = None) -> int:
-    """Posts one fused allreduce of `tensors` (one dtype: ``_proxies_for`` routes nothing else)."""
+    """Posts one fused allreduce of `tensors` (one dtype: ``_proxies_for`` routes nothing else) into
+    `outputs`, or new tensors when None (lent from shared memory where ``lendable``); its result:
+    the one output when `single`, else the tuple of them."""
     name = _named(name, "allreduce")
+    lend = outputs is None and lendable(tensors)
+    if outputs is None and not lend:
+        outputs = [t.new(t.shape) for t in tensors]
     # A CUDA tensor is copied twice: into shared memory and back (copy_tensor crosses devices);
     # only a non-contiguous output lands in a host tensor first.
-    landing = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
+    landing = None if lend else [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outputs]
     with _horovods_value_error():
         request = group.allreduce(tensors, landing, name, op == Average, prescale_factor, postscale_factor, wire)
+    if lend:
+        outputs = landing = ()
+        result = (lambda: request.outputs[0]) if single else (lambda: tuple(request.outputs))
+    else:
+        result = outputs[0] if single else tuple(outputs)
     return _register(request, outputs, landing, result, name)
 
 
@@ -353,9 +363,11 @@ def synchronize(handle):
 # -- allreduce ----------------------------------------------------------------------------------------
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set, wire=None):
+    """`output`: the tensor itself (in place) or None (a new tensor)."""
     group = _proxies_for([tensor], op, process_set, wire)
     if group is None:
-        if output is not tensor and not tensor.is_contiguous():
+        if output is None:
+            output = tensor.new(tensor.shape)
             tensor = tensor.contiguous()  # out of place: Horovod needs contiguous input, the caller does not
         handle = _hvd._allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
         tracer = _trace.tracer
@@ -363,15 +375,15 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
             _runtime.horovod_names[handle] = name
             tracer.event("request", name, bytes=tensor.numel() * tensor.element_size(), proxied=False)
         return handle
-    return _post(group, [tensor], [output], name, op, prescale_factor, postscale_factor, output, wire)
+    return _post(group, [tensor], None if output is None else [output], name, op, prescale_factor, postscale_factor,
+                 True, wire)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
     """Asynchronous allreduce; the input is not modified. See ``horovod.torch.allreduce_async``."""
     op = handle_average_backwards_compatibility(op, average)
-    output = tensor.new(tensor.shape)
-    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -395,8 +407,8 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set, wire):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
         op = handle_average_backwards_compatibility(op, average)
-        return synchronize(_allreduce_async(tensor, tensor.new(tensor.shape), name, op, prescale_factor,
-                                            postscale_factor, process_set, wire))
+        return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor, process_set,
+                                            wire))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -429,20 +441,22 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set,
                              wire=None):
+    """`outputs`: the tensors themselves (in place) or None (new tensors)."""
     group = _proxies_for(tensors, op, process_set, wire) if tensors else None
     if group is None:
+        if outputs is None:
+            outputs = [t.new(t.shape) for t in tensors]
         return _hvd._grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
                                              process_set)
-    return _post(group, list(tensors), list(outputs), name, op, prescale_factor, postscale_factor,
-                 tuple(outputs), wire)
+    return _post(group, list(tensors), None if outputs is None else list(outputs), name, op, prescale_factor,
+                 postscale_factor, False, wire)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Asynchronous allreduce of a list of tensors as one group. See Horovod's."""
     op = handle_average_backwards_compatibility(op, average)
-    outputs = [t.new(t.shape) for t in tensors]
-    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set)
+    return _grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor, process_set)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -464,8 +478,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, wire, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
         op = handle_average_backwards_compatibility(op, average)
-        handle = _grouped_allreduce_async(list(tensors), [t.new(t.shape) for t in tensors], name, op,
-                                          prescale_factor, postscale_factor, process_set, wire)
+        handle = _grouped_allreduce_async(list(tensors), None, name, op, prescale_factor, postscale_factor,
+                                          process_set, wire)
         return synchronize(handle)
 
     @staticmethod

@@ -1,4 +1,5 @@
 """Shared-memory lifecycle, the buffer pool, and the configuration's validation."""
+import gc
 import hashlib
 import os
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 from fasthorovod import _C
 from fasthorovod.config import ALIASES, Config, ConfigError
 from fasthorovod.exceptions import FastHorovodError
-from fasthorovod.proxy.buffers import BufferPool, copy_tensor, size_class, zero_tensor
+from fasthorovod.proxy.buffers import LEND_MIN_BYTES, BufferPool, copy_tensor, size_class, zero_tensor
 
 
 def _memfd_fds():
@@ -105,8 +106,36 @@ def test_staging_copies_from_a_tensor_that_requires_grad_record_nothing():
 
 def test_size_classes():
     assert size_class(1) == 1 << 16
-    assert size_class((1 << 20) + 1) == 1 << 21
+    assert size_class(700_000) == 1 << 20
+    assert size_class((1 << 20) + 1) == 5 << 18  # quarters above 1 MiB
+    assert size_class(5 << 20) == 5 << 20 and size_class((5 << 20) + 1) == 6 << 20
     assert size_class((100 << 20) + 5) == 112 << 20
+    for nbytes in (LEND_MIN_BYTES, LEND_MIN_BYTES + 1, 3 << 20, (64 << 20) + 1, 10 ** 9):
+        assert nbytes <= size_class(nbytes) <= nbytes * 5 // 4 + 1  # what a lent output may keep
+
+
+def test_a_lent_buffer_returns_to_the_pool_when_its_last_tensor_is_gone():
+    pool = BufferPool()
+    buf = pool.acquire(3 << 20)
+    buf.view(torch.float32, 0, 6).copy_(torch.arange(6.0))
+    a, b, empty = pool.lend(buf, [(0, torch.float32, (2, 3)), (1 << 20, torch.int64, (4,)), (64, torch.float32, (0, 5))])
+    assert torch.equal(a, torch.arange(6.0).view(2, 3)) and a._base is None and a.is_contiguous()
+    assert a.untyped_storage().nbytes() == 24 and empty.shape == (0, 5)
+    b.fill_(7)
+    assert torch.equal(buf.view(torch.int64, 1 << 20, 4), torch.full((4,), 7))  # the buffer's own bytes
+    row = a[1]
+    del a
+    gc.collect()
+    assert pool.acquire(3 << 20) is not buf  # a view of one piece and the other piece hold it
+    del b
+    gc.collect()
+    assert pool.acquire(3 << 20) is not buf
+    del row
+    gc.collect()
+    assert pool.acquire(3 << 20) is buf
+    pool.close()
+    kept, = BufferPool().lend(BufferPool().acquire(1 << 20), [(0, torch.uint8, (8,))])
+    kept.fill_(1)  # a pool gone does not unmap what it lent
 
 
 def test_config_defaults_and_errors():
