@@ -13,10 +13,13 @@ number to each. In two stages, as the allgather of rows (gather.py):
    part j of every block) and write what they receive in rank order into a receive buffer. The
    rank's rows are staged into the send buffer when the alltoall is called, while the heads
    travel; once they are in, the rank writes the size table (elements it sends to each rank and
-   receives from each, both from the matrix, and where the receive region is), posts the blocks,
-   copies its own block (which never leaves the worker) into the output and touches the rest of
-   the output while the proxies work, so that copying the received blocks out meets no page
-   faults (a fresh 64 MiB tensor takes three times as long to fill as a used one).
+   receives from each, both from the matrix, and where the receive region is), posts the blocks
+   and copies its own block (which never leaves the worker) to its place while the proxies work.
+   The receive region is laid out as the output, so an output of at least LEND_MIN_BYTES on the
+   CPU is that region itself, lent (buffers.py): nothing is copied out. Otherwise (a CUDA tensor, a
+   small output) the rank touches the rest of the output while the proxies work, so that copying
+   the received blocks out meets no page faults (a fresh 64 MiB tensor takes three times as long to
+   fill as a used one).
 
 The collective the ranks negotiate is described by the matrix (the most one rank sends as its
 count, a hash of it in the description), so every rank submits the same description; the sizes one rank's proxies send and
@@ -33,7 +36,7 @@ from fasthorovod import _C
 from fasthorovod.proxy.buffers import Buffer, copy_tensor, zero_tensor
 from fasthorovod.proxy.core import DTYPE_CODES, OP_ALLTOALL, hash64
 from fasthorovod.proxy.gather import INLINE_BYTES, GatherRequest, post as gather_post
-from fasthorovod.proxy.requests import Request
+from fasthorovod.proxy.requests import Request, lends
 from fasthorovod.proxy.stages import HeadsFirst
 
 if TYPE_CHECKING:
@@ -111,14 +114,21 @@ class AlltoallRequest(HeadsFirst):
         self.received_splits = [matrix[s][rank] for s in range(n)]
         row_elems = math.prod(x.shape[1:])
         row_bytes = row_elems * x.element_size()
-        self.output = torch.empty((sum(self.received_splits),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        if max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES:
+        shape = (sum(self.received_splits),) + tuple(x.shape[1:])
+        inline = max(sum(row) for row in matrix) * row_bytes <= INLINE_BYTES
+        if inline or not lends(shape[0] * row_bytes, x.device):
+            self.output = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if inline:
             self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
             return None
         if self._send is None:  # this rank's rows fit inline, another rank's did not
             self.stage(x[:sum(matrix[rank])])
         send, self._send = self._send, None
-        return _Blocks(self._group, self._name, send, matrix, row_elems, self.output)
+        return _Blocks(self._group, self._name, send, matrix, row_elems, self.output, shape, x.dtype)
+
+    def _finished(self) -> None:
+        if self.output is None:
+            self.output = self._second.output  # lent
 
     def _drop(self) -> None:
         if self._send is not None:
@@ -141,14 +151,16 @@ class AlltoallRequest(HeadsFirst):
 
 class _Blocks(Request):
     """The second stage on the mesh: writes the size table into `send` (this rank's rows are
-    staged there already), posts the blocks with a receive buffer, copies the own block straight
-    to `output` and touches the rest of it; once done, copies the received blocks out. Owns both
-    buffers from here on (Request releases the send buffer, _finish the receive buffer)."""
+    staged there already), posts the blocks with a receive buffer laid out as the output, and
+    copies the own block to its place. `output` None: once done, the receive buffer is lent as
+    ``output`` (`shape`, `dtype`). Else the own block goes straight to `output`, the rest of which
+    is touched meanwhile, and the received blocks are copied out once done. Owns both buffers from
+    here on (Request releases the send buffer, _finish the receive buffer unless it was lent)."""
 
     def __init__(self, group: "ProxyGroup", name: str, send: Buffer, matrix: List[List[int]], row_elems: int,
-                 output: torch.Tensor) -> None:
-        n, rank, dtype = group.size, group.rank, output.dtype
-        itemsize = output.element_size()
+                 output: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> None:
+        n, rank = group.size, group.rank
+        itemsize = torch.empty((), dtype=dtype).element_size()
         sent = [c * row_elems for c in matrix[rank]]
         recv = [matrix[s][rank] * row_elems for s in range(n)]
         offset = _C.alltoall_send_offset(n)
@@ -161,20 +173,26 @@ class _Blocks(Request):
             largest = max(sum(row) for row in matrix) * row_elems
             ticket = group._submit(send, name, f"alltoall {hash64(repr(matrix)):016x}", sum(sent) * itemsize,
                                    buffer_offset=0, count=largest, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
-        super().__init__(group, ticket, send, True, (), (output,), ())
-        self._recv, self._rank = recv, rank
-        # While the proxies work: the own block, and the first touch of every other page.
-        own, flat = sum(recv[:rank]), output.view(-1)
+        super().__init__(group, ticket, send, True, (), (), ())
+        self._recv, self._rank, self._shape, self._dtype = recv, rank, tuple(shape), dtype
+        self.output = output  # complete once wait() returned (lent then, where None before)
+        # While the proxies work: the own block, and the first touch of every other page of an output.
+        own = sum(recv[:rank])
+        flat = output.view(-1) if output is not None else self._recv_buffer.view(dtype, 0, sum(recv))
         copy_tensor(flat[own:own + recv[rank]], send.view(dtype, offset + sum(sent[:rank]) * itemsize, sent[rank]))
-        zero_tensor(flat[:own])
-        zero_tensor(flat[own + recv[rank]:])
+        if output is not None:
+            zero_tensor(flat[:own])
+            zero_tensor(flat[own + recv[rank]:])
 
     def _copy_out(self) -> None:
-        (out,) = self._outputs
-        flat, at, dtype = out.view(-1), 0, out.dtype
+        if self.output is None:
+            (self.output,) = self._group.pool.lend(self._recv_buffer, [(0, self._dtype, self._shape)])
+            self._recv_buffer = None  # the output owns it now
+            return
+        flat, at, dtype = self.output.view(-1), 0, self._dtype
         for s, count in enumerate(self._recv):
             if s != self._rank and count:
-                copy_tensor(flat[at:at + count], self._recv_buffer.view(dtype, at * out.element_size(), count))
+                copy_tensor(flat[at:at + count], self._recv_buffer.view(dtype, at * self.output.element_size(), count))
             at += count
 
     def _finish(self) -> None:

@@ -11,11 +11,16 @@ if TYPE_CHECKING:
     from fasthorovod.proxy.group import ProxyGroup
 
 
+def lends(nbytes: int, device: torch.device) -> bool:
+    """Whether new outputs of `nbytes` together on `device` are lent from their buffer rather than
+    copied out of it: on the CPU and at least LEND_MIN_BYTES (buffers.py)."""
+    return device.type == "cpu" and nbytes >= LEND_MIN_BYTES
+
+
 def lendable(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether new outputs like `tensors` (staged together) are lent rather than copied out: on the
-    CPU and, together, at least LEND_MIN_BYTES (buffers.py)."""
+    """Whether new outputs like `tensors` (staged together) are lent (:func:`lends`)."""
     return (all(t.device.type == "cpu" for t in tensors)
-            and sum(t.numel() * t.element_size() for t in tensors) >= LEND_MIN_BYTES)
+            and lends(sum(t.numel() * t.element_size() for t in tensors), torch.device("cpu")))
 
 
 class Request:

@@ -178,6 +178,16 @@ def test_alltoall_through_the_mesh_matches_horovods(np_, lanes, request):
                 scenario="alltoall")
 
 
+def test_new_outputs_are_lent_from_the_buffers_the_proxies_wrote(three_ranks_two_proxies):
+    # worker.py's lent: out-of-place, grouped and fp16 allreduces and an alltoall of 1 MiB or more
+    # return tensors over the pool's buffers, which stay theirs while they live and serve again after
+    job = three_ranks_two_proxies
+    assert job.stdout.count("lent ok") == 3, job.stdout[-2000:]
+    allreduced = [300_000 * 4] * 5 + [(2 * 300_000 + 7) * 4, 300_000 * 2]
+    check_lanes(job.stdout, through_the_ring(3, allreduced), range(3), scenario="lent")
+    check_lanes(job.stdout, Lanes(min_bytes=2 * 300_000 * 8, mesh=True), range(3), scenario="lent")
+
+
 def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):
     # rank r allreduces at steps 0..r and joins; a joined rank's lanes run the later steps with
     # zeros, so every rank's lanes run all three steps and the allreduce after the join

@@ -580,6 +580,68 @@ def scenario_alltoall(args):
     print(f"rank {rank}: alltoall ok", flush=True)
 
 
+def scenario_lent(args):
+    """New outputs of 1 MiB or more on the CPU are lent from the staging buffer the proxies wrote
+    (an out-of-place allreduce, grouped, with fp16 on the wire, an alltoall's receive region): each
+    lies in one of the pool's buffers, is no view, keeps its values while later collectives run,
+    and gives the buffer back to the pool once it is gone; smaller outputs are copied out into
+    memory of their own."""
+    import gc
+    rank, size = hvd.rank(), hvd.size()
+    pool = hvd.proxy_group().pool
+    count = 300_000  # 1.2 MB of float32
+
+    def buffer_of(t):
+        found = [b for b in pool._all.values() if b.address <= t.data_ptr() < b.address + b.nbytes]
+        return found[0].id if found else None
+
+    def full(value, n=count):
+        return torch.full((n,), float(value))
+
+    def free(buffer_id):
+        return buffer_id in {b.id for buffers in pool._free.values() for b in buffers}
+
+    kept = hvd.allreduce(full(rank + 1), op=hvd.Sum, name="lent.kept")
+    lent = buffer_of(kept)
+    assert lent is not None and kept._base is None, "an out-of-place result must be lent"
+    for i in range(3):  # the kept result's buffer is not reused while it lives
+        out = hvd.allreduce(full(rank + i), op=hvd.Sum, name=f"lent.next.{i}")
+        assert torch.all(out == size * i + size * (size - 1) // 2), (i, out[:4])
+        assert buffer_of(out) != buffer_of(kept)
+        del out
+    assert torch.all(kept == size * (size + 1) // 2), kept[:4]
+    hvd.allreduce_(kept, op=hvd.Sum, name="lent.in_place")  # a lent output is an ordinary tensor
+    assert torch.all(kept == size * size * (size + 1) // 2), kept[:4]
+    row = kept.view(3, -1)[1]  # a view keeps the buffer too
+    del kept
+    gc.collect()
+    assert not free(lent) and torch.all(row == size * size * (size + 1) // 2)
+    del row
+    assert free(lent), "a lent buffer whose tensors are gone goes back to the pool"
+
+    a, b = hvd.grouped_allreduce([full(rank), full(1, count + 7)], op=hvd.Sum, name="lent.grouped")
+    assert buffer_of(a) is not None and buffer_of(a) == buffer_of(b)
+    assert torch.all(a == size * (size - 1) // 2) and torch.all(b == size) and b.shape == (count + 7,)
+    half = hvd.allreduce(full(rank + 0.5), op=hvd.Average, name="lent.fp16", compression=hvd.Compression.fp16)
+    assert buffer_of(half) is not None and half.dtype == torch.float32 and torch.all(half == rank_mean(size))
+    small = hvd.allreduce(full(rank, 1000), op=hvd.Sum, name="lent.small")
+    assert buffer_of(small) is None and torch.all(small == size * (size - 1) // 2)
+
+    x = torch.arange(size * count, dtype=torch.int64) + 1_000_000 * rank  # 2.4 MB per block
+    received = hvd.alltoall(x, name="lent.alltoall")
+    assert buffer_of(received) is not None, "an alltoall's output must be its receive region, lent"
+    block = count
+    for s in range(size):
+        assert torch.equal(received[s * block:(s + 1) * block],
+                           torch.arange(rank * block, (rank + 1) * block) + 1_000_000 * s), s
+    print(f"rank {rank}: lent ok", flush=True)
+
+
+def rank_mean(size):
+    """The average of rank + 0.5 over the ranks: exact in float16."""
+    return sum(r + 0.5 for r in range(size)) / size
+
+
 def scenario_wire(args):
     """Compression.fp16 and Compression.bf16 done by the proxies: hvd.allreduce and grouped_allreduce
     of float32 tensors (4 MiB, and one of 300 KiB, below the threshold: compression takes the
