@@ -462,10 +462,12 @@ class Proxy {
 
   Status HostPhases(const RequestDesc& r, CollectiveDesc desc, ShardWork work, RingStats* stats, bool* ring_ran) {
     stats->start_ns = NowNs();
-    if (RowsPerRank(r.op)) {
-      return Status::Error(Code::kInvalidArgument, "an allgather or a reduce-scatter does not run hierarchically (the "
-                                                   "worker sends them to Horovod or as a sum)");
-    }
+    // A reduce-scatter or an allgather of rows runs here as the hierarchical allreduce of its rows
+    // (fasthorovod/proxy/rows.py): every local rank ends with every row, summed, and the worker copies
+    // out what it needs. For an allgather each worker stages its own rows among zeros, as integer
+    // words of the element's size, so that the sum carries every bit. Across hosts this moves twice
+    // the bytes of the ring's phase alone, through the same lanes.
+    if (RowsPerRank(r.op)) desc.op = static_cast<uint16_t>(ReduceOp::kSum);
     HostHeader* host = host_.header();
     const uint32_t L = ch_->local_size, me = ch_->local_rank;
     const uint32_t n = ++host_collectives_;
