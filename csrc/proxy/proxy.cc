@@ -296,9 +296,8 @@ class Proxy {
 
   Status ExecuteAlltoall(const RequestDesc& r) {
     const uint32_t n = ch_->size;
-    if (Hierarchical() || n < 2 || ch_->mesh_size != n) {
-      return Status::Error(Code::kInvalidArgument,
-                           Str("an alltoall runs on the mesh of a flat layout of 2 to ", kMaxMeshRanks, " ranks"));
+    if (n < 2 || ch_->mesh_size != n) {
+      return Status::Error(Code::kInvalidArgument, Str("an alltoall runs on the mesh of 2 to ", kMaxMeshRanks, " ranks"));
     }
     if ((r.flags & kRequestZeroFill) != 0) {
       return Status::Error(Code::kInvalidArgument, "Alltoall is not supported with Join at this time.");
@@ -344,8 +343,16 @@ class Proxy {
         peers[i] = RingEndpoint{std::string(ch_->mesh_hosts[i], strnlen(ch_->mesh_hosts[i], kHostBytes)),
                                 ch_->mesh_ports[i][lane_]};
       }
+      // The mesh joins every rank's lane j, whatever the layout: its identity is the job's rank (a
+      // hierarchical ring's is the host's place among the hosts).
+      LinkIdentity self;
+      std::memcpy(self.token, ch_->token, kTokenBytes);
+      self.rank = ch_->rank;
+      self.size = n;
+      self.lane = lane_;
+      self.config_hash = ch_->config_hash;
       info_.progress_ns.store(NowNs());
-      FHVD_RETURN_IF_ERROR(EstablishMesh(self_, mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
+      FHVD_RETURN_IF_ERROR(EstablishMesh(self, mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
                                          ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_,
                                          &ch_->abort)
                                .WithContext("connecting the alltoall mesh: "));
@@ -353,8 +360,11 @@ class Proxy {
     }
     const CollectiveDesc desc = NextDesc(r, elem, r.lane_begin[lane_ + 1] - r.lane_begin[lane_]);
     trace_observer_.SetCollective(r.trace_id, 0);
+    RingOptions options = options_;  // the ring's, but for the place among all ranks (a hierarchical
+    options.rank = ch_->rank;        // ring's is the host's among the hosts)
+    options.size = n;
     RingStats stats;
-    Status st = MeshAlltoall(mesh_, desc, work, options_, &stats);
+    Status st = MeshAlltoall(mesh_, desc, work, options, &stats);
     info_.mesh_bytes_sent.fetch_add(stats.bytes_sent, std::memory_order_relaxed);
     info_.mesh_bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.collectives.fetch_add(1, std::memory_order_relaxed);

@@ -55,9 +55,9 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
     """
     n = group.size
     if (tensor.dim() == 0 or tensor.dtype not in DTYPE_CODES or len(splits) != n or min(splits) < 0
-            or sum(splits) > tensor.shape[0] or group.plan.layout is not None):
-        raise ValueError(f"the proxies alltoall a tensor of a supported dtype with at least one dimension on a flat "
-                         f"ring, with one non-negative split per rank summing to at most its first dimension; got "
+            or sum(splits) > tensor.shape[0]):
+        raise ValueError(f"the proxies alltoall a tensor of a supported dtype with at least one dimension, with one "
+                         f"non-negative split per rank summing to at most its first dimension; got "
                          f"{tuple(tensor.shape)} {tensor.dtype} with splits {list(splits)}")
     description = f"alltoall of {','.join(map(str, tensor.shape[1:]))} {tensor.dtype}"
     head = torch.zeros(8 * (1 + n) + INLINE_BYTES, dtype=torch.uint8)

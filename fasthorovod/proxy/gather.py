@@ -6,11 +6,13 @@ A ring allgather is sharded over the lanes: lane j gathers columns [b_j, b_j+1) 
 row. The lanes' shares are equal whatever the lane weights, which rebalancing sets per rank: each
 rank lays its row out before the collective is negotiated, by equal shares of its width
 (``_C.shard_boundaries``, the function the coordinator computes the run order's boundaries with:
-size x those of one row, csrc/negotiation/coordinator.h). The hierarchical
-allreduce has no allgather schedule; there each rank writes its row into a (size, len) buffer of
-zeros, read as integer words, and the ranks sum it (adding integer zeros changes no bit, so every
-row arrives exactly): twice the bytes of a ring allgather, with the same description, so that a
-joined rank's zeros fit too.
+size x those of one row, csrc/negotiation/coordinator.h). The hierarchical layout has no
+allgather schedule; there each rank writes its rows among zeros, read as integer words of the
+element's size, and the ranks sum them (adding integer zeros changes no bit, so every row arrives
+exactly): twice the bytes of a ring allgather across hosts. :func:`post` submits that as a sum
+with the same description, so that a joined rank's zeros fit too; :func:`post_rows` as an
+allgather, which the proxies run as that sum (csrc/proxy/proxy.cc, HostPhases) and the negotiation
+refuses while a rank has joined, as Horovod does.
 """
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def _inline(tensors: Sequence[torch.Tensor], payload: torch.Tensor, into_head: b
 def post_rows(group: "ProxyGroup", tensors: Sequence[torch.Tensor], name: str,
               gather_heads: Optional[Callable[[torch.Tensor, str], GatherRequest]] = None) -> "RowsRequest":
     """Posts Horovod's allgather of `tensors` (one supported dtype, at least one dimension each; on
-    every rank the same shapes but for the first dimension; CPU or CUDA) on a flat ring: the
+    every rank the same shapes but for the first dimension; CPU or CUDA): the
     request's outputs are each tensor's rows of every rank, in rank order.
 
     First, posted now, an allgather of every rank's *head*: a hash of the tensors' other
@@ -106,10 +108,9 @@ def post_rows(group: "ProxyGroup", tensors: Sequence[torch.Tensor], name: str,
     once waited, ``output`` (one row per rank); by default the proxies' own allgather (:func:`post`).
     """
     dtype = tensors[0].dtype
-    if (any(t.dim() == 0 or t.dtype != dtype for t in tensors) or dtype not in DTYPE_CODES
-            or group.plan.layout is not None):
-        raise ValueError("the proxies allgather tensors of one supported dtype with at least one dimension on a "
-                         "flat ring, got " + ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors))
+    if any(t.dim() == 0 or t.dtype != dtype for t in tensors) or dtype not in DTYPE_CODES:
+        raise ValueError("the proxies allgather tensors of one supported dtype with at least one dimension, got "
+                         + ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors))
     description = "rows of " + "; ".join(",".join(map(str, t.shape[1:])) for t in tensors) + f" {dtype}"
     head = torch.zeros(8 * (1 + len(tensors)) + INLINE_BYTES, dtype=torch.uint8)
     words = head[:8 * (1 + len(tensors))].view(torch.int64)
@@ -164,13 +165,19 @@ class RowsRequest(HeadsFirst):
         layout = Layout([math.prod(t.shape[1:]) for t in tensors], counts, n, group.lanes)
         outputs = self._empty_outputs(counts)
         buffer = group.pool.acquire(max(1, n * layout.width * x0.element_size()))
+        # The hierarchical layout sums the rows (csrc/proxy/proxy.cc, HostPhases): this rank's among
+        # zeros, as integer words of the element's size, so that every bit arrives.
+        summed = group.plan.layout is not None
         with group._releasing_on_failure(buffer):
             staged = buffer.view(x0.dtype, 0, n * layout.width)
+            if summed:
+                zero_tensor(staged)
             for t, x in enumerate(tensors):
                 layout.place(t, [group.rank], x.reshape(-1), staged, True)
+            code = DTYPE_CODES[BROADCAST_WORDS[x0.element_size()] if summed else x0.dtype]
             ticket = group._submit(buffer, self._name, "rows of " + ";".join(",".join(map(str, c)) for c in counts),
                                    sum(x.numel() for x in tensors) * x0.element_size(), buffer_offset=0,
-                                   count=n * layout.width, dtype=DTYPE_CODES[x0.dtype], op=OP_GATHER)
+                                   count=n * layout.width, dtype=code, op=OP_GATHER)
         return RowsOut(group, ticket, buffer, outputs, layout, range(n))
 
     def _empty_outputs(self, counts: List[List[int]]) -> List[torch.Tensor]:

@@ -230,8 +230,7 @@ class ProxyGroup:
         request's ``output`` and ``received_splits`` (alltoall.py)."""
         self._require_running()
         if not self.mesh:
-            raise FastHorovodError("this data plane has no alltoall mesh (a hierarchical layout, or more than "
-                                   f"{_C.MAX_MESH_RANKS} ranks)")
+            raise FastHorovodError(f"this data plane has no alltoall mesh (more than {_C.MAX_MESH_RANKS} ranks)")
         return alltoall.post(self, tensor, splits, name, gather_heads)
 
     def reducescatter(self, tensors: Sequence[torch.Tensor], name: str, average: bool, prescale: float,

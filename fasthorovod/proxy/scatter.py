@@ -7,7 +7,9 @@ rank (rows.py): row r holds what rank r receives, padded with zeros to the large
 ring chunk that rank r holds reduced once the reduce-scatter phase is over. The ring then
 runs its reduce-scatter phase only (OP_REDUCESCATTER), half an allreduce's traffic, and each rank
 copies its own row out. Several tensors (``grouped_reducescatter``) lie side by side in each row,
-so they travel as one collective.
+so they travel as one collective. In the hierarchical layout the proxies run the hierarchical
+allreduce of the same layout instead (csrc/proxy/proxy.cc, HostPhases: every row summed, twice
+the reduce-scatter's bytes across hosts), and each rank copies its own row out as on a flat ring.
 """
 from __future__ import annotations
 

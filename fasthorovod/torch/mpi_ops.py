@@ -23,19 +23,19 @@ negotiation's member keeps the names): a second collective of that name meanwhil
 ``ValueError`` with Horovod's message.
 
 A reduce-scatter (``reducescatter``, ``grouped_reducescatter`` and their ``_async`` forms) goes
-through the proxies under the allreduce's conditions, on a flat ring (not the hierarchical
-layout), once Horovod's own checks of the tensors passed: the ring's reduce-scatter phase alone,
-with Horovod's split of the first dimension (fasthorovod/proxy/scatter.py).
+through the proxies under the allreduce's conditions, once Horovod's own checks of the tensors
+passed: the ring's reduce-scatter phase alone (in the hierarchical layout, the hierarchical
+allreduce), with Horovod's split of the first dimension (fasthorovod/proxy/scatter.py).
 
 An allgather (``allgather``, ``grouped_allgather`` and their ``_async`` forms, and so Horovod's own
-``allgather_object`` and ``sparse_allreduce_async``, rebound to them) of the global process set on a
-flat ring goes through the proxies at any size, for a dtype they carry and tensors of at least one
-dimension: the first dimensions may differ between ranks, so each rank's row counts (and small
-payloads) travel first through Horovod's allgather, then the rows over the lanes
-(fasthorovod/proxy/gather.py).
+``allgather_object`` and ``sparse_allreduce_async``, rebound to them) of the global process set goes
+through the proxies at any size, for a dtype they carry and tensors of at least one dimension: the
+first dimensions may differ between ranks, so each rank's row counts (and small payloads) travel
+first through Horovod's allgather, then the rows over the lanes (in the hierarchical layout, as a
+sum of integer words; fasthorovod/proxy/gather.py).
 
 An alltoall (``alltoall``, ``alltoall_async``) of the global process set goes through the proxies'
-mesh at any size, where the data plane has one (a flat layout of at most 256 ranks), for a dtype
+mesh at any size, where the data plane has one (at most 256 ranks, in either layout), for a dtype
 they carry and a tensor of at least one dimension, once Horovod's own checks of the arguments
 passed (a call Horovod refuses goes to Horovod and raises its error): each rank's splits (and small
 payloads) travel first through Horovod's allgather, then the blocks, each straight to its rank
@@ -510,11 +510,11 @@ def _reducescatter_proxies_for(tensors: Sequence[torch.Tensor], op, process_set,
                                wire: Optional[torch.dtype] = None) -> Optional[ProxyGroup]:
     """The proxies for a reduce-scatter of `tensors` that Horovod would take (its checks run first:
     a dtype it cannot reduce-scatter, a non-contiguous tensor raise its own errors), as for an
-    allreduce, on a flat ring (the hierarchical layout has no reduce-scatter schedule)."""
+    allreduce."""
     for t in tensors:
         _hvd._check_function(_hvd._reducescatter_function_factory, t)
     group = _proxies_for(tensors, op, process_set, wire) if tensors else None
-    if group is None or group.plan.layout is not None or any(t.dim() == 0 for t in tensors):
+    if group is None or any(t.dim() == 0 for t in tensors):
         return None
     return group
 
@@ -631,13 +631,11 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 def _allgather_proxies_for(tensors: Sequence[torch.Tensor], process_set) -> Optional[ProxyGroup]:
     """The proxies for an allgather of `tensors` that Horovod would take (its checks run first), of
     any size: whether a rank's share is large is known only once every rank's first dimension is
-    (gather.py). On a flat ring (the hierarchical layout has no allgather of rows), for one dtype
-    the proxies carry, CPU or CUDA tensors of at least one dimension."""
+    (gather.py). For one dtype the proxies carry, CPU or CUDA tensors of at least one dimension."""
     for t in tensors:
         _hvd._check_function(_hvd._allgather_function_factory, t)
     group = _runtime.group
-    if (not tensors or group is None or process_set.process_set_id != global_process_set.process_set_id
-            or group.plan.layout is not None):
+    if not tensors or group is None or process_set.process_set_id != global_process_set.process_set_id:
         return None
     dtype = tensors[0].dtype
     if not group.supports(dtype) or any(t.dtype != dtype or t.dim() == 0 for t in tensors):
@@ -759,7 +757,7 @@ def _alltoall_splits(tensor: torch.Tensor, splits, size: int) -> Optional[List[i
 def _alltoall_proxies_for(tensor: torch.Tensor, splits, process_set) -> Optional[Tuple[ProxyGroup, List[int]]]:
     """The proxies and the rows for each rank, for an alltoall Horovod would take (its dtype check
     runs first), of any size (whether a block is large is known only once every rank's splits are:
-    alltoall.py): on a flat layout with the alltoall's mesh, for a dtype the proxies carry, CPU or
+    alltoall.py): where the data plane has the alltoall's mesh, for a dtype the proxies carry, CPU or
     CUDA. None: Horovod's path."""
     _hvd._check_function(_hvd._alltoall_function_factory, tensor)
     group = _runtime.group

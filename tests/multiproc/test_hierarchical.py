@@ -2,8 +2,8 @@
 inside the host through shared memory and run one ring across hosts per local rank.
 
 - On loopback every rank is on one host (H = 1, L = np): shared memory only. Exact results over
-  sizes x dtypes x ops (worker.py matrix), the allgather (run as a sum), broadcast, join and a
-  mismatch, and proxies SIGKILLed or stopped at random points: every rank raises the exact class,
+  sizes x dtypes x ops (worker.py matrix), the allgathers and reduce-scatters (run as sums),
+  alltoalls (on the mesh), broadcast, join and a mismatch, and proxies SIGKILLed or stopped at random points: every rank raises the exact class,
   nothing is left behind (harness.py checks after every job).
 - On the emulated cloud (root, namespaces, sshd): 1, 2 and 3 ranks per host, exact; a proxy killed
   on one host makes the ranks of every host raise.
@@ -16,7 +16,7 @@ import pytest
 from tests.multiproc.harness import (REPO, Lanes, check_lanes, ring_allreduce_bytes, run_concurrently, run_job,
                                      run_scenarios)
 from tests.multiproc.test_broadcast import exact_broadcasts
-from tests.multiproc.test_dataplane import matrix_allreduces
+from tests.multiproc.test_dataplane import alltoall_sent, matrix_allreduces
 from tests.netns import skip_unless_usable
 
 pytestmark = [pytest.mark.multiproc]
@@ -62,6 +62,20 @@ def test_one_host_allgather_broadcast_join():
         check_lanes(job.stdout, in_shared_memory(count), range(3), scenario=scenario)
     assert job.stdout.count("gather ok") == 3 and job.stdout.count("join order ok over 60 joins") == 3, \
         job.stdout[-3000:]
+
+
+def test_one_host_reducescatter_allgather_alltoall_match_horovods():
+    # worker.py's scenarios, each against Horovod's own collective bit for bit: the reduce-scatters
+    # and allgathers of rows run as the hierarchical allreduce of their rows (through shared memory
+    # here: no byte over TCP), the alltoalls on the lanes' mesh (over TCP, counted apart)
+    scenarios = ("reducescatter", "allgather", "alltoall")
+    job = run_scenarios(3, scenarios, "--lanes", "2", env=ON)
+    for scenario in scenarios:
+        assert job.stdout.count(f"{scenario} ok") == 3, job.stdout[-3000:]
+    check_lanes(job.stdout, in_shared_memory(3), range(3), scenario="reducescatter")
+    check_lanes(job.stdout, in_shared_memory(3), range(3), scenario="allgather")
+    check_lanes(job.stdout, Lanes(min_bytes=alltoall_sent(3), min_collectives=3, mesh=True), range(3),
+                scenario="alltoall")
     # The harness's threshold (1 MiB): the worker checks which broadcasts take the proxies.
     result = run_job(3, "exact", worker=BROADCAST, env=dict(ON, FASTHOROVOD_PROXY_THRESHOLD_BYTES="1048576"),
                      timeout=300, proxied=in_shared_memory(exact_broadcasts(3).min_collectives))
