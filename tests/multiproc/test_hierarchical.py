@@ -18,6 +18,7 @@ from tests.multiproc.harness import (REPO, Lanes, check_lanes, ring_allreduce_by
 from tests.multiproc.test_broadcast import exact_broadcasts
 from tests.multiproc.test_dataplane import alltoall_sent, matrix_allreduces
 from tests.netns import skip_unless_usable
+from tests.workers.scatter_cases import allgather_cases, reducescatter_cases
 
 pytestmark = [pytest.mark.multiproc]
 FASTHOROVODRUN = str(Path(sys.executable).parent / "fasthorovodrun")
@@ -134,6 +135,29 @@ def test_emulated_cloud_exact_with_ranks_per_host(spec, np_, per_host):
                      proxied=across_hosts(np_, per_host, matrix_allreduces(counts, dtypes)))
     for rank in range(np_):
         assert f"rank {rank}: matrix ok" in result.stdout, result.stdout[-3000:]
+
+
+@netem
+@pytest.mark.netem
+@pytest.mark.slow
+def test_emulated_cloud_reducescatter_allgather_alltoall_match_horovods():
+    # 2 hosts x 2 ranks: the rows' hierarchical allreduce crosses the hosts on the rings of the
+    # local ranks, and the alltoall's mesh joins each rank to the other on its host and to both on
+    # the other host; every result bit for bit against Horovod's own
+    scenarios = ("reducescatter", "allgather", "alltoall")
+    job = run_scenarios(4, scenarios, "--lanes", "2", launcher=_cloud("2:1gbit:200mbit"), timeout=400,
+                        env=dict(ON, FASTHOROVOD_HIERARCHICAL="auto"))
+    for scenario in scenarios:
+        assert job.stdout.count(f"{scenario} ok") == 4, job.stdout[-3000:]
+    assert "hierarchical allreduce: 2 hosts x 2 ranks" in job.stdout, job.stdout[-3000:]
+    # the first case of each, rows of every rank summed: a 2-host ring over each local rank's half
+    scattered = reducescatter_cases(4)[0][0]
+    check_lanes(job.stdout, across_hosts(4, 2, [4 * scattered[0] * scattered[1]]), range(4),
+                scenario="reducescatter")
+    gathered = max(allgather_cases(4, r)[0][0][0] for r in range(4)) * 4 * 4  # padded rows, float32
+    check_lanes(job.stdout, across_hosts(4, 2, [4 * gathered]), range(4), scenario="allgather")
+    check_lanes(job.stdout, Lanes(min_bytes=alltoall_sent(4), min_collectives=3, mesh=True), range(4),
+                scenario="alltoall")
 
 
 @netem
