@@ -143,6 +143,11 @@ class Config:
     """FASTHOROVOD_REHASH: reconnect a send socket that drains persistently slower than the others
     (a flow hashed onto a shared per-flow cap), so that its new port hashes anew
     (fasthorovod/proxy/rehash.py; 0 = keep the connections of start-up)."""
+    rehash_warm_up: str = "auto"
+    """FASTHOROVOD_REHASH_WARM_UP: run the re-hashing rule on a few allreduces of zeros at the end of
+    start-up (rehash.warm_up): auto = where the start-up probe saw flows collide, 1 = always, 0 =
+    never. Every rank takes part (the ranks must agree on it); the rule acts where
+    FASTHOROVOD_REHASH=1."""
     segment_bytes: int = 1 << 20
     """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
     bucket_bytes: int = 25 << 20
@@ -174,6 +179,7 @@ class Config:
             proxy_threshold_bytes=_optional_int(env, "PROXY_THRESHOLD_BYTES", 0),
             rebalance_every=_int(env, "REBALANCE_EVERY", cls.rebalance_every, 0),
             rehash=_choice(env, "REHASH", "1", ("0", "1")) == "1",
+            rehash_warm_up=_choice(env, "REHASH_WARM_UP", cls.rehash_warm_up, ("auto", "0", "1")),
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
             socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),
@@ -191,6 +197,6 @@ class Config:
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
         shared = (self.num_lanes, self.sockets_per_lane, self.probe, self.proxy_threshold_bytes,
-                  self.segment_bytes, self.rebalance_every, self.hierarchical)
+                  self.segment_bytes, self.rebalance_every, self.hierarchical, self.rehash_warm_up)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

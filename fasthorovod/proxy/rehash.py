@@ -28,6 +28,12 @@ measured sockets: nothing to compare with, nothing is decided. Flows that share 
 bandwidth fairly drain alike, and where flows are not capped the sockets are rarely backlogged:
 nothing happens.
 
+The same rule runs before the job's first collective where the start-up probe saw flows collide
+(:func:`collisions`: on some hop, twice the flows carried less than ``SLOW`` of twice the rate, or
+of the link): :func:`warm_up` runs ``WARM_UP_COLLECTIVES`` allreduces of zeros, each large enough
+for one look, so that a job whose rings drew colliding ports starts on new ones instead of finding
+them in its first steps.
+
 Rebalancing (balance.py) moves shard weight *between* lanes by their busy times; re-hashing
 changes which flows carry a lane. So they do not fight, a re-hash makes the balancer forget its
 current window (``LaneBalancer.forget``): the window would mix the lane's pace before and after.
@@ -37,7 +43,10 @@ learns of each replacement from the collective's own end marker (docs/dataplane.
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
 
 MIN_BYTES = 4 << 20           # each lane sends at least this much between two looks
 MIN_BACKLOGGED_NS = 20_000_000  # a socket measured in a look was the limit for at least 20 ms
@@ -45,6 +54,8 @@ SLOW = 0.8                    # below this fraction of the upper quartile's rate
 WINDOWS = 2                   # ...in this many looks in a row before it reconnects
 MIN_MEASURED = 3              # sockets measured in a look, at least, to compare them
 MAX_REHASHES = 3              # replacements of one socket, at most, per data plane
+WARM_UP_COLLECTIVES = WINDOWS + 2  # looks enough to condemn a socket, then one to replace it and one more
+WARM_UP_MAX_BYTES = 64 << 20  # the largest warm-up allreduce
 
 
 def expected_flow_rate(plan) -> Optional[float]:
@@ -119,3 +130,57 @@ class FlowRehasher:
         self.requested += len(due)
         if self.forget is not None:
             self.forget()
+
+
+def collisions(choice) -> List[Tuple[int, int, float, float]]:
+    """Where the start-up probe (`choice`: the plan's ``flow_choice``, or None) saw flows collide:
+    (hop, flows m, bytes/s of m flows, bytes/s of 2m flows) for every hop and doubling whose 2m flows
+    carried less than ``SLOW`` of twice what m carried (or of the hop's best, where the link is the
+    limit). Every rank holds the same curves, so every rank finds the same."""
+    found = []
+    for hop, curve in enumerate(choice.hops if choice is not None else ()):
+        best = max(curve.values(), default=0.0)
+        for m, rate in sorted(curve.items()):
+            doubled = curve.get(2 * m)
+            if doubled is not None and doubled < SLOW * min(2 * rate, best):
+                found.append((hop, m, rate, doubled))
+    return found
+
+
+def warm_up_bytes(plan) -> int:
+    """An allreduce that has every lane send at least ``MIN_BYTES`` (a quarter more), within
+    ``WARM_UP_MAX_BYTES``: each lane carries 2 (R - 1) / R of its shard round a ring of R ranks (the
+    hosts, with the hierarchical layout, whose L local ranks share the tensor)."""
+    local = plan.layout.local_size if plan.layout is not None else 1
+    ring = plan.layout.num_hosts if plan.layout is not None else plan.size
+    if ring < 2:
+        return 0
+    needed = MIN_BYTES * plan.lanes * local * ring / (2 * (ring - 1)) * 1.25
+    return min(WARM_UP_MAX_BYTES, int(math.ceil(needed / 4096)) * 4096)
+
+
+def warm_up(group, rehasher: Optional[FlowRehasher]) -> Optional[str]:
+    """Before the job's first collective, where the probe saw flows collide (or always, with
+    FASTHOROVOD_REHASH_WARM_UP=1; never with 0): runs ``WARM_UP_COLLECTIVES`` allreduces of zeros so
+    that the re-hashing rule (`rehasher`, this rank's; None where FASTHOROVOD_REHASH=0) replaces
+    colliding flows now. Collective: every rank calls it, and every rank decides alike
+    (:func:`collisions`, from the curves every rank shares, and the setting, which the proxies'
+    handshake checks the ranks agree on). Returns what it did, in words (None: nothing)."""
+    setting = group.config.rehash_warm_up
+    seen = collisions(group.plan.flow_choice)
+    nbytes = warm_up_bytes(group.plan)
+    if setting == "0" or not nbytes or (setting == "auto" and not seen):
+        return None
+    started = time.monotonic()
+    zeros = torch.zeros(nbytes // 4)
+    for i in range(WARM_UP_COLLECTIVES):
+        group.allreduce([zeros], None, f"fasthorovod.rehash.warm_up.{i}", False, 1.0, 1.0).wait()
+    if seen:
+        hop, m, rate, doubled = seen[0]
+        why = (f"the probe saw flows collide ({len(seen)} time{'s' if len(seen) > 1 else ''}; into rank {hop} "
+               f"{2 * m} flows carried {doubled * 8e-6:.0f} Mbit/s, {m} carried {rate * 8e-6:.0f})")
+    else:
+        why = "FASTHOROVOD_REHASH_WARM_UP=1"
+    replaced = f"replaced {rehasher.requested} of this rank's connections" if rehasher else "(FASTHOROVOD_REHASH=0)"
+    return (f"{why}: {WARM_UP_COLLECTIVES} allreduces of {nbytes / (1 << 20):.1f} MiB before the job's first "
+            f"{replaced} in {time.monotonic() - started:.1f} s")

@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -69,7 +70,7 @@ from horovod.torch.mpi_ops import Average, Sum, handle_average_backwards_compati
 from fasthorovod.config import Config
 from fasthorovod.exceptions import FastHorovodValueError
 from fasthorovod.proxy.balance import LaneBalancer
-from fasthorovod.proxy.rehash import FlowRehasher
+from fasthorovod.proxy.rehash import FlowRehasher, warm_up
 from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
@@ -191,7 +192,20 @@ def _start_proxies() -> Config:
                                          _hvd_functions.broadcast_object, _hvd_functions.allgather_object,
                                          single_host=_hvd.local_size() == _hvd.size(), previous=_runtime.plan,
                                          first_ticket=_ticket_base(_runtime.epoch)))
+        _warm_up()
     return config
+
+
+def _warm_up() -> None:
+    """Start-up's last step, where the probe saw flows collide: the flow re-hasher's warm-up
+    (rehash.warm_up). A failure stops the data plane and raises, as any start-up failure does."""
+    try:
+        said = warm_up(_runtime.group, _runtime.rehasher)
+    except BaseException:
+        _stop_proxies()
+        raise
+    if said and _hvd.rank() == 0:
+        print(f"[fasthorovod] start-up: {said}", file=sys.stderr, flush=True)
 
 
 def restart_proxies() -> None:

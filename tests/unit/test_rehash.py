@@ -4,8 +4,9 @@ import random
 import types
 
 from fasthorovod.proxy.probe import FlowChoice
-from fasthorovod.proxy.rehash import (MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, SLOW, WINDOWS, FlowRehasher,
-                                      expected_flow_rate, slow_sockets)
+from fasthorovod.proxy.rehash import (MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, SLOW, WARM_UP_COLLECTIVES,
+                                      WARM_UP_MAX_BYTES, WINDOWS, FlowRehasher, collisions, expected_flow_rate,
+                                      slow_sockets, warm_up, warm_up_bytes)
 
 
 CAP = 0.025  # bytes per ns: a 200 Mbit/s per-flow cap
@@ -138,3 +139,76 @@ def test_a_look_waits_until_every_lane_has_moved_min_bytes():
     policy = FlowRehasher(sockets)
     run(sockets, policy, 20, nbytes_per_lane=MIN_BYTES // 8 + 1024)  # 2.5 windows' worth in all
     assert policy.looks == 2 and sockets.asked == [(16, 0, [1])], (policy.looks, sockets.asked)
+
+
+MBIT = 1e6 / 8  # bytes/s
+
+
+def _choice(*hops):
+    return FlowChoice(sockets_per_lane=2, knee_flows=8, curve={}, hops=[{n: r * MBIT for n, r in hop.items()}
+                                                                        for hop in hops])
+
+
+def test_the_probe_sees_flows_collide_where_twice_the_flows_carry_well_below_twice_the_rate():
+    clean = {1: 190, 2: 376, 4: 729, 8: 918, 16: 914}  # 8 flows fill the link: no collision
+    four_like_two = {1: 190, 2: 376, 4: 555, 8: 918}   # two of the four flows share a cap
+    assert collisions(_choice(clean, clean)) == []
+    assert collisions(_choice(clean, four_like_two)) == [(1, 2, 376 * MBIT, 555 * MBIT)]
+    link_shared = {1: 200, 2: 200, 4: 200}  # one cap for every flow is a link's limit, not a collision
+    assert collisions(_choice(link_shared)) == []
+    assert collisions(None) == [], "no probe, nothing seen"
+
+
+def test_a_warm_up_allreduce_has_every_lane_send_a_look_of_bytes():
+    flat = types.SimpleNamespace(layout=None, size=4, lanes=4)
+    nbytes = warm_up_bytes(flat)
+    assert 2 * 3 / 4 * nbytes / 4 >= 1.25 * MIN_BYTES > 2 * 3 / 4 * (nbytes - 4096) / 4 and nbytes % 4096 == 0
+    hier = types.SimpleNamespace(layout=types.SimpleNamespace(local_size=2, num_hosts=2), size=4, lanes=4)
+    assert 2 * 1 / 2 * warm_up_bytes(hier) / (4 * 2) >= 1.25 * MIN_BYTES  # each local rank's half, 2 hosts
+    eight_per_host = types.SimpleNamespace(local_size=8, num_hosts=2)
+    assert warm_up_bytes(types.SimpleNamespace(layout=eight_per_host, size=16, lanes=16)) == WARM_UP_MAX_BYTES
+    assert warm_up_bytes(types.SimpleNamespace(layout=types.SimpleNamespace(local_size=4, num_hosts=1), size=4,
+                                               lanes=4)) == 0, "one host: no ring, nothing to re-hash"
+
+
+class WarmUpGroup(FakeSockets):
+    """FakeSockets behind ProxyGroup's allreduce: each request runs the re-hasher's hook first, as
+    the group's one submit path does, then moves `bytes x 2(n-1)/n / lanes` per lane."""
+
+    def __init__(self, rates, setting, choice, fresh=lambda lane, socket: 1.0):
+        super().__init__(rates, fresh, plan=types.SimpleNamespace(layout=None, size=4, lanes=len(rates),
+                                                                  flow_choice=choice, flows=2 * len(rates)))
+        self.config = types.SimpleNamespace(rehash_warm_up=setting)
+        self.rehasher = FlowRehasher(self)
+        self.posted = []
+
+    def allreduce(self, tensors, outputs, name, average, prescale, postscale):
+        assert outputs is None and not average, "zeros, summed, into lent outputs"
+        self.posted.append(name)
+        nbytes = tensors[0].numel() * 4
+        self.rehasher.before_request()
+        self.post(int(nbytes * 2 * 3 / 4 / self.lanes))
+        return types.SimpleNamespace(wait=lambda: None)
+
+
+def test_where_the_probe_saw_collisions_start_up_replaces_the_colliding_flow_before_the_job_starts():
+    collided = _choice({1: 190, 2: 376, 4: 555, 8: 918})
+    group = WarmUpGroup([[1.0, 1.0], [1.0, 0.5], [1.0, 1.0], [1.0, 1.0]], "auto", collided)
+    said = warm_up(group, group.rehasher)
+    assert group.posted == [f"fasthorovod.rehash.warm_up.{i}" for i in range(WARM_UP_COLLECTIVES)]
+    assert group.asked == [(WINDOWS, 1, [1])] and group.rates[1][1] == 1.0, group.asked
+    assert said.startswith("the probe saw flows collide (1 time; into rank 0 4 flows carried 555 Mbit/s, 2 carried "
+                           "376): 4 allreduces of") and "replaced 1 of this rank's connections" in said, said
+
+
+def test_the_warm_up_follows_its_setting():
+    clean = _choice({1: 190, 2: 376, 4: 729, 8: 918})
+    for setting, runs in (("auto", False), ("1", True), ("0", False)):
+        group = WarmUpGroup([[1.0, 1.0]] * 4, setting, clean)
+        said = warm_up(group, group.rehasher)
+        assert (said is not None) == runs and bool(group.posted) == runs, setting
+    collided = _choice({1: 190, 2: 376, 4: 555, 8: 918})
+    group = WarmUpGroup([[1.0, 1.0]] * 4, "0", collided)
+    assert warm_up(group, group.rehasher) is None and not group.posted
+    group = WarmUpGroup([[1.0, 1.0]] * 4, "auto", collided)
+    assert "(FASTHOROVOD_REHASH=0)" in warm_up(group, None), "a rank without the rule takes part all the same"
