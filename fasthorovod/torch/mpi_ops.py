@@ -58,7 +58,7 @@ import itertools
 import os
 import sys
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from horovod.common.process_sets import global_process_set
@@ -103,6 +103,10 @@ class _Runtime:
         self.horovod_names: Dict[int, str] = {}
         self.epoch = 0
         self.two_stage_handles = itertools.count()  # replaced by every data plane (_start_proxies)
+        # The names of allgathers and alltoalls in flight: their first stage is Horovod's, which
+        # forgets the name once the heads are in, and their second is submitted later, from a
+        # thread of the data plane's own; so the facade keeps the name from the call on.
+        self.two_stage_names: Set[str] = set()
 
     def attach(self, group: ProxyGroup) -> None:
         """Runs `group` with the facade's policies (the lane balancer, the flow re-hasher) and
@@ -120,6 +124,7 @@ class _Runtime:
         with self.lock:
             group, self.group, self.balancer, self.rehasher = self.group, None, None, None
             self.handles.clear()
+            self.two_stage_names.clear()
         return group
 
 
@@ -289,12 +294,19 @@ class _ProxyHandle:
         self.landing = landing
         self.result = result
         self.name = name
+        self.two_stage = False  # an allgather's or alltoall's (_register)
 
 
 def _named(name: Optional[str], verb: str) -> str:
-    """The collective's name: a fresh one when None. A name in flight is refused by the negotiation's
-    member when the collective is submitted (Horovod's ValueError and message)."""
-    return name if name is not None else f"{verb}.noname.{next(_runtime.names)}"
+    """The collective's name: a fresh one when None. A name in flight is refused with Horovod's
+    ValueError and message: here when an allgather or alltoall has it, else by the negotiation's
+    member when the collective is submitted."""
+    if name is None:
+        return f"{verb}.noname.{next(_runtime.names)}"
+    if name in _runtime.two_stage_names:
+        raise ValueError(f"Requested to {verb} a tensor with the same name as another tensor that is currently "
+                         f"being processed: '{name}'")
+    return name
 
 
 def _trace_request(name: str, nbytes: int, ticket: int) -> None:
@@ -305,9 +317,15 @@ def _trace_request(name: str, nbytes: int, ticket: int) -> None:
 
 
 def _register(request: Request, outputs, landing, result, name: str, handle: Optional[int] = None) -> int:
-    """The handle of a posted proxy request: its negotiation ticket unless `handle` is given."""
-    handle = request.ticket if handle is None else handle
-    _runtime.handles[handle] = _ProxyHandle(request, list(outputs), list(landing), result, name)
+    """The handle of a posted proxy request: its negotiation ticket unless `handle` is given (a
+    two-stage collective's, whose name the facade keeps until it is synchronized)."""
+    entry = _ProxyHandle(request, list(outputs), list(landing), result, name)
+    if handle is None:
+        handle = request.ticket
+    else:
+        entry.two_stage = True
+        _runtime.two_stage_names.add(name)
+    _runtime.handles[handle] = entry
     return handle
 
 
@@ -347,7 +365,11 @@ def _horovods_value_error():
 
 def _finish(handle: int):
     entry = _runtime.handles.pop(handle)
-    entry.request.wait()  # consumes the ticket, success or not: the name is free again
+    try:
+        entry.request.wait()  # consumes the ticket, success or not: the name is free again
+    finally:
+        if entry.two_stage:
+            _runtime.two_stage_names.discard(entry.name)
     for out, landed in zip(entry.outputs, entry.landing):
         if out is not landed:
             out.copy_(landed)

@@ -508,11 +508,34 @@ def scenario_allgather(args):
     sparse = torch.sparse_coo_tensor(torch.tensor([[rank, size + 1]]), torch.tensor([1.0, 2.0]), (size + 2,))
     dense = hvd.sparse_allreduce_async(sparse, "ag.sparse", hvd.Sum)().to_dense()
     _same(dense, horovod.sparse_allreduce_async(sparse, "hag.sparse", horovod.Sum)().to_dense(), "sparse allreduce")
+    _name_in_flight_refused(lambda name: hvd.allgather_async(xs[0], name=name), "allgather")
     _mismatch_then_join(lambda: hvd.allgather(torch.zeros(3, rank + 1), name="ag.mismatch"),
                         ["ag.mismatch", f"rows of {rank + 1} "],
                         [("Allgather", lambda: hvd.allgather(xs[0], name="ag.join")),
                          ("Reducescatter", lambda: hvd.reducescatter(torch.ones(size * 300_000), name="rs.join"))])
     print(f"rank {rank}: allgather ok", flush=True)
+
+
+def _name_in_flight_refused(post, verb):
+    """A second `post(name)` while the first is in flight raises Horovod's ValueError and message,
+    also once the first's heads (Horovod's own allgather, which then forgets the name) are in; the
+    name is free again once the first is synchronized."""
+    from fasthorovod.torch.mpi_ops import _runtime
+
+    name = f"{verb}.in_flight"
+    handle = post(name)
+    deadline = time.monotonic() + 30
+    while not _runtime.handles[handle].request.first_done():  # the heads are in: Horovod forgot the name
+        assert time.monotonic() < deadline, "the heads never came"
+        time.sleep(0.001)
+    try:
+        post(name)
+        raise AssertionError(f"a second {verb} of a name in flight did not fail")
+    except ValueError as e:
+        assert type(e) is ValueError and str(e) == (f"Requested to {verb} a tensor with the same name as another "
+                                                    f"tensor that is currently being processed: '{name}'"), e
+    hvd.synchronize(handle)
+    hvd.synchronize(post(name))
 
 
 def _mismatch_then_join(mismatch, words, refused):
@@ -574,6 +597,7 @@ def scenario_alltoall(args):
     (hvd.alltoall(w, splits=splits, name="a2a.autograd")[0] * (rank + 1)).sum().backward()
     expected = torch.repeat_interleave(torch.arange(1, size + 1, dtype=w.dtype), torch.tensor(splits))
     _same(w.grad, expected[:, None].expand_as(w).contiguous(), "alltoall's gradient")
+    _name_in_flight_refused(lambda name: hvd.alltoall_async(xs[0], splits=cases[0][2], name=name), "alltoall")
     _mismatch_then_join(lambda: hvd.alltoall(torch.zeros(size * 70_000, rank + 1), name="a2a.mismatch"),
                         ["a2a.mismatch", f"alltoall of {rank + 1} "],
                         [("Alltoall", lambda: hvd.alltoall(xs[1], name="a2a.join"))])
