@@ -11,10 +11,11 @@ number to each. In two stages, as the allgather of rows (gather.py):
 2. otherwise, posted by the group's second-stage thread (stages.py) once the heads are in and under
    the same name, the blocks: the proxies send each block straight to its rank (lane j carries
    part j of every block) and write what they receive in rank order into a receive buffer. The
-   rank's rows are staged into the send buffer when the alltoall is called, while the heads
-   travel; once they are in, the rank writes the size table (elements it sends to each rank and
-   receives from each, both from the matrix, and where the receive region is), posts the blocks
-   and copies its own block (which never leaves the worker) to its place while the proxies work.
+   rank's rows for the other ranks are staged into the send buffer when the alltoall is called,
+   while the heads travel; once they are in, the rank writes the size table (elements it sends to
+   each rank and receives from each, both from the matrix, and where the receive region is), posts
+   the blocks and copies its own block (which never leaves the worker, and is never staged) from
+   the tensor to its place while the proxies work.
    The receive region is laid out as the output, so an output of at least LEND_MIN_BYTES on the
    CPU is that region itself, lent (buffers.py): nothing is copied out. Otherwise (a CUDA tensor, a
    small output) the rank touches the rest of the output while the proxies work, so that copying
@@ -72,7 +73,7 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
     heads = gather_heads(head, name) if gather_heads is not None else gather_post(group, head, name, description)
     request = AlltoallRequest(group, heads, tensor, name, description)
     if sum(splits) * row_bytes > INLINE_BYTES:
-        request.stage(sent)  # while the heads travel
+        request.stage(sent, splits)  # while the heads travel
     group.second_stages.add(request)
     return request
 
@@ -91,13 +92,19 @@ class AlltoallRequest(HeadsFirst):
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
 
-    def stage(self, rows: torch.Tensor) -> None:
-        """Copies the rows this rank sends into a send buffer, after its size table."""
-        group, offset = self._group, _C.alltoall_send_offset(self._group.size)
+    def stage(self, rows: torch.Tensor, splits: Sequence[int]) -> None:
+        """Copies the rows this rank sends to the others (``splits[d]`` to rank d, in rank order)
+        into a send buffer, after its size table, each at its place; its own block, which the
+        proxies never read, goes straight from `rows` to the output (_Blocks)."""
+        group, offset, rank = self._group, _C.alltoall_send_offset(self._group.size), self._group.rank
         nbytes = rows.numel() * rows.element_size()
         self._send = group.pool.acquire(offset + nbytes)
+        own_begin, own_end = sum(splits[:rank]), sum(splits[:rank + 1])
         with group._releasing_on_failure(self._send):
-            copy_tensor(self._send.view(rows.dtype, offset, rows.numel()), rows.reshape(-1))
+            staged = self._send.view(rows.dtype, offset, rows.numel())
+            row = rows[0].numel() if rows.shape[0] else 0
+            copy_tensor(staged[:own_begin * row], rows[:own_begin].reshape(-1))
+            copy_tensor(staged[own_end * row:], rows[own_end:].reshape(-1))
 
     def _second_stage(self) -> Optional[Request]:
         try:
@@ -122,9 +129,10 @@ class AlltoallRequest(HeadsFirst):
             self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
             return None
         if self._send is None:  # this rank's rows fit inline, another rank's did not
-            self.stage(x[:sum(matrix[rank])])
+            self.stage(x[:sum(matrix[rank])], matrix[rank])
         send, self._send = self._send, None
-        return _Blocks(self._group, self._name, send, matrix, row_elems, self.output, shape, x.dtype)
+        own = x[sum(matrix[rank][:rank]):sum(matrix[rank][:rank + 1])]
+        return _Blocks(self._group, self._name, send, matrix, own, self.output, shape)
 
     def _finished(self) -> None:
         if self.output is None:
@@ -150,20 +158,20 @@ class AlltoallRequest(HeadsFirst):
 
 
 class _Blocks(Request):
-    """The second stage on the mesh: writes the size table into `send` (this rank's rows are
-    staged there already), posts the blocks with a receive buffer laid out as the output, and
-    copies the own block to its place. `output` None: once done, the receive buffer is lent as
-    ``output`` (`shape`, `dtype`). Else the own block goes straight to `output`, the rest of which
-    is touched meanwhile, and the received blocks are copied out once done. Owns both buffers from
-    here on (Request releases the send buffer, _finish the receive buffer unless it was lent)."""
+    """The second stage on the mesh: writes the size table into `send` (the rows for the other
+    ranks are staged there already), posts the blocks with a receive buffer laid out as the output
+    (`shape`), and copies `own`, the rank's rows for itself, to its place. `output` None: once done,
+    the receive buffer is lent as ``output``. Else `own` goes straight to `output`, the rest of
+    which is touched meanwhile, and the received blocks are copied out once done. Owns both buffers
+    from here on (Request releases the send buffer, _finish the receive buffer unless it was lent)."""
 
-    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, matrix: List[List[int]], row_elems: int,
-                 output: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype) -> None:
-        n, rank = group.size, group.rank
-        itemsize = torch.empty((), dtype=dtype).element_size()
+    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, matrix: List[List[int]], own: torch.Tensor,
+                 output: Optional[torch.Tensor], shape: Sequence[int]) -> None:
+        n, rank, dtype = group.size, group.rank, own.dtype
+        itemsize = own.element_size()
+        row_elems = math.prod(shape[1:])
         sent = [c * row_elems for c in matrix[rank]]
         recv = [matrix[s][rank] * row_elems for s in range(n)]
-        offset = _C.alltoall_send_offset(n)
         self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
         with group._releasing_on_failure(send), group._releasing_on_failure(self._recv_buffer):
             send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
@@ -177,12 +185,12 @@ class _Blocks(Request):
         self._recv, self._rank, self._shape, self._dtype = recv, rank, tuple(shape), dtype
         self.output = output  # complete once wait() returned (lent then, where None before)
         # While the proxies work: the own block, and the first touch of every other page of an output.
-        own = sum(recv[:rank])
+        at = sum(recv[:rank])
         flat = output.view(-1) if output is not None else self._recv_buffer.view(dtype, 0, sum(recv))
-        copy_tensor(flat[own:own + recv[rank]], send.view(dtype, offset + sum(sent[:rank]) * itemsize, sent[rank]))
+        copy_tensor(flat[at:at + recv[rank]], own.reshape(-1))
         if output is not None:
-            zero_tensor(flat[:own])
-            zero_tensor(flat[own + recv[rank]:])
+            zero_tensor(flat[:at])
+            zero_tensor(flat[at + recv[rank]:])
 
     def _copy_out(self) -> None:
         if self.output is None:
