@@ -6,11 +6,11 @@ to the program as the group itself) with two data planes:
 * this process's proxies (fasthorovod/proxy/group.py), for the large collectives of the world
   group: ``all_reduce`` (SUM, AVG), ``broadcast``, ``all_gather`` and ``all_gather_into_tensor``
   (``all_gather_single``), ``reduce_scatter`` and ``reduce_scatter_tensor``
-  (``reduce_scatter_single``; the last two on a flat ring) of one contiguous tensor of a dtype the proxies
-  carry and of at least the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default), and
+  (``reduce_scatter_single``) of one contiguous tensor of a dtype the proxies carry and of at least
+  the threshold (FASTHOROVOD_PROXY_THRESHOLD_BYTES; the plan's default), and
   the same collectives when FSDP2 issues them (``all_gather_single``, ``reduce_scatter_single``) or
   functional collectives do (``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``);
-  and ``all_to_all_single`` of any size on the lanes' mesh (a dtype the proxies carry, a flat ring);
+  and ``all_to_all_single`` of any size on the lanes' mesh (a dtype the proxies carry);
 * an internal Gloo process group on the same store, for everything else: small tensors, other
   ops, ``all_to_all`` of tensor lists, ``barrier``, point-to-point, and every process group created
   after the first (subgroups), whose results are Gloo's own.
@@ -223,7 +223,7 @@ class ProcessGroupFastHorovod(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def _scatters(self, output: torch.Tensor, inputs) -> bool:
-        return (self.proxies is not None and self.proxies.plan.layout is None
+        return (self.proxies is not None
                 and all(x.dtype == output.dtype and x.numel() == output.numel() for x in inputs)
                 and self._large(output, self.size() * output.numel() * output.element_size()))
 

@@ -30,13 +30,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(np_: int, scenario: str, *args: str, timeout: float = 240.0) -> list:
-    """Runs `np_` ranks of the worker's `scenario`; returns [(exit status, output)] by rank. Killed
-    (the whole process group of each rank, proxies included) after `timeout` seconds."""
+def launch(np_: int, scenario: str, *args: str, timeout: float = 240.0, env: dict = None) -> list:
+    """Runs `np_` ranks of the worker's `scenario` (`env` over ENV); returns [(exit status, output)]
+    by rank. Killed (the whole process group of each rank, proxies included) after `timeout` seconds."""
     port = _free_port()
     procs = []
+    extra = env or {}
     for rank in range(np_):
-        env = dict(os.environ, **ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+        env = dict(os.environ, **dict(ENV, **extra), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE=str(np_), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(np_))
         procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, *args], env=env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -87,6 +88,15 @@ def test_fsdp2_trains_bit_for_bit_as_on_gloo():
 @pytest.mark.parametrize("np_", [2, 3])
 def test_all_to_all_single_matches_gloo_on_the_mesh(np_):
     _all_ok(launch(np_, "alltoall"), "alltoall")
+
+
+@pytest.mark.parametrize("scenario", ["conformance", "alltoall"])
+def test_the_hierarchical_layout_matches_gloo_too(scenario):
+    # 3 ranks on one host, hierarchical: reduce-scatters and all-gathers run as the hierarchical
+    # allreduce of their rows, all_to_all_single on the mesh
+    results = launch(3, scenario, "--describe", env={"FASTHOROVOD_HIERARCHICAL": "1"})
+    _all_ok(results, scenario)
+    assert all('"hierarchical": {' in out for _, out in results), results[0][1][-3000:]
 
 
 @pytest.mark.parametrize("np_", [2, 3])
