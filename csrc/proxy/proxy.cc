@@ -135,14 +135,10 @@ class Proxy {
     next_ = RingEndpoint{info_.next_host, info_.next_port};
     const RingEndpoint& next = next_;
     if (ring_size > 1) {
-      std::memcpy(self_.token, ch_->token, kTokenBytes);
-      self_.rank = ring_rank;
-      self_.size = ring_size;
-      self_.lane = lane_;
       // The rings of different local ranks join different proxies: a connection to the wrong one
       // fails the handshake.
-      self_.config_hash = ch_->config_hash ^ (0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) *
-                                              (Hierarchical() ? 1 : 0));
+      const uint64_t local = Hierarchical() ? 0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) : 0;
+      self_ = Identity(ring_rank, ring_size, ch_->config_hash ^ local);
       FHVD_RETURN_IF_ERROR(EstablishRing(self_, listener_, next, static_cast<int>(ch_->sockets_per_lane),
                                          ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
       options_.socket_counters = info_.sockets;
@@ -276,6 +272,17 @@ class Proxy {
     return st;
   }
 
+  // What this lane proves to the peers it connects to, as rank `rank` of `size`.
+  LinkIdentity Identity(uint32_t rank, uint32_t size, uint64_t config_hash) const {
+    LinkIdentity self;
+    std::memcpy(self.token, ch_->token, kTokenBytes);
+    self.rank = rank;
+    self.size = size;
+    self.lane = lane_;
+    self.config_hash = config_hash;
+    return self;
+  }
+
   // This lane's description of request `r` (its next collective): what every frame carries and
   // the peers compare (common/collective.h). `shard` is this lane's elements of it.
   CollectiveDesc NextDesc(const RequestDesc& r, size_t elem, uint64_t shard) {
@@ -345,14 +352,8 @@ class Proxy {
       }
       // The mesh joins every rank's lane j, whatever the layout: its identity is the job's rank (a
       // hierarchical ring's is the host's place among the hosts).
-      LinkIdentity self;
-      std::memcpy(self.token, ch_->token, kTokenBytes);
-      self.rank = ch_->rank;
-      self.size = n;
-      self.lane = lane_;
-      self.config_hash = ch_->config_hash;
       info_.progress_ns.store(NowNs());
-      FHVD_RETURN_IF_ERROR(EstablishMesh(self, mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
+      FHVD_RETURN_IF_ERROR(EstablishMesh(Identity(ch_->rank, n, ch_->config_hash), mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
                                          ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_,
                                          &ch_->abort)
                                .WithContext("connecting the alltoall mesh: "));

@@ -102,7 +102,7 @@ class AlltoallRequest(HeadsFirst):
         own_begin, own_end = sum(splits[:rank]), sum(splits[:rank + 1])
         with group._releasing_on_failure(self._send):
             staged = self._send.view(rows.dtype, offset, rows.numel())
-            row = rows[0].numel() if rows.shape[0] else 0
+            row = math.prod(rows.shape[1:])
             copy_tensor(staged[:own_begin * row], rows[:own_begin].reshape(-1))
             copy_tensor(staged[own_end * row:], rows[own_end:].reshape(-1))
 
