@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <cstring>
 
 #include "bindings/errors.h"
@@ -436,6 +437,16 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         R"pbdoc(Element boundaries of each lane's shard of `count` elements, proportional to `weights` (lane j takes [b_j, b_j+1); 0 first, count last): the coordinator's one computation (csrc/negotiation/wire.h).)pbdoc");
   m.def("alltoall_send_offset", &AlltoallSendOffset, py::arg("size"),
         R"pbdoc(Where an alltoall's send region starts in its buffer, after the size table of `size` ranks (collectives/alltoall.h).)pbdoc");
+  m.def("alltoall_staged_word", &AlltoallStagedWord, py::arg("size"),
+        R"pbdoc(The index of the staged word in an alltoall's size table of `size` ranks: how many blocks the worker has staged, in distance order (collectives/alltoall.h).)pbdoc");
+  m.attr("ALLTOALL_STAGING_FAILED") = kAlltoallStagingFailed;
+  m.def("publish_word",
+        [](uintptr_t address, uint64_t value) {
+          std::atomic_thread_fence(std::memory_order_seq_cst);  // after every store before it, streaming ones too
+          __atomic_store_n(reinterpret_cast<uint64_t*>(address), value, __ATOMIC_RELEASE);
+        },
+        py::arg("address"), py::arg("value"),
+        R"pbdoc(Stores the 64-bit `value` at `address` (8-byte aligned, in shared memory) after every store this thread made before it: another process that reads the value with an acquire load sees them.)pbdoc");
   m.def("allgather_own_chunk", &AllgatherOwnChunk, py::arg("rank"), py::arg("size"),
         R"pbdoc(The ring chunk that holds a rank's own contribution to an allgather (OP_GATHER).)pbdoc");
   m.attr("MAX_LANES") = kMaxLanes;

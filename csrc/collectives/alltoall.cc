@@ -153,6 +153,28 @@ class Steps {
     totals_.frames_received += s.frames_received;
   }
 
+  // Waits until the worker has staged the block of distance `distance` (AlltoallWork::staged), the
+  // steps stopped, or `timeout_seconds` passed.
+  Status WaitStaged(const AlltoallWork& work, uint32_t distance, double timeout_seconds) {
+    if (work.staged == nullptr) return Status::Ok();
+    const Deadline deadline = Deadline::After(timeout_seconds);
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      const uint64_t staged = __atomic_load_n(work.staged, __ATOMIC_ACQUIRE);
+      if (staged == kAlltoallStagingFailed) {
+        return Status::Error(Code::kAborted, Str("rank ", options_.rank, "'s worker could not stage its alltoall rows"));
+      }
+      if (staged >= distance) return Status::Ok();
+      if (stop_.load(std::memory_order_acquire) != 0) return Status::Error(Code::kAborted, "another step failed");
+      if (deadline.Expired()) {
+        return Status::Error(Code::kTimeout, Str("rank ", options_.rank, "'s worker staged ", staged, " of its ",
+                                                 options_.size - 1, " alltoall blocks in ", timeout_seconds, " s"));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(2 * pause, std::chrono::microseconds(1000));
+    }
+  }
+
   Status first() const { return first_; }
   const LaneStats& totals() const { return totals_; }
 
@@ -168,7 +190,9 @@ class Steps {
 
 }  // namespace
 
-size_t AlltoallTableWords(uint32_t n) { return 2 * size_t{n} + 2; }
+size_t AlltoallTableWords(uint32_t n) { return 2 * size_t{n} + 3; }
+
+size_t AlltoallStagedWord(uint32_t n) { return 2 * size_t{n} + 2; }
 
 size_t AlltoallSendOffset(uint32_t n) { return Align64(sizeof(uint64_t) * AlltoallTableWords(n)); }
 
@@ -191,9 +215,12 @@ Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& d
     for (uint32_t i = next.fetch_add(1); i + 1 < n; i = next.fetch_add(1)) {
       const uint32_t d = (work.lane + i) % (n - 1) + 1;
       AlltoallStep step(work, options.rank, n, d, by_distance[d].to_next.size(), options.segment_bytes);
+      // Not staged: the lane's Run below sees the steps' abort flag and tells the peers, sending nothing.
+      const Status staged = steps.WaitStaged(work, d, options.timeout_seconds);
+      if (!staged.ok()) steps.Fail(staged);
       Lane lane(by_distance[d], steps.For(d, observer.get()));
       lane.Begin(desc, step.FramesOut(), step.FramesIn());
-      step.QueueAll(&lane);
+      if (staged.ok()) step.QueueAll(&lane);
       LaneStats lane_stats;
       Status st = lane.Run(&step, &lane_stats);  // once a step failed, the others abort at once
       steps.Add(lane_stats);

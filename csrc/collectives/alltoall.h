@@ -46,13 +46,23 @@ namespace fasthorovod {
 constexpr uint32_t kMaxConcurrentSteps = 8;
 
 // One rank's alltoall lies in two staging buffers. The request's buffer holds, from the request's
-// offset, the size table (2n + 2 uint64: elements sent to each rank, elements received from each,
-// the id of the receive buffer and the byte offset of the receive region in it), then, from
-// AlltoallSendOffset(n), the send region (blocks for ranks 0..n-1 in rank order). The receive
-// region (blocks from ranks 0..n-1 in rank order) is in the receive buffer: the worker stages its
-// rows while the split matrix is still being gathered, before it knows how much it will receive.
+// offset, the size table (2n + 3 uint64: elements sent to each rank, elements received from each,
+// the id of the receive buffer, the byte offset of the receive region in it, and the staged word
+// below), then, from AlltoallSendOffset(n), the send region (blocks for ranks 0..n-1 in rank
+// order). The receive region (blocks from ranks 0..n-1 in rank order) is in the receive buffer: the
+// worker stages its rows while the split matrix is still being gathered, before it knows how much
+// it will receive.
+//
+// Staging overlaps the mesh. The worker copies its blocks into the send region in distance order
+// (the block for rank + 1 first) and publishes, in the staged word (a release store), how many it
+// has copied; it submits the alltoall as soon as the split matrix is in, whether or not staging is
+// done. The step of distance d sends once the staged word reaches d (it receives meanwhile), so
+// the first blocks travel while the last are copied. kAlltoallStagingFailed there: the worker
+// could not stage its rows, and the alltoall fails on every rank.
 size_t AlltoallTableWords(uint32_t n);
 size_t AlltoallSendOffset(uint32_t n);  // the table's bytes, rounded up to 64
+size_t AlltoallStagedWord(uint32_t n);  // the staged word's index in the table
+constexpr uint64_t kAlltoallStagingFailed = ~uint64_t{0};
 
 // One lane's alltoall.
 struct AlltoallWork {
@@ -63,11 +73,15 @@ struct AlltoallWork {
   DType dtype = DType::kFloat32;
   uint32_t lanes = 1;  // the rank's lanes, and this one
   uint32_t lane = 0;
+  // The table's staged word (read with acquire loads while the worker writes it), or null when
+  // every block is in the send region already.
+  const uint64_t* staged = nullptr;
 };
 
 // Runs the alltoall with `by_distance` (EstablishMesh's links: entry d sends to rank + d).
 // `options` gives the rank, size, lane, timeout, abort flag and observer; the neighbour names are
-// made per step. On failure the mesh is unusable.
+// made per step. A step waits for its block to be staged at most the lane's timeout. On failure the
+// mesh is unusable.
 Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& desc, const AlltoallWork& work,
                     const RingOptions& options, RingStats* stats);
 

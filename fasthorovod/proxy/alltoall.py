@@ -12,10 +12,13 @@ number to each. In two stages, as the allgather of rows (gather.py):
    the same name, the blocks: the proxies send each block straight to its rank (lane j carries
    part j of every block) and write what they receive in rank order into a receive buffer. The
    rank's rows for the other ranks are staged into the send buffer when the alltoall is called,
-   while the heads travel; once they are in, the rank writes the size table (elements it sends to
-   each rank and receives from each, both from the matrix, and where the receive region is), posts
-   the blocks and copies its own block (which never leaves the worker, and is never staged) from
-   the tensor to its place while the proxies work.
+   while the heads travel, block by block in distance order (the block for rank + 1 first), each
+   published in the table's staged word once copied. Once the heads are in, the second-stage
+   thread writes the size table (elements it sends to each rank and receives from each, both from
+   the matrix, and where the receive region is) and posts the blocks, whether or not staging is
+   done: the proxies send a block once it is staged (collectives/alltoall.h), so the first blocks
+   travel while the last are copied. The rank then copies its own block (which never leaves the
+   worker, and is never staged) from the tensor to its place while the proxies work.
    The receive region is laid out as the output, so an output of at least LEND_MIN_BYTES on the
    CPU is that region itself, lent (buffers.py): nothing is copied out. Otherwise (a CUDA tensor, a
    small output) the rank touches the rest of the output while the proxies work, so that copying
@@ -28,7 +31,9 @@ another's receive agree because both come from that matrix.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
@@ -72,9 +77,12 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
         copy_tensor(head[8 * (1 + n):8 * (1 + n) + payload.numel()], payload.cpu())
     heads = gather_heads(head, name) if gather_heads is not None else gather_post(group, head, name, description)
     request = AlltoallRequest(group, heads, tensor, name, description)
-    if sum(splits) * row_bytes > INLINE_BYTES:
-        request.stage(sent, splits)  # while the heads travel
+    staging = sum(splits) * row_bytes > INLINE_BYTES
+    if staging:
+        request.reserve(sent)
     group.second_stages.add(request)
+    if staging:
+        request.stage(sent, splits)  # while the heads travel, and the first blocks once they are in
     return request
 
 
@@ -89,22 +97,41 @@ class AlltoallRequest(HeadsFirst):
         super().__init__(group, heads, name, description)
         self._like: Optional[torch.Tensor] = tensor  # the input, for the output's shape, dtype, device
         self._send: Optional[Buffer] = None  # the staged rows (stage), until the blocks own it
+        self._staging = threading.Event()  # set once stage() ended: `_send` is no longer written
+        self._staging_error: Optional[Exception] = None  # what stage() failed with
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
 
+    def reserve(self, rows: torch.Tensor) -> None:
+        """Takes the send buffer for `rows`, nothing staged in it yet."""
+        group = self._group
+        send = group.pool.acquire(_C.alltoall_send_offset(group.size) + rows.numel() * rows.element_size())
+        with group._releasing_on_failure(send):
+            _publish(send, group.size, 0)
+        self._send = send
+
     def stage(self, rows: torch.Tensor, splits: Sequence[int]) -> None:
-        """Copies the rows this rank sends to the others (``splits[d]`` to rank d, in rank order)
-        into a send buffer, after its size table, each at its place; its own block, which the
-        proxies never read, goes straight from `rows` to the output (_Blocks)."""
-        group, offset, rank = self._group, _C.alltoall_send_offset(self._group.size), self._group.rank
-        nbytes = rows.numel() * rows.element_size()
-        self._send = group.pool.acquire(offset + nbytes)
-        own_begin, own_end = sum(splits[:rank]), sum(splits[:rank + 1])
-        with group._releasing_on_failure(self._send):
-            staged = self._send.view(rows.dtype, offset, rows.numel())
-            row = math.prod(rows.shape[1:])
-            copy_tensor(staged[:own_begin * row], rows[:own_begin].reshape(-1))
-            copy_tensor(staged[own_end * row:], rows[own_end:].reshape(-1))
+        """Copies the rows this rank sends to the others (``splits[d]`` to rank d) into the send
+        buffer (reserve), each block at its place in rank order, in distance order, publishing each
+        in the staged word; its own block, which the proxies never read, goes straight from `rows`
+        to the output (_Blocks). The second stage may post the blocks meanwhile, on another thread;
+        it gives the buffer back only once staging ended (``_staging``). A failure publishes
+        ALLTOALL_STAGING_FAILED, so the proxies fail the alltoall on every rank (they say so), and
+        ``wait()`` raises it here."""
+        n, rank, send = self._group.size, self._group.rank, self._send
+        try:
+            staged = send.view(rows.dtype, _C.alltoall_send_offset(n), rows.numel())
+            row, begins = math.prod(rows.shape[1:]), [sum(splits[:d]) for d in range(n + 1)]
+            for distance in range(1, n):
+                d = (rank + distance) % n
+                begin, end = begins[d] * row, begins[d + 1] * row
+                copy_tensor(staged[begin:end], rows[begins[d]:begins[d + 1]].reshape(-1))
+                _publish(send, n, distance)
+        except Exception as e:
+            self._staging_error = e
+            _publish(send, n, _C.ALLTOALL_STAGING_FAILED)
+        finally:
+            self._staging.set()
 
     def _second_stage(self) -> Optional[Request]:
         try:
@@ -129,10 +156,20 @@ class AlltoallRequest(HeadsFirst):
             self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
             return None
         if self._send is None:  # this rank's rows fit inline, another rank's did not
-            self.stage(x[:sum(matrix[rank])], matrix[rank])
+            rows = x[:sum(matrix[rank])]
+            self.reserve(rows)
+            self.stage(rows, matrix[rank])
         send, self._send = self._send, None
         own = x[sum(matrix[rank][:rank]):sum(matrix[rank][:rank + 1])]
-        return _Blocks(self._group, self._name, send, matrix, own, self.output, shape)
+        return _Blocks(self._group, self._name, send, self._staging, matrix, own, self.output, shape)
+
+    def wait(self) -> None:
+        try:
+            super().wait()
+        except Exception as e:
+            if self._staging_error is not None:  # the cause, rather than the proxies' word for it
+                raise self._staging_error from e
+            raise
 
     def _finished(self) -> None:
         if self.output is None:
@@ -140,6 +177,7 @@ class AlltoallRequest(HeadsFirst):
 
     def _drop(self) -> None:
         if self._send is not None:
+            self._staging.wait()  # a memory copy on the caller's thread
             self._group.pool.release(self._send)
             self._send = None
         self._like = None
@@ -157,30 +195,50 @@ class AlltoallRequest(HeadsFirst):
             at += nbytes
 
 
+def _publish(send: Buffer, size: int, staged: int) -> None:
+    """Sets the staged word of the alltoall table in `send` (collectives/alltoall.h)."""
+    _C.publish_word(send.view(torch.int64, 8 * _C.alltoall_staged_word(size), 1).data_ptr(), staged)
+
+
+@contextlib.contextmanager
+def _releasing_once_staged(group: "ProxyGroup", send: Buffer, staging: threading.Event):
+    """Gives `send` back to the pool if posting fails, once the caller's staging into it ended."""
+    try:
+        yield
+    except BaseException:
+        staging.wait()
+        group.pool.release(send)
+        raise
+
+
 class _Blocks(Request):
     """The second stage on the mesh: writes the size table into `send` (the rows for the other
-    ranks are staged there already), posts the blocks with a receive buffer laid out as the output
+    ranks are staged there, or being staged by the caller until `staging` is set), posts the blocks with a receive buffer laid out as the output
     (`shape`), and copies `own`, the rank's rows for itself, to its place. `output` None: once done,
     the receive buffer is lent as ``output``. Else `own` goes straight to `output`, the rest of
     which is touched meanwhile, and the received blocks are copied out once done. Owns both buffers
     from here on (Request releases the send buffer, _finish the receive buffer unless it was lent)."""
 
-    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, matrix: List[List[int]], own: torch.Tensor,
-                 output: Optional[torch.Tensor], shape: Sequence[int]) -> None:
+    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, staging: threading.Event,
+                 matrix: List[List[int]], own: torch.Tensor, output: Optional[torch.Tensor],
+                 shape: Sequence[int]) -> None:
         n, rank, dtype = group.size, group.rank, own.dtype
         itemsize = own.element_size()
         row_elems = math.prod(shape[1:])
         sent = [c * row_elems for c in matrix[rank]]
         recv = [matrix[s][rank] * row_elems for s in range(n)]
-        self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
-        with group._releasing_on_failure(send), group._releasing_on_failure(self._recv_buffer):
-            send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
-                                                                    dtype=torch.int64))
-            # What the ranks compare: the matrix (its hash) and, as the count, the most one rank sends
-            # (the same everywhere, and no more than one rank's tensor, which the size limits bound).
-            largest = max(sum(row) for row in matrix) * row_elems
-            ticket = group._submit(send, name, f"alltoall {hash64(repr(matrix)):016x}", sum(sent) * itemsize,
-                                   buffer_offset=0, count=largest, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
+        with _releasing_once_staged(group, send, staging):  # the caller may still be staging into it
+            self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
+            with group._releasing_on_failure(self._recv_buffer):
+                # The table but its staged word, which the caller's staging writes.
+                send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
+                                                                        dtype=torch.int64))
+                # What the ranks compare: the matrix (its hash) and, as the count, the most one rank
+                # sends (the same everywhere, and no more than one rank's tensor, which the size
+                # limits bound).
+                largest = max(sum(row) for row in matrix) * row_elems
+                ticket = group._submit(send, name, f"alltoall {hash64(repr(matrix)):016x}", sum(sent) * itemsize,
+                                       buffer_offset=0, count=largest, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
         super().__init__(group, ticket, send, True, (), (), ())
         self._recv, self._rank, self._shape, self._dtype = recv, rank, tuple(shape), dtype
         self.output = output  # complete once wait() returned (lent then, where None before)

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "collectives/alltoall.h"
@@ -100,9 +101,11 @@ void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
 }  // namespace
 
 TEST(AlltoallSendRegionStartsAfterTheTableOnA64ByteBoundary) {
-  CHECK_EQ(AlltoallTableWords(3), size_t{8});  // sent to each, received from each, receive buffer and offset
-  CHECK_EQ(AlltoallSendOffset(3), size_t{64});
-  CHECK_EQ(AlltoallSendOffset(4), size_t{128});  // 80 bytes of table
+  // sent to each, received from each, receive buffer, its offset, the staged word
+  CHECK_EQ(AlltoallTableWords(3), size_t{9});
+  CHECK_EQ(AlltoallStagedWord(3), size_t{8});
+  CHECK_EQ(AlltoallSendOffset(3), size_t{128});  // 72 bytes of table
+  CHECK_EQ(AlltoallSendOffset(2), size_t{64});   // 56 bytes
 }
 
 TEST(MeshAlltoallDeliversEveryBlockOfUnevenSplits) {
@@ -143,5 +146,100 @@ TEST(AFailedAlltoallStepReachesEveryRankAtOnce) {
   for (uint32_t r = 0; r < size; ++r) {
     CHECK(!results[r].ok());
     CHECK(results[r].message().find("rank 0 gave up") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Every rank's worker stages its blocks one by one, in distance order, `pause_ms` apart, publishing
+// each in its staged word while the mesh runs; rank `failing` publishes a failure instead, rank
+// `stalling` stops after its first block.
+std::vector<Status> RunStaged(uint32_t size, int pause_ms, uint32_t failing, std::vector<std::vector<int32_t>>* recv,
+                              uint32_t stalling = ~0u, double timeout_seconds = 10.0) {
+  const uint64_t block = 3000;
+  auto mesh = ConnectMesh(size, 2);
+  std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * block, -7));  // not staged yet
+  recv->assign(size, std::vector<int32_t>(size * block, -1));
+  std::vector<uint64_t> staged(size, 0);
+  std::vector<Status> results(size);
+  RunRanks(2 * size, [&](uint32_t t) {
+    const uint32_t r = t % size;
+    if (t >= size) {  // the worker
+      for (uint32_t d = 1; d < size; ++d) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+        if (r == failing) {
+          __atomic_store_n(&staged[r], kAlltoallStagingFailed, __ATOMIC_RELEASE);
+          return;
+        }
+        if (r == stalling && d > 1) return;
+        const uint32_t to = (r + d) % size;
+        for (uint64_t i = 0; i < block; ++i) send[r][to * block + i] = Value(r, to, i);
+        __atomic_store_n(&staged[r], d, __ATOMIC_RELEASE);
+      }
+      return;
+    }
+    AlltoallWork work;
+    work.send = reinterpret_cast<const char*>(send[r].data());
+    work.recv = reinterpret_cast<char*>((*recv)[r].data());
+    work.send_count.assign(size, block);
+    work.recv_count.assign(size, block);
+    work.dtype = DType::kInt32;
+    work.staged = &staged[r];
+    RingOptions o = AlltoallOptions(r, size, 0);
+    o.timeout_seconds = timeout_seconds;
+    CollectiveDesc desc;
+    desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
+    RingStats stats;
+    results[r] = MeshAlltoall(mesh[r], desc, work, o, &stats);
+  });
+  return results;
+}
+
+}  // namespace
+
+TEST(AnAlltoallStepSendsItsBlockOnlyOnceStaged) {
+  // blocks staged 30 ms apart while the steps run: every step waited for its own block (a block
+  // sent before it was staged would arrive as -7)
+  const uint32_t size = 4;
+  std::vector<std::vector<int32_t>> recv;
+  for (const Status& st : RunStaged(size, 30, size, &recv)) CHECK(st.ok());
+  for (uint32_t r = 0; r < size; ++r) {
+    for (uint32_t s = 0; s < size; ++s) {
+      for (uint64_t i = 0; i < 3000; ++i) {
+        if (recv[r][s * 3000 + i] != (s == r ? -1 : Value(s, r, i))) {
+          CHECK_EQ(recv[r][s * 3000 + i], s == r ? -1 : Value(s, r, i));
+          return;
+        }
+      }
+    }
+  }
+}
+
+TEST(AWorkerThatCannotStageFailsTheAlltoallOnEveryRank) {
+  const uint32_t size = 3;
+  std::vector<std::vector<int32_t>> recv;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Status> results = RunStaged(size, 5, 1, &recv);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 5.0);
+  for (const Status& st : results) {
+    CHECK(!st.ok());
+    CHECK(st.message().find("rank 1's worker could not stage its alltoall rows") != std::string::npos);
+  }
+}
+
+TEST(AnAlltoallWaitsForStagingAtMostTheTimeout) {
+  // rank 2's worker stages one block of two and stops: its step of distance 2 gives up after the
+  // 1 s timeout, naming what it waited for, and so does rank 1, which waits for that block (rank 0
+  // has every block it needs: its alltoall completes)
+  const uint32_t size = 3;
+  std::vector<std::vector<int32_t>> recv;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<Status> results = RunStaged(size, 5, size, &recv, 2, 1.0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds >= 0.9 && seconds < 5.0);
+  CHECK(results[0].ok());
+  for (uint32_t r : {1u, 2u}) {
+    CHECK(results[r].code() == Code::kTimeout);
+    CHECK(results[r].message().find("rank 2's worker staged 1 of its 2 alltoall blocks in 1 s") != std::string::npos);
   }
 }

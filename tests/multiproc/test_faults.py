@@ -1,11 +1,11 @@
-"""Failure injection: a proxy killed or frozen mid-allreduce (or killed mid-alltoall), and a worker
-killed.
+"""Failure injection: a proxy killed or frozen mid-allreduce (or killed mid-alltoall), a worker
+killed, and a worker that fails to stage an alltoall's rows.
 
 Every rank must raise the exact exception class of the failure's kind — FastHorovodTimeoutError for
 a frozen proxy, ProxyDiedError on the rank whose proxy was killed, FastHorovodError (a peer's
 failure) on the others — naming the failed rank and lane where it can be known, within
 FASTHOROVOD_TIMEOUT_SECONDS, and nothing — no proxy process, no shared-memory segment —
-may be left behind (tests/multiproc/harness.py checks after each job). The four jobs run at the
+may be left behind (tests/multiproc/harness.py checks after each job). The five jobs run at the
 same time (they spend most of their time waiting for timeouts and for processes to die).
 """
 import json
@@ -26,13 +26,14 @@ def _run_fault(np_, *args, timeout_s="5", job_timeout=600, expect_success=True):
 
 @pytest.fixture(scope="module")
 def fault_jobs(tmp_path_factory):
-    """The three failure jobs, run at the same time: each waits out timeouts and dying processes
+    """The failure jobs, run at the same time: each waits out timeouts and dying processes
     more than it computes. {name: (CompletedProcess or None, error or None, result directory)}."""
     out = tmp_path_factory.mktemp("worker-killed")
     results = run_concurrently({
         "kill": lambda: _run_fault(3, "kill", "--trials", "20", "--seed", "7", job_timeout=900),
         "kill-alltoall": lambda: _run_fault(3, "kill", "--trials", "6", "--seed", "11", "--collective", "alltoall"),
         "stop": lambda: _run_fault(3, "stop", "--trials", "2", "--seed", "3"),
+        "stage": lambda: _run_fault(3, "stage"),
         # the launcher reports the dead rank, so the job fails
         "worker": lambda: _run_fault(3, "worker", "--out", str(out / "result"), expect_success=False),
     })
@@ -56,6 +57,13 @@ def test_proxy_sigkill_mid_alltoall_6_trials(fault_jobs):
     # distance that is (csrc/collectives/alltoall.h, Failure), and names it
     result, _ = _job(fault_jobs, "kill-alltoall")
     assert "DETECTION trials=6" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_worker_whose_alltoall_staging_fails_fails_every_rank(fault_jobs):
+    # staging overlaps the mesh (csrc/collectives/alltoall.h): a worker that cannot copy a block its
+    # proxies are waiting for tells them, and every rank fails at once, naming it
+    result, _ = _job(fault_jobs, "stage")
+    assert "STAGING FAILURE: every rank raised" in result.stdout, result.stdout[-3000:]
 
 
 def test_proxy_sigstop_is_detected_by_timeout(fault_jobs):

@@ -98,6 +98,51 @@ def worker_killed(out_path: str) -> None:
                    "proxies_gone_after": None if gone_at is None else gone_at - killed_at}, f)
 
 
+def staging_failed(timeout: float) -> None:
+    """The victim's worker fails to copy its second alltoall block into shared memory while its
+    proxies already send the first (staging overlaps the mesh): its synchronize raises the copy's
+    own error, every other rank a FastHorovodError naming the victim's staging, well within the
+    timeout; after restart_proxies() the next alltoall is exact."""
+    from fasthorovod.proxy import alltoall
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    x = torch.ones(size << 20) * (rank + 1)  # 4 MiB a block
+    copies = itertools.count()
+    real_copy = alltoall.copy_tensor
+
+    def failing_copy(dst, src):
+        if next(copies) == 1:  # the block for rank + 2
+            raise RuntimeError("injected: the copy of a block failed")
+        real_copy(dst, src)
+    if rank == VICTIM:
+        alltoall.copy_tensor = failing_copy
+    start = time.time()
+    handle = hvd.alltoall_async(x, name="staged.fails")
+    alltoall.copy_tensor = real_copy
+    try:
+        hvd.synchronize(handle)
+        error = None
+    except Exception as e:
+        error = e
+    report = {"rank": rank, "type": type(error).__name__, "error": str(error), "took": time.time() - start}
+    reports = hvd.allgather_object(report, name="staged.report")
+    for r in reports:
+        if r["rank"] == VICTIM:
+            assert r["type"] == "RuntimeError" and "injected" in r["error"], r
+        else:
+            assert r["type"] == "FastHorovodError", r
+            assert f"rank {VICTIM}'s worker could not stage its alltoall rows" in r["error"], r
+        assert r["took"] < timeout, r
+    hvd.restart_proxies()
+    out = hvd.alltoall(x, name="staged.after")
+    assert torch.equal(out, torch.arange(1, size + 1, dtype=x.dtype).repeat_interleave(x.numel() // size)), out
+    if rank == 0:
+        print(f"STAGING FAILURE: every rank raised within {max(r['took'] for r in reports):.2f} s; "
+              f"{reports[0]['error'][:200]}", flush=True)
+    hvd.shutdown()
+
+
 def expected_class(kind: str, rank: int) -> str:
     """The exact exception each rank must raise: a stopped proxy moves nothing, so every rank times
     out; a killed proxy is its own worker's ProxyDiedError and a peer's failure everywhere else."""
@@ -108,7 +153,7 @@ def expected_class(kind: str, rank: int) -> str:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["kill", "stop", "worker"])
+    parser.add_argument("kind", choices=["kill", "stop", "worker", "stage"])
     parser.add_argument("--out", default="")
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -117,6 +162,8 @@ def main():
     timeout = float(os.environ["FASTHOROVOD_TIMEOUT_SECONDS"])
     if args.kind == "worker":
         return worker_killed(args.out)
+    if args.kind == "stage":
+        return staging_failed(timeout)
     rng = random.Random(args.seed)  # same seed everywhere: every rank agrees on lane and delay
     detections = []
     hvd.init()
