@@ -396,6 +396,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              return ticket;
            },
            R"pbdoc(This rank joins; returns once the coordinator has recorded it (GIL released), with a ticket whose wait gives the last rank to join.)pbdoc")
+      .def("holds", [](PyMember& m, const std::string& name) { return m.impl->Holds(name); }, py::arg("name"),
+           R"pbdoc(Whether `name` is in flight: submitted, its ticket not yet waited on (what submit refuses).)pbdoc")
       .def("poll", [](PyMember& m, uint64_t ticket) { return m.impl->Poll(ticket); })
       .def("check", [](PyMember& m) { Check(m.impl->Broken()); },
            R"pbdoc(Raises why the data plane is broken (a failure on this rank or another), if it is.)pbdoc")

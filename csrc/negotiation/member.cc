@@ -109,6 +109,11 @@ Status Member::NumberTicketsFrom(uint64_t first) {
   return Status::Ok();
 }
 
+bool Member::Holds(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_name_.count(name.substr(0, kNameBytes - 1)) != 0;
+}
+
 Status Member::Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;

@@ -76,6 +76,10 @@ class Member {
   // with the same name as another tensor that is currently being processed: 'NAME'" (broadcast
   // for OP_BROADCAST, allgather for OP_GATHER).
   Status Submit(const RequestDesc& request, const std::string& shape, uint64_t* ticket);
+  // Whether `name` (cut as a request's name is, to kNameBytes - 1) is in flight: what Submit would
+  // refuse. For collectives that take the name before they submit (an allgather's or alltoall's
+  // heads travel first), so that they refuse it when called, as Horovod does.
+  bool Holds(const std::string& name);
   // The lane weights of the collectives this rank submits from now on (one per lane, each finite
   // and > 0; else kInvalidArgument). Ranks need not agree: the lead rank's decide.
   Status SetLaneWeights(const std::vector<double>& weights);

@@ -297,13 +297,15 @@ class _ProxyHandle:
         self.two_stage = False  # an allgather's or alltoall's (_register)
 
 
-def _named(name: Optional[str], verb: str) -> str:
+def _named(name: Optional[str], verb: str, two_stage: Optional[ProxyGroup] = None) -> str:
     """The collective's name: a fresh one when None. A name in flight is refused with Horovod's
-    ValueError and message: here when an allgather or alltoall has it, else by the negotiation's
-    member when the collective is submitted."""
+    ValueError and message: here when an allgather or alltoall has it, or, for an allgather or
+    alltoall (`two_stage`: its group, whose member submits its second stage later), when any
+    collective of the data plane has it; else by the negotiation's member when the collective is
+    submitted."""
     if name is None:
         return f"{verb}.noname.{next(_runtime.names)}"
-    if name in _runtime.two_stage_names:
+    if name in _runtime.two_stage_names or (two_stage is not None and two_stage.member.holds(name)):
         raise ValueError(f"Requested to {verb} a tensor with the same name as another tensor that is currently "
                          f"being processed: '{name}'")
     return name
@@ -685,7 +687,7 @@ def _allgather_async(tensors, name, process_set, grouped: bool):
         if grouped:
             return _hvd.grouped_allgather_async(tensors, name, process_set)
         return _hvd.allgather_async(tensors[0], name, process_set)
-    name = _named(name, "allgather")
+    name = _named(name, "allgather", group)
     with _horovods_value_error():
         request = group.allgather_rows(tensors, name, _HorovodHeads)
 
@@ -812,7 +814,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if route is None:
         return _hvd.alltoall_async(tensor, splits, name, process_set)
     group, rows = route
-    name = _named(name, "alltoall")
+    name = _named(name, "alltoall", group)
     with _horovods_value_error():
         request = group.alltoall(tensor, rows, name, _HorovodHeads)
 

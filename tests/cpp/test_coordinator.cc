@@ -580,7 +580,15 @@ TEST(MemberKeepsANameInFlightUntilItsTicketIsWaitedOnOrFails) {
   CHECK(Submit(m0, "a", 8, &again).code() == Code::kInvalidArgument);
   CHECK(m0.Wait(a0, 5, nullptr).ok() && m1.Wait(a1, 5, nullptr).ok());
   CHECK(m0.Wait(a0, 5, nullptr).code() == Code::kInvalidArgument);  // consumed
+  CHECK(!m0.Holds("a") && !m1.Holds("a"));
   CHECK(Submit(m0, "a", 8, &a0).ok() && Submit(m1, "a", 8, &a1).ok());  // free at once after the wait
+  CHECK(m0.Holds("a") && !m0.Holds("b"));
+  // a name longer than a request holds is cut the same way for both
+  const std::string long_name = "L" + std::string(2 * kNameBytes, 'y');
+  uint64_t l0 = 0, l1 = 0;
+  CHECK(Submit(m0, long_name, 8, &l0).ok() && m0.Holds(long_name) && m0.Holds(long_name.substr(0, kNameBytes - 1)));
+  CHECK(Submit(m1, long_name, 8, &l1).ok() && m0.Wait(l0, 5, nullptr).ok() && m1.Wait(l1, 5, nullptr).ok());
+  CHECK(!m0.Holds(long_name));
   CHECK_EQ(a0, kBase + 1);
   CHECK(m0.Wait(a0, 5, nullptr).ok() && m1.Wait(a1, 5, nullptr).ok());
 
@@ -604,7 +612,7 @@ TEST(MemberKeepsANameInFlightUntilItsTicketIsWaitedOnOrFails) {
   CHECK(Submit(m0, "m", 8, &n0).ok());
   CHECK(m0.Wait(f0, 5, nullptr).code() == Code::kMismatch);
   CHECK(m1.Wait(f1, 5, nullptr).code() == Code::kMismatch);
-  CHECK(Submit(m0, "m", 8, &again).code() == Code::kInvalidArgument);  // n0 holds it
+  CHECK(Submit(m0, "m", 8, &again).code() == Code::kInvalidArgument && m0.Holds("m"));  // n0 holds it
   CHECK(Submit(m1, "m", 8, &n1).ok());
   CHECK(m0.Wait(n0, 5, nullptr).ok() && m1.Wait(n1, 5, nullptr).ok());
 }

@@ -519,7 +519,8 @@ def scenario_allgather(args):
 def _name_in_flight_refused(post, verb):
     """A second `post(name)` while the first is in flight raises Horovod's ValueError and message,
     also once the first's heads (Horovod's own allgather, which then forgets the name) are in; the
-    name is free again once the first is synchronized."""
+    name is free again once the first is synchronized. So does a `post(name)` while an allreduce
+    through the proxies has the name."""
     from fasthorovod.torch.mpi_ops import _runtime
 
     name = f"{verb}.in_flight"
@@ -535,6 +536,18 @@ def _name_in_flight_refused(post, verb):
         assert type(e) is ValueError and str(e) == (f"Requested to {verb} a tensor with the same name as another "
                                                     f"tensor that is currently being processed: '{name}'"), e
     hvd.synchronize(handle)
+    hvd.synchronize(post(name))
+    # the name held by an allreduce through the proxies: refused at the call too, not at synchronize
+    name = f"{verb}.held_by_an_allreduce"
+    held = hvd.allreduce_async(torch.ones(1 << 20), name=name)
+    assert held in _runtime.handles, "the allreduce must take the proxies"
+    try:
+        post(name)
+        raise AssertionError(f"an {verb} of a name an allreduce has in flight did not fail")
+    except ValueError as e:
+        assert str(e) == (f"Requested to {verb} a tensor with the same name as another tensor that is currently "
+                          f"being processed: '{name}'"), e
+    hvd.synchronize(held)
     hvd.synchronize(post(name))
 
 
