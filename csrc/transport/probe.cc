@@ -118,6 +118,7 @@ class Receiver {
       return Status::Error(Code::kInvalidArgument, Str("probe min_flows must be in [1, ", max_flows, "] (the sockets "
                                                        "connected), got ", options.min_flows));
     }
+    int flat_in_a_row = 0;
     for (int flows = options.min_flows;; flows = std::min(2 * flows, max_flows)) {
       FHVD_RETURN_IF_ERROR(Ask(static_cast<uint32_t>(flows)));
       FHVD_RETURN_IF_ERROR(Pump(NowNs() + static_cast<int64_t>(options.warmup_seconds * 1e9)));
@@ -133,8 +134,9 @@ class Receiver {
         phase.bytes_per_second += rate;
       }
       const bool flat = !phases->empty() && phase.bytes_per_second < options.min_gain * phases->back().bytes_per_second;
+      flat_in_a_row = flat ? flat_in_a_row + 1 : 0;
       phases->push_back(std::move(phase));
-      if (flat || flows == max_flows) break;
+      if (flat_in_a_row == kFlatDoublingsToStop || flows == max_flows) break;
     }
     FHVD_RETURN_IF_ERROR(Ask(0));
     return Pump(0);

@@ -16,8 +16,11 @@
 //   ── Control{flows = 0} ─────────────────►   stops, resets its sockets
 //      reads to each socket's end (the reset)
 //
-// The flow count doubles (1, 2, 4, ..., or from `min_flows`) until it reaches max_flows or a doubling
-// adds less than `min_gain` to the aggregate (the knee). Controls travel on the receiving sockets' reverse
+// The flow count doubles (1, 2, 4, ..., or from `min_flows`) until it reaches max_flows or two
+// doublings in a row add less than `min_gain` each to the aggregate (the knee): one alone can be
+// two flows hashed onto one per-flow cap (on a network with few buckets per server port, one hop in
+// seven or so), after which more flows still gain, and a hop that stopped there would pass for a
+// link of one flow's rate. Controls travel on the receiving sockets' reverse
 // direction, so each hop is driven by its own receiver and hops need no clock in common; in a
 // ring every host's egress carries only its own hop, so the hops do not disturb each other.
 // Bytes still in flight from a phase are counted as they arrive but fall into the next phase's
@@ -46,6 +49,9 @@ struct ProbeOptions {
   double measure_seconds = 0.15;    // counting window per flow count
   double min_gain = 1.05;           // a doubling must raise the aggregate by this factor to go on
 };
+
+// Doublings in a row that must each gain less than min_gain for the probe to stop.
+constexpr int kFlatDoublingsToStop = 2;
 
 // One flow count's measurement of the incoming hop.
 struct ProbePhase {

@@ -16,7 +16,8 @@ below ``SLOW`` of their upper quartile in ``WINDOWS`` looks in a row is asked to
 its next collective. The upper quartile, not the median, is the reference: with four flows of which
 two share a cap, the median is the shared flows' rate and would hide them. Where the start-up probe
 measured the path, the reference is at most the rate a flow can expect (:func:`expected_flow_rate`:
-one flow's rate, or the link's share of each of the hop's flows where that is lower): where the
+one flow's rate, or the link's share of each of the hop's flows where that is lower, the link's
+rate taken from hops whose probe flows did not collide): where the
 link, not a per-flow cap, is the limit, flows drain unevenly (TCP's fairness is rough) and a new
 hash cannot help, so only a flow below ``SLOW`` of its share of the link is replaced; two flows in
 one bucket where the link is the limit drain at 0.75-0.8 of that share, and a lane with such a pair
@@ -60,15 +61,29 @@ WARM_UP_MAX_BYTES = 64 << 20  # the largest warm-up allreduce
 
 def expected_flow_rate(plan) -> Optional[float]:
     """The rate (bytes/s) one of the data plane's flows can expect on the ring's slowest hop, from
-    the start-up probe's curve (None where it did not run): one flow's, or the link's share of each
-    of the hop's flows (the probe's best aggregate over the lanes x sockets of every ring that
-    crosses the link) where that is lower."""
+    the start-up probe's curves (None where it did not run): one flow's, or the link's share of each
+    of the hop's flows (:func:`link_rate` over the lanes x sockets of every ring that crosses the
+    link) where that is lower."""
     choice = getattr(plan, "flow_choice", None)
     if choice is None or not choice.curve:
         return None
     rings = plan.layout.local_size if plan.layout is not None else 1
     one_flow = choice.curve[min(choice.curve)]
-    return min(one_flow, max(choice.curve.values()) / (plan.flows * rings))
+    return min(one_flow, link_rate(choice) / (plan.flows * rings))
+
+
+def link_rate(choice) -> float:
+    """The most a link of the ring carries (bytes/s), as the start-up probe saw it: the lowest best
+    aggregate among the hops whose flows did not collide (:func:`collisions`), so that a hop whose
+    flows shared caps does not pass for a slower link (its flows would then seem to get their share
+    of it, and never be replaced); where every hop's flows collided, the best any hop carried;
+    without per-hop curves, the slowest hop's best."""
+    hops = [hop for hop in choice.hops if hop]
+    if not hops:
+        return max(choice.curve.values())
+    collided = {hop for hop, _, _, _ in collisions(choice)}
+    clean = [max(hop.values()) for i, hop in enumerate(choice.hops) if hop and i not in collided]
+    return min(clean) if clean else max(max(hop.values()) for hop in hops)
 
 
 def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]],

@@ -5,7 +5,7 @@ import types
 
 from fasthorovod.proxy.probe import FlowChoice
 from fasthorovod.proxy.rehash import (MAX_REHASHES, MIN_BACKLOGGED_NS, MIN_BYTES, SLOW, WARM_UP_COLLECTIVES,
-                                      WARM_UP_MAX_BYTES, WINDOWS, FlowRehasher, collisions, expected_flow_rate,
+                                      WARM_UP_MAX_BYTES, WINDOWS, FlowRehasher, collisions, expected_flow_rate, link_rate,
                                       slow_sockets, warm_up, warm_up_bytes)
 
 
@@ -115,6 +115,24 @@ def test_the_expected_rate_is_one_flows_or_the_links_share_per_flow_from_the_pro
     assert expected_flow_rate(plan) == 25e6  # 4 flows: the per-flow cap is the limit
     assert expected_flow_rate(types.SimpleNamespace(flow_choice=choice, flows=16, layout=None)) == 115e6 / 16
     assert expected_flow_rate(types.SimpleNamespace(flow_choice=None, flows=16, layout=None)) is None
+
+
+def test_the_links_rate_comes_from_hops_whose_probe_flows_did_not_collide():
+    # Measured on a 64-bucket cloud: into one rank every flow count hashed into two buckets (378
+    # Mbit/s with 4 to 16 flows), the others reached the link. Its curve alone would make each of
+    # 8 flows expect 47 Mbit/s, so that no flow of that hop would ever look slow.
+    mbit = 1e6 / 8
+    collided = {1: 190 * mbit, 2: 191 * mbit, 4: 378 * mbit, 8: 378 * mbit, 16: 378 * mbit}
+    clean = {1: 190 * mbit, 2: 380 * mbit, 4: 726 * mbit, 8: 914 * mbit, 16: 917 * mbit}
+    slower = {1: 190 * mbit, 2: 380 * mbit, 4: 700 * mbit, 8: 880 * mbit, 16: 890 * mbit}
+    choice = FlowChoice(sockets_per_lane=2, knee_flows=8, curve=collided, hops=[clean, collided, slower, clean])
+    assert link_rate(choice) == 890 * mbit  # the slowest hop that did not collide
+    plan = types.SimpleNamespace(flow_choice=choice, flows=8, layout=None)
+    assert expected_flow_rate(plan) == 890 * mbit / 8
+    # every hop collided: the best any hop carried
+    assert link_rate(FlowChoice(2, 8, collided, [collided, {1: 190 * mbit, 2: 190 * mbit, 4: 560 * mbit}])) == 560 * mbit
+    # no per-hop curves kept: the slowest hop's best, as before
+    assert link_rate(FlowChoice(2, 8, clean, [])) == 917 * mbit
 
 
 def test_a_socket_that_stays_unlucky_is_replaced_at_most_max_rehashes_times():
