@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -98,6 +99,26 @@ LaneOptions StepOptions(const RingOptions& options, uint32_t distance) {
   return o;
 }
 
+// The send gate of the step of distance `distance` (LaneOptions::send_gate): open once the worker
+// has staged that many blocks (AlltoallWork::staged); an error once it says it cannot, or when it
+// has not within the lane's timeout.
+std::function<Status(bool*)> StagedGate(const uint64_t* staged, uint32_t distance, const RingOptions& options) {
+  const Deadline deadline = Deadline::After(options.timeout_seconds);
+  return [staged, distance, deadline, rank = options.rank, blocks = options.size - 1,
+          timeout = options.timeout_seconds](bool* open) {
+    const uint64_t now = __atomic_load_n(staged, __ATOMIC_ACQUIRE);
+    if (now == kAlltoallStagingFailed) {
+      return Status::Error(Code::kAborted, Str("rank ", rank, "'s worker could not stage its alltoall rows"));
+    }
+    *open = now >= distance;
+    if (!*open && deadline.Expired()) {
+      return Status::Error(Code::kTimeout,
+                           Str("rank ", rank, "'s worker staged ", now, " of its ", blocks, " alltoall blocks in ", timeout, " s"));
+    }
+    return Status::Ok();
+  };
+}
+
 // The steps run at once, one thread each, and a trace records frames from one thread at a time.
 class SerialObserver : public FrameObserver {
  public:
@@ -153,28 +174,6 @@ class Steps {
     totals_.frames_received += s.frames_received;
   }
 
-  // Waits until the worker has staged the block of distance `distance` (AlltoallWork::staged), the
-  // steps stopped, or `timeout_seconds` passed.
-  Status WaitStaged(const AlltoallWork& work, uint32_t distance, double timeout_seconds) {
-    if (work.staged == nullptr) return Status::Ok();
-    const Deadline deadline = Deadline::After(timeout_seconds);
-    auto pause = std::chrono::microseconds(20);
-    for (;;) {
-      const uint64_t staged = __atomic_load_n(work.staged, __ATOMIC_ACQUIRE);
-      if (staged == kAlltoallStagingFailed) {
-        return Status::Error(Code::kAborted, Str("rank ", options_.rank, "'s worker could not stage its alltoall rows"));
-      }
-      if (staged >= distance) return Status::Ok();
-      if (stop_.load(std::memory_order_acquire) != 0) return Status::Error(Code::kAborted, "another step failed");
-      if (deadline.Expired()) {
-        return Status::Error(Code::kTimeout, Str("rank ", options_.rank, "'s worker staged ", staged, " of its ",
-                                                 options_.size - 1, " alltoall blocks in ", timeout_seconds, " s"));
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(2 * pause, std::chrono::microseconds(1000));
-    }
-  }
-
   Status first() const { return first_; }
   const LaneStats& totals() const { return totals_; }
 
@@ -215,12 +214,11 @@ Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& d
     for (uint32_t i = next.fetch_add(1); i + 1 < n; i = next.fetch_add(1)) {
       const uint32_t d = (work.lane + i) % (n - 1) + 1;
       AlltoallStep step(work, options.rank, n, d, by_distance[d].to_next.size(), options.segment_bytes);
-      // Not staged: the lane's Run below sees the steps' abort flag and tells the peers, sending nothing.
-      const Status staged = steps.WaitStaged(work, d, options.timeout_seconds);
-      if (!staged.ok()) steps.Fail(staged);
-      Lane lane(by_distance[d], steps.For(d, observer.get()));
+      LaneOptions lane_options = steps.For(d, observer.get());
+      if (work.staged != nullptr) lane_options.send_gate = StagedGate(work.staged, d, options);
+      Lane lane(by_distance[d], lane_options);
       lane.Begin(desc, step.FramesOut(), step.FramesIn());
-      if (staged.ok()) step.QueueAll(&lane);
+      step.QueueAll(&lane);  // held by the gate until the block is staged
       LaneStats lane_stats;
       Status st = lane.Run(&step, &lane_stats);  // once a step failed, the others abort at once
       steps.Add(lane_stats);

@@ -312,7 +312,12 @@ Status Member::Serve() {
       if (type == MsgType::kFailed) {
         WireReader in(payload);
         Code code = CodeFromPeer(CodeFromWire(in.U32()));
-        return channel_->RootCause(Status::Error(code, in.Text()));
+        const Status cause = channel_->RootCause(Status::Error(code, in.Text()));
+        // The job failed: collectives already with the proxies may wait for a peer that will never
+        // come (an alltoall's mesh still connecting to a rank whose proxy died), so they fail now,
+        // with the cause, rather than at their timeout.
+        channel_->Break(cause);
+        return cause;
       }
       if (type != MsgType::kResponses) {
         return Status::Error(Code::kIoError, Str("protocol error: the coordinator sent message type ",

@@ -401,6 +401,8 @@ bool ProxyChannel::InFlight() {
   return false;
 }
 
+void ProxyChannel::Break(const Status& why) { (void)Fail(why); }
+
 void ProxyChannel::Abort() {
   RaiseAbort(header_, Status::Error(Code::kAborted,
                                     Str("rank ", header_->rank, " shut down while collectives were in flight")));

@@ -106,6 +106,10 @@ class ProxyChannel {
   // Orderly stop (proxies exit their loop) or abort (in-flight collectives fail fast).
   void Stop();
   void Abort();
+  // The job failed (`why`: this rank's negotiation heard so): the channel is broken from now on,
+  // and every lane aborts with `why`, also one still connecting or waiting for a peer that will
+  // never come; its posted collectives fail with it at once instead of at their timeout.
+  void Break(const Status& why);
   // Whether a posted request has not completed yet.
   bool InFlight();
   // Waits up to grace_seconds for the proxies to exit, kills the rest, and reaps them all.

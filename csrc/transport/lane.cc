@@ -90,6 +90,7 @@ class Lane::Impl {
     frames_out_ = frames_out;
     recv_remaining_ = frames_in;
     abort_origin_ = -1;
+    gate_open_ = !opt_.send_gate;
     rehash_in_ = 0;
     last_measure_ns_ = 0;
     dep_ = FrameDep::kOnRequest;
@@ -166,6 +167,7 @@ class Lane::Impl {
         return Status::Error(code, Str("rank ", opt_.rank, " aborted its collectives: ",
                                        known ? opt_.abort_reason : "the job is shutting down"));
       }
+      if (!gate_open_) FHVD_RETURN_IF_ERROR(opt_.send_gate(&gate_open_));
       MeasureBacklogs();
       for (size_t s = 0; s < out_.size(); ++s) {
         fds[s] = {links_.to_next[s].fd(), static_cast<short>(SocketHasWork(s) ? POLLOUT : 0), 0};
@@ -173,7 +175,7 @@ class Lane::Impl {
       for (size_t s = 0; s < in_.size(); ++s) {
         fds[out_.size() + s] = {links_.from_prev[s].fd(), static_cast<short>(in_[s].ended ? 0 : POLLIN), 0};
       }
-      int rc = poll(fds.data(), fds.size(), 100);
+      int rc = poll(fds.data(), fds.size(), gate_open_ ? 100 : 1);
       if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
       bool progressed = false;
       // Receive first (see the top of this file).
@@ -208,6 +210,7 @@ class Lane::Impl {
   // Socket s has something to write: its frame in progress, a frame from the shared queue it may
   // take, or (all frames out) its end marker.
   bool SocketHasWork(size_t s) const {
+    if (!gate_open_) return false;
     return !out_[s].empty() || (!pending_.empty() && MayTake(s)) || (frames_queued_ == frames_out_ && !end_sent_[s]);
   }
 
@@ -236,7 +239,7 @@ class Lane::Impl {
   }
 
   bool SendsPending() const {
-    if (!pending_.empty()) return true;
+    if (!gate_open_ || !pending_.empty()) return true;
     for (size_t s = 0; s < out_.size(); ++s) {
       if (SocketHasWork(s)) return true;
     }
@@ -508,6 +511,7 @@ class Lane::Impl {
   std::vector<InState> in_;
   std::deque<OutFrame> pending_;  // frames ready to send, in the order queued, not yet on a socket
   std::vector<bool> end_sent_;    // per socket: its end marker has been queued
+  bool gate_open_ = true;         // LaneOptions::send_gate said open (or there is none)
   std::vector<size_t> backlog_;   // per send socket (S > 1 or counters): bytes not yet on the wire, this poll round
   int64_t last_measure_ns_ = 0;   // when backlog_ was measured (counters only; 0: not yet in this collective)
   uint64_t rehash_in_ = 0;        // receive sockets whose end marker announced a replacement

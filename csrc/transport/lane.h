@@ -50,6 +50,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,10 @@ struct LaneOptions {
   // replaces the connection after it (Rehash below); the receiver learns it from the marker.
   uint64_t rehash_out = 0;
   FrameObserver* observer = nullptr;              // if set, told about every data frame
+  // If set, the lane sends nothing (not even its end marker) until the gate says open, asking it
+  // every millisecond meanwhile while it receives; an error from it fails the lane. For payloads
+  // the worker is still writing (the alltoall's staging, collectives/alltoall.h).
+  std::function<Status(bool* open)> send_gate;
   // The ring's stride: this rank sends to rank + distance and receives from rank - distance (1: the
   // lanes' rings; d: the mesh's links of distance d, collectives/alltoall.h).
   uint32_t distance = 1;

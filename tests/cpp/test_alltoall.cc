@@ -243,3 +243,56 @@ TEST(AnAlltoallWaitsForStagingAtMostTheTimeout) {
     CHECK(results[r].message().find("rank 2's worker staged 1 of its 2 alltoall blocks in 1 s") != std::string::npos);
   }
 }
+
+TEST(AnAlltoallStepReceivesWhileItsBlockIsNotStaged) {
+  // rank 0's worker stages nothing until every block for rank 0 has arrived: its steps receive
+  // while their sends wait (before, a step waited for its block before it received, and rank 0's
+  // worker would wait its 5 s out here)
+  const uint32_t size = 3;
+  const uint64_t block = 3000;
+  auto mesh = ConnectMesh(size, 2);
+  std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * block, -7)), recv(size, std::vector<int32_t>(size * block, -1));
+  std::vector<uint64_t> staged(size, 0);
+  std::vector<Status> results(size);
+  std::atomic<bool> arrived_first{false};
+  RunRanks(2 * size, [&](uint32_t t) {
+    const uint32_t r = t % size;
+    if (t >= size) {  // the worker
+      if (r == 0) {
+        const int64_t until = NowNs() + 5'000'000'000;
+        auto all_in = [&] {
+          for (uint64_t i = block; i < size * block; ++i) {  // every block but rank 0's own
+            if (__atomic_load_n(&recv[0][i], __ATOMIC_ACQUIRE) == -1) return false;
+          }
+          return true;
+        };
+        while (!all_in() && NowNs() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        arrived_first = all_in();
+      }
+      for (uint32_t d = 1; d < size; ++d) {
+        const uint32_t to = (r + d) % size;
+        for (uint64_t i = 0; i < block; ++i) send[r][to * block + i] = Value(r, to, i);
+        __atomic_store_n(&staged[r], d, __ATOMIC_RELEASE);
+      }
+      return;
+    }
+    AlltoallWork work;
+    work.send = reinterpret_cast<const char*>(send[r].data());
+    work.recv = reinterpret_cast<char*>(recv[r].data());
+    work.send_count.assign(size, block);
+    work.recv_count.assign(size, block);
+    work.dtype = DType::kInt32;
+    work.staged = &staged[r];
+    CollectiveDesc desc;
+    desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
+    RingStats stats;
+    results[r] = MeshAlltoall(mesh[r], desc, work, AlltoallOptions(r, size, 0), &stats);
+  });
+  CHECK(arrived_first.load());
+  for (uint32_t r = 0; r < size; ++r) {
+    CHECK(results[r].ok());
+    for (uint32_t s = 0; s < size; ++s) {
+      if (s != r) CHECK_EQ(recv[r][s * block + 1], Value(s, r, 1));
+    }
+  }
+}

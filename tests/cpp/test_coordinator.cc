@@ -563,6 +563,20 @@ std::string Duplicate(const char* verb, const std::string& name) {
 
 }  // namespace
 
+TEST(AFailureAnywhereBreaksEveryRanksChannelWithItsCause) {
+  // rank 1's data plane breaks: the coordinator tells rank 0, whose member breaks rank 0's channel
+  // too (its lanes abort with the cause, also one still connecting a mesh to the failed rank)
+  TwoMembers job;
+  CHECK(job.channel[0]->Health().ok());
+  job.channel[1]->Break(Status::Error(Code::kProxyDied, "rank 1 lane 0: its proxy died"));
+  const int64_t until = NowNs() + 5'000'000'000;
+  while (job.channel[0]->Health().ok() && NowNs() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const Status st = job.channel[0]->Health();
+  CHECK(!st.ok());
+  CHECK(st.message().find("rank 1 lane 0: its proxy died") != std::string::npos);
+  CHECK(!job.member[0]->Broken().ok());
+}
+
 TEST(MemberKeepsANameInFlightUntilItsTicketIsWaitedOnOrFails) {
   TwoMembers job;
   Member& m0 = *job.member[0];

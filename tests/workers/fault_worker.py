@@ -103,6 +103,8 @@ def staging_failed(timeout: float) -> None:
     proxies already send the first (staging overlaps the mesh): its synchronize raises the copy's
     own error, every other rank a FastHorovodError naming the victim's staging, well within the
     timeout; after restart_proxies() the next alltoall is exact."""
+    import threading
+
     from fasthorovod.proxy import alltoall
 
     hvd.init()
@@ -112,7 +114,9 @@ def staging_failed(timeout: float) -> None:
     real_copy = alltoall.copy_tensor
 
     def failing_copy(dst, src):
-        if next(copies) == 1:  # the block for rank + 2
+        # the caller's second staging copy: the block for rank + 2 (the second-stage thread copies
+        # the rank's own block meanwhile, which must not count)
+        if threading.current_thread() is threading.main_thread() and next(copies) == 1:
             raise RuntimeError("injected: the copy of a block failed")
         real_copy(dst, src)
     if rank == VICTIM:

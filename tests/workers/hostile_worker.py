@@ -73,6 +73,9 @@ class HostileMember:
     def number_tickets_from(self, first: int) -> None:
         pass
 
+    def holds(self, name: str) -> bool:  # it submits nothing: no name is in flight
+        return False
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
