@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -153,9 +154,11 @@ namespace {
 
 // Every rank's worker stages its blocks one by one, in distance order, `pause_ms` apart, publishing
 // each in its staged word while the mesh runs; rank `failing` publishes a failure instead, rank
-// `stalling` stops after its first block.
+// `stalling` stops after its first block. `before_staging(rank)`, if set, runs on each rank's
+// worker first.
 std::vector<Status> RunStaged(uint32_t size, int pause_ms, uint32_t failing, std::vector<std::vector<int32_t>>* recv,
-                              uint32_t stalling = ~0u, double timeout_seconds = 10.0) {
+                              uint32_t stalling = ~0u, double timeout_seconds = 10.0,
+                              const std::function<void(uint32_t)>& before_staging = nullptr) {
   const uint64_t block = 3000;
   auto mesh = ConnectMesh(size, 2);
   std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * block, -7));  // not staged yet
@@ -165,6 +168,7 @@ std::vector<Status> RunStaged(uint32_t size, int pause_ms, uint32_t failing, std
   RunRanks(2 * size, [&](uint32_t t) {
     const uint32_t r = t % size;
     if (t >= size) {  // the worker
+      if (before_staging) before_staging(r);
       for (uint32_t d = 1; d < size; ++d) {
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
         if (r == failing) {
@@ -250,47 +254,23 @@ TEST(AnAlltoallStepReceivesWhileItsBlockIsNotStaged) {
   // worker would wait its 5 s out here)
   const uint32_t size = 3;
   const uint64_t block = 3000;
-  auto mesh = ConnectMesh(size, 2);
-  std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * block, -7)), recv(size, std::vector<int32_t>(size * block, -1));
-  std::vector<uint64_t> staged(size, 0);
-  std::vector<Status> results(size);
+  std::vector<std::vector<int32_t>> recv;
   std::atomic<bool> arrived_first{false};
-  RunRanks(2 * size, [&](uint32_t t) {
-    const uint32_t r = t % size;
-    if (t >= size) {  // the worker
-      if (r == 0) {
-        const int64_t until = NowNs() + 5'000'000'000;
-        auto all_in = [&] {
-          for (uint64_t i = block; i < size * block; ++i) {  // every block but rank 0's own
-            if (__atomic_load_n(&recv[0][i], __ATOMIC_ACQUIRE) == -1) return false;
-          }
-          return true;
-        };
-        while (!all_in() && NowNs() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        arrived_first = all_in();
+  auto wait_for_blocks = [&](uint32_t r) {
+    if (r != 0) return;
+    auto all_in = [&] {
+      for (uint64_t i = block; i < size * block; ++i) {  // every block but rank 0's own
+        if (__atomic_load_n(&recv[0][i], __ATOMIC_ACQUIRE) == -1) return false;
       }
-      for (uint32_t d = 1; d < size; ++d) {
-        const uint32_t to = (r + d) % size;
-        for (uint64_t i = 0; i < block; ++i) send[r][to * block + i] = Value(r, to, i);
-        __atomic_store_n(&staged[r], d, __ATOMIC_RELEASE);
-      }
-      return;
-    }
-    AlltoallWork work;
-    work.send = reinterpret_cast<const char*>(send[r].data());
-    work.recv = reinterpret_cast<char*>(recv[r].data());
-    work.send_count.assign(size, block);
-    work.recv_count.assign(size, block);
-    work.dtype = DType::kInt32;
-    work.staged = &staged[r];
-    CollectiveDesc desc;
-    desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
-    RingStats stats;
-    results[r] = MeshAlltoall(mesh[r], desc, work, AlltoallOptions(r, size, 0), &stats);
-  });
+      return true;
+    };
+    const int64_t until = NowNs() + 5'000'000'000;
+    while (!all_in() && NowNs() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    arrived_first = all_in();
+  };
+  for (const Status& st : RunStaged(size, 0, size, &recv, ~0u, 10.0, wait_for_blocks)) CHECK(st.ok());
   CHECK(arrived_first.load());
   for (uint32_t r = 0; r < size; ++r) {
-    CHECK(results[r].ok());
     for (uint32_t s = 0; s < size; ++s) {
       if (s != r) CHECK_EQ(recv[r][s * block + 1], Value(s, r, 1));
     }
