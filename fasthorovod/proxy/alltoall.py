@@ -32,6 +32,7 @@ another's receive agree because both come from that matrix.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import threading
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
@@ -121,7 +122,7 @@ class AlltoallRequest(HeadsFirst):
         n, rank, send = self._group.size, self._group.rank, self._send
         try:
             staged = send.view(rows.dtype, _C.alltoall_send_offset(n), rows.numel())
-            row, begins = math.prod(rows.shape[1:]), [sum(splits[:d]) for d in range(n + 1)]
+            row, begins = math.prod(rows.shape[1:]), list(itertools.accumulate(splits, initial=0))
             for distance in range(1, n):
                 d = (rank + distance) % n
                 begin, end = begins[d] * row, begins[d + 1] * row

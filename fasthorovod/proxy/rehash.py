@@ -78,12 +78,12 @@ def link_rate(choice) -> float:
     flows shared caps does not pass for a slower link (its flows would then seem to get their share
     of it, and never be replaced); where every hop's flows collided, the best any hop carried;
     without per-hop curves, the slowest hop's best."""
-    hops = [hop for hop in choice.hops if hop]
-    if not hops:
+    bests = {i: max(hop.values()) for i, hop in enumerate(choice.hops) if hop}
+    if not bests:
         return max(choice.curve.values())
     collided = {hop for hop, _, _, _ in collisions(choice)}
-    clean = [max(hop.values()) for i, hop in enumerate(choice.hops) if hop and i not in collided]
-    return min(clean) if clean else max(max(hop.values()) for hop in hops)
+    clean = [best for i, best in bests.items() if i not in collided]
+    return min(clean) if clean else max(bests.values())
 
 
 def slow_sockets(deltas: Dict[Tuple[int, int], Tuple[int, int]],
