@@ -441,6 +441,8 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         R"pbdoc(Where an alltoall's send region starts in its buffer, after the size table of `size` ranks (collectives/alltoall.h).)pbdoc");
   m.def("alltoall_staged_word", &AlltoallStagedWord, py::arg("size"),
         R"pbdoc(The index of the staged word in an alltoall's size table of `size` ranks: how many blocks the worker has staged, in distance order (collectives/alltoall.h).)pbdoc");
+  m.def("alltoall_claim_word", &AlltoallClaimWord, py::arg("size"),
+        R"pbdoc(The index of the first of the `size` claim words in an alltoall's size table (segments of each rank's block the lanes have claimed; zero when submitted: collectives/alltoall.h).)pbdoc");
   m.attr("ALLTOALL_STAGING_FAILED") = kAlltoallStagingFailed;
   m.def("publish_word",
         [](uintptr_t address, uint64_t value) {

@@ -18,47 +18,47 @@ namespace {
 
 size_t Align64(size_t x) { return (x + 63) & ~size_t{63}; }
 
-// One step: this lane's parts of the block for rank + d (sent) and of the block from rank - d
-// (received).
-class AlltoallStep : public FrameSink {
+// One step: the block for rank + d (sent) and the block from rank - d (received), in segments
+// that this rank's lanes share. Each lane's step pulls the next unclaimed segment of the block it
+// sends from the claim word they share (AlltoallWork::claimed) when one of its sockets can take it,
+// so a lane whose flows drain faster carries more of the block; on the receiving side each lane
+// takes what its peer lane sends, wherever in the block it lies.
+class AlltoallStep : public FrameSource, public FrameSink {
  public:
-  AlltoallStep(const AlltoallWork& work, uint32_t rank, uint32_t size, uint32_t distance, size_t sockets,
-               size_t segment_bytes)
-      : distance_(distance), elem_(DTypeSize(work.dtype)) {
+  AlltoallStep(const AlltoallWork& work, uint32_t rank, uint32_t size, uint32_t distance, size_t segment_bytes)
+      : distance_(distance), elem_(DTypeSize(work.dtype)),
+        seg_(std::max<size_t>(1, std::min(segment_bytes, kMeshSegmentBytes) / elem_)) {
     const uint32_t dst = (rank + distance) % size, src = (rank + size - distance) % size;
-    Part(work, work.send_count, dst, &send_begin_, &send_elems_);
-    Part(work, work.recv_count, src, &recv_begin_, &recv_elems_);
-    send_ = work.send + send_begin_ * elem_;
-    recv_ = work.recv + recv_begin_ * elem_;
-    send_seg_ = RingSegmentElements(send_elems_, 1, sockets, segment_bytes, elem_);
-    recv_seg_ = RingSegmentElements(recv_elems_, 1, sockets, segment_bytes, elem_);
-    received_.assign(SegmentCount(recv_elems_, recv_seg_), false);
+    send_ = work.send + BlockBegin(work.send_count, dst) * elem_;
+    send_elems_ = work.send_count[dst];
+    recv_ = work.recv + BlockBegin(work.recv_count, src) * elem_;
+    recv_elems_ = work.recv_count[src];
+    claimed_ = work.claimed + dst;
+    received_.assign(Segments(recv_elems_), false);
   }
 
-  uint64_t FramesOut() const { return SegmentCount(send_elems_, send_seg_); }
-  uint64_t FramesIn() const { return received_.size(); }
-
-  void QueueAll(Lane* lane) const {
-    for (size_t i = 0; i < FramesOut(); ++i) {
-      Frame f;
-      f.step = distance_;
-      f.segment = static_cast<uint32_t>(i);
-      const size_t begin = std::min(send_elems_, i * send_seg_);
-      f.offset = begin * elem_;
-      f.length = (std::min(send_elems_, begin + send_seg_) - begin) * elem_;
-      lane->Send(f, send_ + f.offset);
-    }
+  bool Next(Frame* f, const char** payload) override {
+    const uint64_t i = __atomic_fetch_add(claimed_, 1, __ATOMIC_RELAXED);
+    if (i >= Segments(send_elems_)) return false;
+    f->step = distance_;
+    f->segment = static_cast<uint32_t>(i);
+    const size_t begin = i * seg_;
+    f->offset = begin * elem_;
+    f->length = (std::min(send_elems_, begin + seg_) - begin) * elem_;
+    *payload = send_ + f->offset;
+    return true;
   }
 
   Status Accept(const Frame& f, size_t, char** payload) override {
-    const size_t begin = std::min(recv_elems_, size_t{f.segment} * recv_seg_);
-    const size_t end = std::min(recv_elems_, begin + recv_seg_);
+    const size_t begin = std::min(recv_elems_, size_t{f.segment} * seg_);
+    const size_t end = std::min(recv_elems_, begin + seg_);
     if (f.step != distance_ || f.segment >= received_.size() || f.offset != begin * elem_ ||
         f.length != (end - begin) * elem_) {
       return Status::Error(Code::kIoError,
                            Str("alltoall frame of distance ", f.step, " segment ", f.segment, " with offset ", f.offset,
                                " and length ", f.length, " (this rank expects distance ", distance_, ", ",
-                               received_.size(), " segments of its ", recv_elems_ * elem_, " bytes)"));
+                               received_.size(), " segments of ", seg_ * elem_, " bytes in its ", recv_elems_ * elem_,
+                               " bytes)"));
     }
     if (received_[f.segment]) return Status::Error(Code::kIoError, Str("alltoall segment ", f.segment, " sent twice"));
     received_[f.segment] = true;
@@ -69,23 +69,23 @@ class AlltoallStep : public FrameSink {
   void Received(const Frame&, size_t) override {}
 
  private:
-  // Block `rank`'s place in a region laid out by `counts`, and this lane's part of it (elements).
-  static void Part(const AlltoallWork& work, const std::vector<uint64_t>& counts, uint32_t rank, size_t* begin,
-                   size_t* elems) {
+  size_t Segments(size_t elems) const { return (elems + seg_ - 1) / seg_; }
+
+  // Where block `rank` begins in a region laid out by `counts` (elements).
+  static size_t BlockBegin(const std::vector<uint64_t>& counts, uint32_t rank) {
     size_t at = 0;
     for (uint32_t r = 0; r < rank; ++r) at += counts[r];
-    const size_t lo = ChunkBegin(counts[rank], work.lanes, work.lane);
-    *begin = at + lo;
-    *elems = ChunkBegin(counts[rank], work.lanes, work.lane + 1) - lo;
+    return at;
   }
 
   const uint32_t distance_;
   const size_t elem_;
-  size_t send_begin_ = 0, send_elems_ = 0, recv_begin_ = 0, recv_elems_ = 0;
-  size_t send_seg_ = 1, recv_seg_ = 1;
+  const size_t seg_;  // elements per segment
+  size_t send_elems_ = 0, recv_elems_ = 0;
   const char* send_ = nullptr;
   char* recv_ = nullptr;
-  std::vector<bool> received_;
+  uint64_t* claimed_ = nullptr;
+  std::vector<bool> received_;  // by this lane
 };
 
 LaneOptions StepOptions(const RingOptions& options, uint32_t distance) {
@@ -93,6 +93,7 @@ LaneOptions StepOptions(const RingOptions& options, uint32_t distance) {
   o.distance = distance;
   o.socket_counters = nullptr;  // the rings' sockets, not these
   o.rehash_out = 0;
+  o.unsent_low_water = static_cast<int>(kMeshSegmentBytes);
   const uint32_t n = options.size;
   o.prev_name = Str("rank ", (options.rank + n - distance) % n, " lane ", options.lane, " (mesh)");
   o.next_name = Str("rank ", (options.rank + distance) % n, " lane ", options.lane, " (mesh)");
@@ -189,7 +190,9 @@ class Steps {
 
 }  // namespace
 
-size_t AlltoallTableWords(uint32_t n) { return 2 * size_t{n} + 3; }
+size_t AlltoallTableWords(uint32_t n) { return 3 * size_t{n} + 3; }
+
+size_t AlltoallClaimWord(uint32_t n) { return 2 * size_t{n} + 3; }
 
 size_t AlltoallStagedWord(uint32_t n) { return 2 * size_t{n} + 2; }
 
@@ -200,7 +203,7 @@ Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& d
   const uint32_t n = options.size;
   stats->start_ns = NowNs();
   if (by_distance.size() != n || work.send_count.size() != n || work.recv_count.size() != n ||
-      work.lane >= work.lanes) {
+      work.lane >= work.lanes || work.claimed == nullptr) {
     return Status::Error(Code::kInvalidArgument, "the alltoall's mesh or size table does not match the ranks");
   }
   std::unique_ptr<SerialObserver> observer;
@@ -213,12 +216,12 @@ Status MeshAlltoall(std::vector<RingLinks>& by_distance, const CollectiveDesc& d
   auto run_steps = [&] {
     for (uint32_t i = next.fetch_add(1); i + 1 < n; i = next.fetch_add(1)) {
       const uint32_t d = (work.lane + i) % (n - 1) + 1;
-      AlltoallStep step(work, options.rank, n, d, by_distance[d].to_next.size(), options.segment_bytes);
+      AlltoallStep step(work, options.rank, n, d, options.segment_bytes);
       LaneOptions lane_options = steps.For(d, observer.get());
       if (work.staged != nullptr) lane_options.send_gate = StagedGate(work.staged, d, options);
       Lane lane(by_distance[d], lane_options);
-      lane.Begin(desc, step.FramesOut(), step.FramesIn());
-      step.QueueAll(&lane);  // held by the gate until the block is staged
+      lane.Begin(desc, kFramesUnknown, kFramesUnknown);
+      lane.Pull(&step);  // not before the gate opens: the block is staged
       LaneStats lane_stats;
       Status st = lane.Run(&step, &lane_stats);  // once a step failed, the others abort at once
       steps.Add(lane_stats);

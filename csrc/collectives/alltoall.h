@@ -1,23 +1,31 @@
-// Alltoall of one lane's part over the lane's mesh: every rank sends a block to every other rank
-// directly, each over S sockets of its own (transport/socket.h, EstablishMesh).
+// Alltoall over the lanes' meshes: every rank sends a block to every other rank directly, over
+// each lane's S sockets to that rank (transport/socket.h, EstablishMesh).
 //
 // A ring would forward each block through every rank between its source and its destination
 // (1.5x the bytes of a direct exchange at 4 ranks, (n - 1) / 2 hops on average); the mesh sends it
-// once. Lane j carries part j of every block (elements ChunkBegin(c, lanes, j) up to
-// ChunkBegin(c, lanes, j + 1) of a block of c elements), so the k lanes of a rank share every
-// block as they share an allreduce.
+// once.
+//
+// Lanes share every block by pulling. A block travels in segments of kMeshSegmentBytes (or
+// segment_bytes where smaller); the k lanes of the sending rank claim its segments one at a time
+// from a claim word they share in the size table (an atomic counter per destination), each when
+// one of its sockets has nearly drained its kernel buffer (the Lane's Pulling, with the sockets'
+// TCP_NOTSENT_LOWAT at one segment). A lane whose flows are faster, or that started earlier,
+// carries more of the block, and the block's lanes finish within a segment's time of each other
+// instead of waiting for the slowest lane's fixed part (on the emulated cloud a rank's four lanes
+// finished a block up to 100 ms apart with fixed parts: docs/benchmarks.md). The receiving lane j
+// takes whatever segments the sending lane j sends, each checked against this rank's own
+// segmentation of the block (step = distance, segment, offset, length) before a byte of its payload
+// is read, and landing in place in the receive region; each socket's end marker says how many
+// frames it carried, so nothing is lost unseen. An empty block sends no frame (the end markers
+// still carry the collective's descriptor, compared as every frame's is).
 //
 // Schedule: n - 1 steps, one per distance, run at once (up to kMaxConcurrentSteps, one thread each;
 // beyond that, each thread takes the next distance when its step is done). At distance d this rank
-// sends its part of the block for rank + d and receives its part of the block from rank - d, on the
-// mesh links of that distance, with a Lane (LaneOptions::distance d). Lane j takes the distances
-// from j % (n - 1) + 1 on, so that a rank's k lanes start with different ranks. At once, a pair
-// that lags holds up no other step (one distance after another measured the same on the emulated
-// cloud: docs/benchmarks.md, Tried and rejected). A part travels in segments of at most segment_bytes,
-// cut as a ring cuts a chunk (RingSegmentElements over the part), so that it spreads over the S
-// sockets; every frame is checked against this rank's own sizes (step = distance, segment, offset,
-// length) before a byte of its payload is read, and lands in place in the receive region. An empty
-// part still travels as one empty frame, so its header is checked.
+// sends segments of the block for rank + d and receives segments of the block from rank - d, on
+// the mesh links of that distance, with a Lane (LaneOptions::distance d). Lane j takes the
+// distances from j % (n - 1) + 1 on, so that a rank's k lanes start with different ranks. At once,
+// a pair that lags holds up no other step (one distance after another measured the same on the
+// emulated cloud: docs/benchmarks.md, Tried and rejected).
 //
 // The block sizes come from the worker (the buffer's size table, fasthorovod/proxy/alltoall.py):
 // what rank s sends to rank r is what rank r receives from rank s, because every rank computed
@@ -45,10 +53,14 @@ namespace fasthorovod {
 // The most steps (distances) one lane runs at once.
 constexpr uint32_t kMaxConcurrentSteps = 8;
 
+// The unit the lanes claim of a block, and each mesh socket's low water (bytes).
+constexpr size_t kMeshSegmentBytes = 256 << 10;
+
 // One rank's alltoall lies in two staging buffers. The request's buffer holds, from the request's
-// offset, the size table (2n + 3 uint64: elements sent to each rank, elements received from each,
-// the id of the receive buffer, the byte offset of the receive region in it, and the staged word
-// below), then, from AlltoallSendOffset(n), the send region (blocks for ranks 0..n-1 in rank
+// offset, the size table (3n + 3 uint64: elements sent to each rank, elements received from each,
+// the id of the receive buffer, the byte offset of the receive region in it, the staged word below,
+// and the claim words: segments of the block for each rank the lanes have claimed, zero when the
+// worker submits), then, from AlltoallSendOffset(n), the send region (blocks for ranks 0..n-1 in rank
 // order). The receive region (blocks from ranks 0..n-1 in rank order) is in the receive buffer: the
 // worker stages its rows while the split matrix is still being gathered, before it knows how much
 // it will receive.
@@ -62,6 +74,7 @@ constexpr uint32_t kMaxConcurrentSteps = 8;
 size_t AlltoallTableWords(uint32_t n);
 size_t AlltoallSendOffset(uint32_t n);  // the table's bytes, rounded up to 64
 size_t AlltoallStagedWord(uint32_t n);  // the staged word's index in the table
+size_t AlltoallClaimWord(uint32_t n);   // the index of the first claim word (n of them, by rank)
 constexpr uint64_t kAlltoallStagingFailed = ~uint64_t{0};
 
 // One lane's alltoall.
@@ -73,6 +86,9 @@ struct AlltoallWork {
   DType dtype = DType::kFloat32;
   uint32_t lanes = 1;  // the rank's lanes, and this one
   uint32_t lane = 0;
+  // The claim words the rank's lanes share (one per destination rank, zero at the start; atomic
+  // read-modify-writes from several processes).
+  uint64_t* claimed = nullptr;
   // The table's staged word (read with acquire loads while the worker writes it), or null when
   // every block is in the send region already.
   const uint64_t* staged = nullptr;

@@ -342,6 +342,7 @@ class Proxy {
     work.send = base + send_offset;
     if (r.buffer_offset % alignof(uint64_t) != 0) return Status::Error(Code::kInvalidArgument, "alltoall size table misaligned");
     work.staged = reinterpret_cast<const uint64_t*>(base) + AlltoallStagedWord(n);  // the worker may still be staging
+    work.claimed = reinterpret_cast<uint64_t*>(base) + AlltoallClaimWord(n);  // shared with the rank's other lanes
     work.recv = static_cast<char*>(recv_buffer->data()) + recv_offset;
     work.dtype = static_cast<DType>(r.dtype);
     work.lanes = ch_->num_lanes;

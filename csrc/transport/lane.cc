@@ -22,6 +22,8 @@
 #include "transport/lane.h"
 
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -48,7 +50,7 @@ struct FrameHeader {
   uint32_t step;
   uint32_t segment;
   uint32_t flags;        // end marker: kEndRehash
-  uint64_t offset;  // bytes into the shard
+  uint64_t offset;  // bytes into the shard (end marker: the data frames sent on this socket)
   uint64_t length;  // payload bytes (abort: message bytes)
   CollectiveDesc desc;
 };
@@ -76,6 +78,7 @@ class Lane::Impl {
   Impl(RingLinks& links, const LaneOptions& opt) : links_(links), opt_(opt) {
     out_.resize(links.to_next.size());
     end_sent_.resize(links.to_next.size());
+    frames_sent_.resize(links.to_next.size());
     backlog_.resize(links.to_next.size());
     in_.resize(links.from_prev.size());
   }
@@ -86,9 +89,13 @@ class Lane::Impl {
     for (auto& in : in_) in = InState{};
     pending_.clear();
     end_sent_.assign(out_.size(), false);
+    frames_sent_.assign(out_.size(), 0);
     frames_queued_ = 0;
     frames_out_ = frames_out;
-    recv_remaining_ = frames_in;
+    source_ = nullptr;
+    source_done_ = false;
+    recv_counted_ = frames_in != kFramesUnknown;
+    recv_remaining_ = recv_counted_ ? frames_in : 0;
     abort_origin_ = -1;
     gate_open_ = !opt_.send_gate;
     rehash_in_ = 0;
@@ -98,26 +105,23 @@ class Lane::Impl {
   }
 
   void Send(const Frame& frame, const char* payload) {
-    OutFrame f;
-    f.header = FrameHeader{};
-    FillHeader(&f.header, kData);
-    f.header.step = frame.step;
-    f.header.segment = frame.segment;
-    f.header.offset = frame.offset;
-    f.header.length = frame.length;
-    f.payload = payload;
-    if (opt_.observer != nullptr) {
-      f.ready_ns = NowNs();
-      f.dep_id = dep_id_;
-      f.dep = dep_;
-    }
-    pending_.push_back(f);
+    pending_.push_back(MakeFrame(frame, payload));
     ++frames_queued_;
+  }
+
+  void Pull(FrameSource* source) {
+    source_ = source;
+    if (opt_.unsent_low_water <= 0) return;
+    for (auto& sock : links_.to_next) {  // best effort: without it the kernel's buffer decides
+      setsockopt(sock.fd(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &opt_.unsent_low_water, sizeof(opt_.unsent_low_water));
+    }
   }
 
   Status Run(FrameSink* sink, LaneStats* stats) {
     sink_ = sink;
-    Status st = Loop(stats);
+    Status st = frames_out_ == kFramesUnknown && source_ == nullptr
+                    ? Status::Error(Code::kInvalidArgument, "a lane collective of unknown frames needs a FrameSource")
+                    : Loop(stats);
     stats->rehash_in = rehash_in_;
     if (!st.ok()) {
       if (abort_origin_ < 0) abort_origin_ = static_cast<int64_t>(opt_.rank);
@@ -146,8 +150,26 @@ class Lane::Impl {
     size_t payload_got = 0;
     char* payload_dst = nullptr;
     bool ended = false;     // this socket's end marker of the collective arrived
+    uint64_t frames = 0;    // data frames received on this socket in the collective
     int64_t start_ns = 0;   // observer: first byte of the current frame
   };
+
+  OutFrame MakeFrame(const Frame& frame, const char* payload) const {
+    OutFrame f;
+    f.header = FrameHeader{};
+    FillHeader(&f.header, kData);
+    f.header.step = frame.step;
+    f.header.segment = frame.segment;
+    f.header.offset = frame.offset;
+    f.header.length = frame.length;
+    f.payload = payload;
+    if (opt_.observer != nullptr) {
+      f.ready_ns = NowNs();
+      f.dep_id = dep_id_;
+      f.dep = dep_;
+    }
+    return f;
+  }
 
   void FillHeader(FrameHeader* h, uint16_t kind) const {
     h->magic = kFrameMagic;
@@ -197,7 +219,7 @@ class Lane::Impl {
       } else if (NowNs() - last_progress > timeout_ns) {
         return Status::Error(
             Code::kTimeout,
-            recv_remaining_ > 0
+            WaitingForData()
                 ? Str("timed out after ", opt_.timeout_seconds, " s waiting for data from ", opt_.prev_name,
                       " (it may be stopped, dead, or running a different collective)")
                 : Str("timed out after ", opt_.timeout_seconds, " s sending to ", opt_.next_name,
@@ -208,11 +230,17 @@ class Lane::Impl {
   }
 
   // Socket s has something to write: its frame in progress, a frame from the shared queue it may
-  // take, or (all frames out) its end marker.
+  // take, one to pull from the source, or (all frames out) its end marker.
   bool SocketHasWork(size_t s) const {
     if (!gate_open_) return false;
-    return !out_[s].empty() || (!pending_.empty() && MayTake(s)) || (frames_queued_ == frames_out_ && !end_sent_[s]);
+    return !out_[s].empty() || (!pending_.empty() && MayTake(s)) || (Pulling() && out_[s].empty()) ||
+           (AllQueued() && !end_sent_[s]);
   }
+
+  bool Pulling() const { return source_ != nullptr && !source_done_; }
+
+  // Every data frame of the collective has been handed to some socket.
+  bool AllQueued() const { return source_ != nullptr ? source_done_ && pending_.empty() : frames_queued_ == frames_out_; }
 
   // Each send socket's bytes not yet on the wire: unsent in the kernel and yet to be written; and,
   // with socket counters, the time since the last round added to the sockets that had a backlog.
@@ -246,13 +274,10 @@ class Lane::Impl {
     return false;
   }
 
-  bool ReceivesPending() const {
-    if (recv_remaining_ > 0) return true;
-    for (const auto& in : in_) {
-      if (!in.ended) return true;
-    }
-    return false;
-  }
+  bool ReceivesPending() const { return recv_remaining_ > 0 || !AllEnded(); }
+
+  // Data frames are still to come (not just end markers).
+  bool WaitingForData() const { return recv_counted_ ? recv_remaining_ > 0 : !AllEnded(); }
 
   bool AllEnded() const {
     for (const auto& in : in_) {
@@ -261,20 +286,37 @@ class Lane::Impl {
     return true;
   }
 
-  // Takes the socket's next frame: the oldest queued one (frames are queued in pipeline order), or
-  // its end marker once every frame of the collective has been handed to some socket.
-  bool TakeNext(size_t s) {
+  // Takes the socket's next frame: the oldest queued one (frames are queued in pipeline order), one
+  // pulled from the source (at most one per PumpSend: the socket was writable below its low water
+  // when the round began, maybe not after a whole frame), or its end marker once every frame of the
+  // collective has been handed to some socket.
+  bool TakeNext(size_t s, bool* pulled) {
     if (!pending_.empty()) {
       if (!MayTake(s)) return false;
       out_[s].push_back(pending_.front());
       pending_.pop_front();
       backlog_[s] += out_[s].back().total();
+      frames_sent_[s]++;
       return true;
     }
-    if (frames_queued_ == frames_out_ && !end_sent_[s]) {
+    if (Pulling()) {
+      if (*pulled) return false;
+      Frame frame;
+      const char* payload = nullptr;
+      if (source_->Next(&frame, &payload)) {
+        *pulled = true;
+        out_[s].push_back(MakeFrame(frame, payload));
+        ++frames_queued_;
+        frames_sent_[s]++;
+        return true;
+      }
+      source_done_ = true;
+    }
+    if (AllQueued() && !end_sent_[s]) {
       OutFrame f;
       f.header = FrameHeader{};
       FillHeader(&f.header, kEnd);
+      f.header.offset = frames_sent_[s];
       if (s < 64 && (opt_.rehash_out >> s) & 1) f.header.flags = kEndRehash;
       f.payload = nullptr;
       out_[s].push_back(f);
@@ -286,7 +328,8 @@ class Lane::Impl {
 
   Status PumpSend(size_t s, LaneStats* stats, bool* progressed) {
     auto& queue = out_[s];
-    while (!queue.empty() || TakeNext(s)) {
+    bool pulled = false;
+    while (!queue.empty() || TakeNext(s, &pulled)) {
       OutFrame& f = queue.front();
       if (opt_.observer != nullptr && f.sent == 0) f.start_ns = NowNs();
       iovec iov[2];
@@ -361,6 +404,11 @@ class Lane::Impl {
           in.header_got = 0;
           in.ended = true;
           if (in.header.flags & kEndRehash) rehash_in_ |= uint64_t{1} << s;
+          if (in.header.offset != in.frames) {
+            return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": collective #", desc_->seq,
+                                                     " sent ", in.header.offset, " frames on socket ", s, ", ",
+                                                     in.frames, " arrived"));
+          }
           if (recv_remaining_ > 0 && AllEnded()) {
             return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": collective #",
                                                      desc_->seq, " ended ", recv_remaining_, " frames early"));
@@ -412,7 +460,7 @@ class Lane::Impl {
       }
       return Status::Ok();
     }
-    if (recv_remaining_ == 0) {
+    if (recv_counted_ && recv_remaining_ == 0) {
       return Status::Error(Code::kIoError, Str("protocol error from ", opt_.prev_name, ": more frames than collective #",
                                                desc_->seq, " has"));
     }
@@ -429,7 +477,8 @@ class Lane::Impl {
       dep_ = FrameDep::kOnReceive;
     }
     in.header_got = 0;
-    recv_remaining_--;
+    in.frames++;
+    if (recv_counted_) recv_remaining_--;
     sink_->Received(frame, s);  // may queue sends, which depend on this receive
   }
 
@@ -511,12 +560,16 @@ class Lane::Impl {
   std::vector<InState> in_;
   std::deque<OutFrame> pending_;  // frames ready to send, in the order queued, not yet on a socket
   std::vector<bool> end_sent_;    // per socket: its end marker has been queued
+  std::vector<uint64_t> frames_sent_;  // per socket: data frames it took in this collective (its end marker says)
+  FrameSource* source_ = nullptr;  // Pull's, for this collective
+  bool source_done_ = false;       // it has no frame left
+  bool recv_counted_ = true;       // frames_in was known (else: until every end marker)
   bool gate_open_ = true;         // LaneOptions::send_gate said open (or there is none)
   std::vector<size_t> backlog_;   // per send socket (S > 1 or counters): bytes not yet on the wire, this poll round
   int64_t last_measure_ns_ = 0;   // when backlog_ was measured (counters only; 0: not yet in this collective)
   uint64_t rehash_in_ = 0;        // receive sockets whose end marker announced a replacement
   uint64_t frames_queued_ = 0;    // frames queued so far in this collective
-  uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective
+  uint64_t frames_out_ = 0;       // frames this rank sends in the whole collective (or kFramesUnknown)
   uint64_t recv_remaining_ = 0;
   int64_t abort_origin_ = -1;
   FrameDep dep_ = FrameDep::kOnRequest;  // what a frame queued now depends on (observer only)
@@ -529,6 +582,7 @@ void Lane::Begin(const CollectiveDesc& desc, uint64_t frames_out, uint64_t frame
   impl_->Begin(desc, frames_out, frames_in);
 }
 void Lane::Send(const Frame& frame, const char* payload) { impl_->Send(frame, payload); }
+void Lane::Pull(FrameSource* source) { impl_->Pull(source); }
 Status Lane::Run(FrameSink* sink, LaneStats* stats) { return impl_->Run(sink, stats); }
 
 

@@ -24,8 +24,18 @@
 // a step's frames spread over the S sockets and a socket whose flow is slower (an unlucky share of
 // a shaped link) carries fewer frames instead of holding the collective back. Once its last
 // frame is out, the sender closes the collective on every socket with an end marker (a header
-// without payload), so each receiver knows when a socket's frames of this collective are over and
-// never reads into the next collective's. Every poll round receives before it sends.
+// without payload, carrying how many data frames went on that socket), so each receiver knows when
+// a socket's frames of this collective are over, never reads into the next collective's, and
+// checks that none was lost. Every poll round receives before it sends.
+//
+// Pulling. A collective whose frames are not known in advance (Begin with kFramesUnknown) hands
+// the lane a FrameSource instead of queueing: a send socket asks it for one frame when it has
+// none in progress and its kernel buffer is nearly drained (TCP_NOTSENT_LOWAT, set to
+// LaneOptions::unsent_low_water, makes poll report the socket writable only then), so a frame is
+// claimed just before the socket can carry it. Several lanes pulling from one shared source (the
+// alltoall's blocks, collectives/alltoall.h) thus share its frames in proportion to how fast
+// each drains, to the last frame. The receiver, told kFramesUnknown too, takes frames until every
+// socket's end marker, checking each socket's count against its marker.
 //
 // Re-hashing. A flow that shares a per-flow cap with another (their ports hashed alike) drains
 // slower than its siblings; the sender can replace it by a new connection, whose new source port
@@ -62,6 +72,7 @@ namespace fasthorovod {
 
 constexpr size_t kFrameHeaderBytes = 128;
 constexpr size_t kMaxAbortMessage = 4096;
+constexpr uint64_t kFramesUnknown = ~uint64_t{0};  // Lane::Begin: counted as they come (Pulling)
 
 // A data frame as the collective sees it: its place in the schedule and its payload bytes.
 struct Frame {
@@ -91,6 +102,15 @@ struct FrameEvent {
   int64_t end_ns = 0;    // last byte written / read (a receive: before the sink consumed it)
   FrameDep dep = FrameDep::kOnRequest;
   int64_t dep_id = -1;   // the observer's id of the frame depended on, or -1
+};
+
+// Frames that a collective hands out one at a time, as the lane's sockets can take them (Pulling).
+class FrameSource {
+ public:
+  virtual ~FrameSource() = default;
+  // The next frame to send and its payload (valid until Run returns), or false once there is none
+  // left (then never asked again in this collective).
+  virtual bool Next(Frame* frame, const char** payload) = 0;
 };
 
 class FrameObserver {
@@ -140,6 +160,9 @@ struct LaneOptions {
   // every millisecond meanwhile while it receives; an error from it fails the lane. For payloads
   // the worker is still writing (the alltoall's staging, collectives/alltoall.h).
   std::function<Status(bool* open)> send_gate;
+  // With a FrameSource: TCP_NOTSENT_LOWAT of the send sockets (bytes), so that a socket asks for
+  // its next frame only once it has less than this left to send (0: the kernel's default).
+  int unsent_low_water = 0;
   // The ring's stride: this rank sends to rank + distance and receives from rank - distance (1: the
   // lanes' rings; d: the mesh's links of distance d, collectives/alltoall.h).
   uint32_t distance = 1;
@@ -165,9 +188,14 @@ class Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // Starts a collective in which this rank sends `frames_out` data frames and receives `frames_in`.
-  // `desc` must outlive Run.
+  // Starts a collective in which this rank sends `frames_out` data frames and receives `frames_in`;
+  // either may be kFramesUnknown (Pulling): frames_out then comes from the FrameSource given to
+  // Pull, frames_in from the end markers. `desc` must outlive Run.
   void Begin(const CollectiveDesc& desc, uint64_t frames_out, uint64_t frames_in);
+
+  // Where the frames of a collective begun with frames_out = kFramesUnknown come from; must
+  // outlive Run.
+  void Pull(FrameSource* source);
 
   // Queues a data frame (before Run, or from FrameSink::Received). `payload` must stay valid and
   // unchanged until the frame is out (at the latest until Run returns).

@@ -231,9 +231,11 @@ class _Blocks(Request):
         with _releasing_once_staged(group, send, staging):  # the caller may still be staging into it
             self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
             with group._releasing_on_failure(self._recv_buffer):
-                # The table but its staged word, which the caller's staging writes.
+                # The table but its staged word, which the caller's staging writes; the lanes'
+                # claim words start at zero.
                 send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
                                                                         dtype=torch.int64))
+                send.view(torch.int64, 8 * _C.alltoall_claim_word(n), n).zero_()
                 # What the ranks compare: the matrix (its hash) and, as the count, the most one rank
                 # sends (the same everywhere, and no more than one rank's tensor, which the size
                 # limits bound).

@@ -51,11 +51,17 @@ RingOptions AlltoallOptions(uint32_t rank, uint32_t size, uint32_t lane) {
   return o;
 }
 
-void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
+// Runs an alltoall of uneven splits over `lanes` lanes (threads, all at once, as the proxies run),
+// `adjust(rank, lane, work)` setting up each lane's work further, checks that every rank received
+// every block and returns each (rank, lane)'s statistics.
+std::vector<std::vector<RingStats>> CheckAlltoall(
+    uint32_t size, int sockets, uint32_t lanes,
+    const std::function<void(uint32_t, uint32_t, AlltoallWork*)>& adjust = nullptr) {
   std::vector<std::vector<std::vector<RingLinks>>> meshes;
   for (uint32_t j = 0; j < lanes; ++j) meshes.push_back(ConnectMesh(size, sockets, j));
   std::vector<std::vector<int32_t>> send(size), recv(size);
   std::vector<std::vector<uint64_t>> send_count(size), recv_count(size);
+  std::vector<std::vector<uint64_t>> claims(size, std::vector<uint64_t>(size, 0));  // a rank's lanes share them
   for (uint32_t r = 0; r < size; ++r) {
     for (uint32_t d = 0; d < size; ++d) {
       send_count[r].push_back(Count(r, d, size));
@@ -66,23 +72,24 @@ void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
     for (uint64_t c : recv_count[r]) received += c;
     recv[r].assign(received, -1);
   }
-  RunRanks(size, [&](uint32_t r) {
-    for (uint32_t j = 0; j < lanes; ++j) {
-      AlltoallWork work;
-      work.send = reinterpret_cast<const char*>(send[r].data());
-      work.recv = reinterpret_cast<char*>(recv[r].data());
-      work.send_count = send_count[r];
-      work.recv_count = recv_count[r];
-      work.dtype = DType::kInt32;
-      work.lanes = lanes;
-      work.lane = j;
-      CollectiveDesc desc;
-      desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
-      desc.dtype = static_cast<uint16_t>(DType::kInt32);
-      RingStats stats;
-      Status st = MeshAlltoall(meshes[j][r], desc, work, AlltoallOptions(r, size, j), &stats);
-      CHECK(st.ok());
-    }
+  std::vector<std::vector<RingStats>> stats(size, std::vector<RingStats>(lanes));
+  RunRanks(size * lanes, [&](uint32_t t) {
+    const uint32_t r = t % size, j = t / size;
+    AlltoallWork work;
+    work.send = reinterpret_cast<const char*>(send[r].data());
+    work.recv = reinterpret_cast<char*>(recv[r].data());
+    work.send_count = send_count[r];
+    work.recv_count = recv_count[r];
+    work.dtype = DType::kInt32;
+    work.lanes = lanes;
+    work.lane = j;
+    work.claimed = claims[r].data();
+    if (adjust) adjust(r, j, &work);
+    CollectiveDesc desc;
+    desc.op = static_cast<uint16_t>(ReduceOp::kAlltoall);
+    desc.dtype = static_cast<uint16_t>(DType::kInt32);
+    Status st = MeshAlltoall(meshes[j][r], desc, work, AlltoallOptions(r, size, j), &stats[r][j]);
+    CHECK(st.ok());
   });
   for (uint32_t r = 0; r < size; ++r) {
     size_t at = 0;
@@ -92,27 +99,51 @@ void CheckAlltoall(uint32_t size, int sockets, uint32_t lanes) {
         const int32_t want = s == r ? -1 : Value(s, r, i);
         if (recv[r][at] != want) {
           CHECK_EQ(recv[r][at], want);
-          return;
+          return stats;
         }
       }
     }
   }
+  return stats;
 }
 
 }  // namespace
 
 TEST(AlltoallSendRegionStartsAfterTheTableOnA64ByteBoundary) {
-  // sent to each, received from each, receive buffer, its offset, the staged word
-  CHECK_EQ(AlltoallTableWords(3), size_t{9});
+  // sent to each, received from each, receive buffer, its offset, the staged word, the claim words
+  CHECK_EQ(AlltoallTableWords(3), size_t{12});
   CHECK_EQ(AlltoallStagedWord(3), size_t{8});
-  CHECK_EQ(AlltoallSendOffset(3), size_t{128});  // 72 bytes of table
-  CHECK_EQ(AlltoallSendOffset(2), size_t{64});   // 56 bytes
+  CHECK_EQ(AlltoallClaimWord(3), size_t{9});
+  CHECK_EQ(AlltoallSendOffset(3), size_t{128});  // 96 bytes of table
+  CHECK_EQ(AlltoallSendOffset(2), size_t{128});  // 72 bytes
+  CHECK_EQ(AlltoallSendOffset(1), size_t{64});   // 48 bytes
 }
 
 TEST(MeshAlltoallDeliversEveryBlockOfUnevenSplits) {
   CheckAlltoall(2, 1, 1);
   CheckAlltoall(3, 2, 2);
   CheckAlltoall(4, 2, 3);
+}
+
+TEST(TheLanesOfARankShareEachBlockByWhatTheyCanCarry) {
+  // lane 0 of every rank may send only after 300 ms (its gate): by then lane 1 has claimed and sent
+  // every segment of every block, and lane 0 sends none (with fixed parts, lane 0 would carry half
+  // of each block, 300 ms late); every block still arrives whole
+  std::vector<uint64_t> late(4, 0), open(4, 3);
+  std::vector<std::thread> openers;
+  openers.emplace_back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (auto& word : late) __atomic_store_n(&word, 3, __ATOMIC_RELEASE);
+  });
+  auto stats = CheckAlltoall(4, 2, 2, [&](uint32_t r, uint32_t j, AlltoallWork* work) {
+    work->staged = j == 0 ? &late[r] : &open[r];
+  });
+  openers[0].join();
+  for (uint32_t r = 0; r < 4; ++r) {
+    CHECK_EQ(stats[r][0].bytes_sent, uint64_t{0});
+    CHECK(stats[r][1].bytes_sent > 0);
+    CHECK_EQ(stats[r][0].bytes_received, uint64_t{0});
+  }
 }
 
 TEST(AFailedAlltoallStepReachesEveryRankAtOnce) {
@@ -122,6 +153,7 @@ TEST(AFailedAlltoallStepReachesEveryRankAtOnce) {
   auto mesh = ConnectMesh(size, 1);
   std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * 5000, 1)), recv = send;
   std::vector<Status> results(size);
+  std::vector<std::vector<uint64_t>> claims(size, std::vector<uint64_t>(size, 0));
   std::atomic<uint32_t> abort{1};
   const char* reason = "rank 0 gave up";
   const auto start = std::chrono::steady_clock::now();
@@ -132,6 +164,7 @@ TEST(AFailedAlltoallStepReachesEveryRankAtOnce) {
     work.send_count.assign(size, 5000);
     work.recv_count.assign(size, 5000);
     work.dtype = DType::kInt32;
+    work.claimed = claims[r].data();
     RingOptions o = AlltoallOptions(r, size, 0);
     if (r == 0) {
       o.abort = &abort;
@@ -164,6 +197,7 @@ std::vector<Status> RunStaged(uint32_t size, int pause_ms, uint32_t failing, std
   std::vector<std::vector<int32_t>> send(size, std::vector<int32_t>(size * block, -7));  // not staged yet
   recv->assign(size, std::vector<int32_t>(size * block, -1));
   std::vector<uint64_t> staged(size, 0);
+  std::vector<std::vector<uint64_t>> claims(size, std::vector<uint64_t>(size, 0));
   std::vector<Status> results(size);
   RunRanks(2 * size, [&](uint32_t t) {
     const uint32_t r = t % size;
@@ -189,6 +223,7 @@ std::vector<Status> RunStaged(uint32_t size, int pause_ms, uint32_t failing, std
     work.recv_count.assign(size, block);
     work.dtype = DType::kInt32;
     work.staged = &staged[r];
+    work.claimed = claims[r].data();
     RingOptions o = AlltoallOptions(r, size, 0);
     o.timeout_seconds = timeout_seconds;
     CollectiveDesc desc;

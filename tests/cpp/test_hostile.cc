@@ -162,6 +162,16 @@ TEST(HostileNeighbourEndMarkerWithAPayloadLength) {
   CHECK(Contains(st, "end marker of collective #0 with length field 4096 (must be 0)"));
 }
 
+TEST(HostileNeighbourEndMarkerCountingFramesThatNeverCame) {
+  // One frame arrives, the end marker says two went on the socket: one was lost on the way.
+  WireFrameHeader end = Data(0, 0, 2, 0);
+  end.kind = 3;
+  const std::string frame = Bytes(Data(0, 0, 0, 2000)) + std::string(2000, '\0');
+  Status st = AgainstHostileNeighbour(frame + Bytes(end), false, 5);
+  std::printf("    %s\n", Report(st).c_str());
+  CHECK(st.code() == Code::kIoError && Contains(st, "collective #0 sent 2 frames on socket 0, 1 arrived"));
+}
+
 TEST(HostileNeighbourAbortFrames) {
   WireFrameHeader bad_origin = Data(0, 0, 0, 5);
   bad_origin.kind = 2;

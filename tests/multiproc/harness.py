@@ -107,7 +107,8 @@ class Lanes:
     runs no ring, so the lanes move no byte over TCP (checked) and only `min_collectives` tells.
     `ranks`: how many ranks end the job (an elastic job's final size), ``None`` for np.
     ``mesh=True``: the alltoall, whose bytes the lanes count apart (``mesh_bytes_*``: its mesh's
-    sockets, not the rings')."""
+    sockets, not the rings'); its lanes share each block by how fast each drains, so one lane may
+    carry nothing: only their sum is bounded there."""
     min_bytes: int = 1
     min_collectives: int = 1
     tcp: bool = True
@@ -163,7 +164,8 @@ def check_lanes(out: str, claim: Claim, ranks: Iterable[int], scenario: Optional
         assert all(c >= lanes.min_collectives for c in total["collectives"]), \
             f"{summary}; every lane must run at least {lanes.min_collectives}"
         if lanes.tcp:
-            assert all(total["bytes_sent"]) and all(total["bytes_received"]), f"{summary}; every lane must move bytes"
+            if not lanes.mesh:
+                assert all(total["bytes_sent"]) and all(total["bytes_received"]), f"{summary}; every lane must move bytes"
             for key in ("bytes_sent", "bytes_received"):
                 assert sum(total[key]) >= lanes.min_bytes, f"{summary}; at least {lanes.min_bytes} B expected"
         else:

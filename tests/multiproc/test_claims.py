@@ -1,7 +1,7 @@
 """The harness's path claims (harness.check_lanes) on made-up worker output: no ranks are started.
 
-A claim must fail when one rank's line is missing, when a lane moved nothing, when the bytes fall
-short of the bound, and when a Horovod-path job's lanes carried anything."""
+A claim must fail when one rank's line is missing, when a lane moved nothing (but the alltoall's
+mesh, whose lanes share each block), when the bytes fall short of the bound, and when a Horovod-path job's lanes carried anything."""
 import json
 
 import pytest
@@ -43,7 +43,7 @@ def test_a_proxied_claim_holds_on_every_rank():
     (GOOD, Lanes(min_collectives=3), "at least 3"),
     (out(line(0), line(1)), True, "no proxies ran"),
     (GOOD, Lanes(tcp=False), "moves nothing over TCP"),
-    (GOOD, Lanes(mesh=True), "every lane must move"),  # the rings' bytes are not the mesh's
+    (GOOD, Lanes(mesh=True), "at least 1 B"),  # the rings' bytes are not the mesh's
     (out(line(0, [(0, 0, 0)]), line(1, [(0, 0, 1)])), False, "rank 1: a Horovod-path job"),
     (GOOD + line(1, [(1, 1, 1)]), True, "rank 1 reported its lanes twice"),
 ])
