@@ -54,7 +54,7 @@ namespace fasthorovod {
 constexpr uint32_t kMaxConcurrentSteps = 8;
 
 // The unit the lanes claim of a block, and each mesh socket's low water (bytes).
-constexpr size_t kMeshSegmentBytes = 256 << 10;
+constexpr size_t kMeshSegmentBytes = 128 << 10;
 
 // One rank's alltoall lies in two staging buffers. The request's buffer holds, from the request's
 // offset, the size table (3n + 3 uint64: elements sent to each rank, elements received from each,
