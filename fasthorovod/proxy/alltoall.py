@@ -9,16 +9,18 @@ number to each. In two stages, as the allgather of rows (gather.py):
    :data:`~fasthorovod.proxy.gather.INLINE_BYTES`. Every rank then holds the whole split matrix.
    When every rank's tensor fit, that one collective is the alltoall.
 2. otherwise, posted by the group's second-stage thread (stages.py) once the heads are in and under
-   the same name, the blocks: the proxies send each block straight to its rank (lane j carries
-   part j of every block) and write what they receive in rank order into a receive buffer. The
-   rank's rows for the other ranks are staged into the send buffer when the alltoall is called,
-   while the heads travel, block by block in distance order (the block for rank + 1 first), each
-   published in the table's staged word once copied. Once the heads are in, the second-stage
-   thread writes the size table (elements it sends to each rank and receives from each, both from
-   the matrix, and where the receive region is) and posts the blocks, whether or not staging is
-   done: the proxies send a block once it is staged (collectives/alltoall.h), so the first blocks
-   travel while the last are copied. The rank then copies its own block (which never leaves the
-   worker, and is never staged) from the tensor to its place while the proxies work.
+   the same name, the blocks: the proxies send each block straight to its rank (the rank's lanes
+   share every block, each taking segments as its sockets drain) and write what they receive in
+   rank order into a receive buffer. The second-stage thread writes the size table (elements it
+   sends to each rank and receives from each, both from the matrix, and where the receive region
+   is), posts the blocks, and only then stages the rank's rows for the other ranks into the send
+   buffer, block by block in distance order (the block for rank + 1 first), each published in the
+   table's staged word once copied: the proxies send a block once it is staged
+   (collectives/alltoall.h), so the first blocks travel while the last are copied. Nothing is
+   copied while the heads travel: on the emulated cloud's two shared cores, four workers staging
+   at once made the heads' allgather take 25 ms instead of 3 (docs/benchmarks.md). The rank then
+   copies its own block (which never leaves the worker, and is never staged) from the tensor to
+   its place while the proxies work.
    The receive region is laid out as the output, so an output of at least LEND_MIN_BYTES on the
    CPU is that region itself, lent (buffers.py): nothing is copied out. Otherwise (a CUDA tensor, a
    small output) the rank touches the rest of the output while the proxies work, so that copying
@@ -34,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import threading
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
@@ -78,12 +79,7 @@ def post(group: "ProxyGroup", tensor: torch.Tensor, splits: Sequence[int], name:
         copy_tensor(head[8 * (1 + n):8 * (1 + n) + payload.numel()], payload.cpu())
     heads = gather_heads(head, name) if gather_heads is not None else gather_post(group, head, name, description)
     request = AlltoallRequest(group, heads, tensor, name, description)
-    staging = sum(splits) * row_bytes > INLINE_BYTES
-    if staging:
-        request.reserve(sent)
     group.second_stages.add(request)
-    if staging:
-        request.stage(sent, splits)  # while the heads travel, and the first blocks once they are in
     return request
 
 
@@ -96,43 +92,9 @@ class AlltoallRequest(HeadsFirst):
 
     def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
         super().__init__(group, heads, name, description)
-        self._like: Optional[torch.Tensor] = tensor  # the input, for the output's shape, dtype, device
-        self._send: Optional[Buffer] = None  # the staged rows (stage), until the blocks own it
-        self._staging = threading.Event()  # set once stage() ended: `_send` is no longer written
-        self._staging_error: Optional[Exception] = None  # what stage() failed with
+        self._like: Optional[torch.Tensor] = tensor  # the input: its rows, the output's shape, dtype, device
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
-
-    def reserve(self, rows: torch.Tensor) -> None:
-        """Takes the send buffer for `rows`, nothing staged in it yet."""
-        group = self._group
-        send = group.pool.acquire(_C.alltoall_send_offset(group.size) + rows.numel() * rows.element_size())
-        with group._releasing_on_failure(send):
-            _publish(send, group.size, 0)
-        self._send = send
-
-    def stage(self, rows: torch.Tensor, splits: Sequence[int]) -> None:
-        """Copies the rows this rank sends to the others (``splits[d]`` to rank d) into the send
-        buffer (reserve), each block at its place in rank order, in distance order, publishing each
-        in the staged word; its own block, which the proxies never read, goes straight from `rows`
-        to the output (_Blocks). The second stage may post the blocks meanwhile, on another thread;
-        it gives the buffer back only once staging ended (``_staging``). A failure publishes
-        ALLTOALL_STAGING_FAILED, so the proxies fail the alltoall on every rank (they say so), and
-        ``wait()`` raises it here."""
-        n, rank, send = self._group.size, self._group.rank, self._send
-        try:
-            staged = send.view(rows.dtype, _C.alltoall_send_offset(n), rows.numel())
-            row, begins = math.prod(rows.shape[1:]), list(itertools.accumulate(splits, initial=0))
-            for distance in range(1, n):
-                d = (rank + distance) % n
-                begin, end = begins[d] * row, begins[d + 1] * row
-                copy_tensor(staged[begin:end], rows[begins[d]:begins[d + 1]].reshape(-1))
-                _publish(send, n, distance)
-        except Exception as e:
-            self._staging_error = e
-            _publish(send, n, _C.ALLTOALL_STAGING_FAILED)
-        finally:
-            self._staging.set()
 
     def _second_stage(self) -> Optional[Request]:
         try:
@@ -156,31 +118,15 @@ class AlltoallRequest(HeadsFirst):
         if inline:
             self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
             return None
-        if self._send is None:  # this rank's rows fit inline, another rank's did not
-            rows = x[:sum(matrix[rank])]
-            self.reserve(rows)
-            self.stage(rows, matrix[rank])
-        send, self._send = self._send, None
-        own = x[sum(matrix[rank][:rank]):sum(matrix[rank][:rank + 1])]
-        return _Blocks(self._group, self._name, send, self._staging, matrix, own, self.output, shape)
-
-    def wait(self) -> None:
-        try:
-            super().wait()
-        except Exception as e:
-            if self._staging_error is not None:  # the cause, rather than the proxies' word for it
-                raise self._staging_error from e
-            raise
+        blocks = _Blocks(self._group, self._name, matrix, x, self.output, shape)
+        blocks.stage()
+        return blocks
 
     def _finished(self) -> None:
         if self.output is None:
             self.output = self._second.output  # lent
 
     def _drop(self) -> None:
-        if self._send is not None:
-            self._staging.wait()  # a memory copy on the caller's thread
-            self._group.pool.release(self._send)
-            self._send = None
         self._like = None
 
     def _from_heads(self, payloads: torch.Tensor, matrix: List[List[int]], row_bytes: int) -> None:
@@ -201,41 +147,30 @@ def _publish(send: Buffer, size: int, staged: int) -> None:
     _C.publish_word(send.view(torch.int64, 8 * _C.alltoall_staged_word(size), 1).data_ptr(), staged)
 
 
-@contextlib.contextmanager
-def _releasing_once_staged(group: "ProxyGroup", send: Buffer, staging: threading.Event):
-    """Gives `send` back to the pool if posting fails, once the caller's staging into it ended."""
-    try:
-        yield
-    except BaseException:
-        staging.wait()
-        group.pool.release(send)
-        raise
-
-
 class _Blocks(Request):
-    """The second stage on the mesh: writes the size table into `send` (the rows for the other
-    ranks are staged there, or being staged by the caller until `staging` is set), posts the blocks with a receive buffer laid out as the output
-    (`shape`), and copies `own`, the rank's rows for itself, to its place. `output` None: once done,
-    the receive buffer is lent as ``output``. Else `own` goes straight to `output`, the rest of
-    which is touched meanwhile, and the received blocks are copied out once done. Owns both buffers
-    from here on (Request releases the send buffer, _finish the receive buffer unless it was lent)."""
+    """The second stage on the mesh: takes a send buffer, writes the size table into it, posts the
+    blocks with a receive buffer laid out as the output (`shape`); then :meth:`stage` copies the
+    rows of `tensor` for the other ranks into the send buffer while the proxies run, and the rank's
+    rows for itself to their place. `output` None: once done, the receive buffer is lent as
+    ``output``. Else the rank's own rows go straight to `output`, the rest of which is touched
+    meanwhile, and the received blocks are copied out once done. Owns both buffers (Request
+    releases the send buffer, _finish the receive buffer unless it was lent)."""
 
-    def __init__(self, group: "ProxyGroup", name: str, send: Buffer, staging: threading.Event,
-                 matrix: List[List[int]], own: torch.Tensor, output: Optional[torch.Tensor],
-                 shape: Sequence[int]) -> None:
-        n, rank, dtype = group.size, group.rank, own.dtype
-        itemsize = own.element_size()
+    def __init__(self, group: "ProxyGroup", name: str, matrix: List[List[int]], tensor: torch.Tensor,
+                 output: Optional[torch.Tensor], shape: Sequence[int]) -> None:
+        n, rank, dtype = group.size, group.rank, tensor.dtype
+        itemsize = tensor.element_size()
         row_elems = math.prod(shape[1:])
         sent = [c * row_elems for c in matrix[rank]]
         recv = [matrix[s][rank] * row_elems for s in range(n)]
-        with _releasing_once_staged(group, send, staging):  # the caller may still be staging into it
+        send = group.pool.acquire(_C.alltoall_send_offset(n) + sum(sent) * itemsize)
+        with group._releasing_on_failure(send):
             self._recv_buffer = group.pool.acquire(max(1, sum(recv) * itemsize))
             with group._releasing_on_failure(self._recv_buffer):
-                # The table but its staged word, which the caller's staging writes; the lanes'
-                # claim words start at zero.
-                send.view(torch.int64, 0, 2 * n + 2).copy_(torch.tensor(sent + recv + [self._recv_buffer.id, 0],
-                                                                        dtype=torch.int64))
-                send.view(torch.int64, 8 * _C.alltoall_claim_word(n), n).zero_()
+                # The table: nothing staged yet, no segment claimed by the lanes.
+                table = send.view(torch.int64, 0, _C.alltoall_claim_word(n) + n)
+                table.zero_()
+                table[:2 * n + 1].copy_(torch.tensor(sent + recv + [self._recv_buffer.id], dtype=torch.int64))
                 # What the ranks compare: the matrix (its hash) and, as the count, the most one rank
                 # sends (the same everywhere, and no more than one rank's tensor, which the size
                 # limits bound).
@@ -244,14 +179,36 @@ class _Blocks(Request):
                                        buffer_offset=0, count=largest, dtype=DTYPE_CODES[dtype], op=OP_ALLTOALL)
         super().__init__(group, ticket, send, True, (), (), ())
         self._recv, self._rank, self._shape, self._dtype = recv, rank, tuple(shape), dtype
+        self._rows, self._splits = tensor[:sum(matrix[rank])], matrix[rank]
         self.output = output  # complete once wait() returned (lent then, where None before)
-        # While the proxies work: the own block, and the first touch of every other page of an output.
-        at = sum(recv[:rank])
-        flat = output.view(-1) if output is not None else self._recv_buffer.view(dtype, 0, sum(recv))
-        copy_tensor(flat[at:at + recv[rank]], own.reshape(-1))
-        if output is not None:
+
+    def stage(self) -> None:
+        """Copies the rows for the other ranks into the send region, each block at its place in
+        rank order, in distance order, publishing each in the staged word (the proxies send a block
+        once it is there); then the rank's own rows to their place, and the first touch of every
+        other page of an output. A failed copy publishes ALLTOALL_STAGING_FAILED, so the proxies
+        fail the alltoall on every rank (they say so), and raises here once they have."""
+        group, rows = self._group, self._rows
+        n, rank, send = group.size, group.rank, self._buffer
+        try:
+            staged = send.view(rows.dtype, _C.alltoall_send_offset(n), rows.numel())
+            row, begins = math.prod(rows.shape[1:]), list(itertools.accumulate(self._splits, initial=0))
+            for distance in range(1, n):
+                d = (rank + distance) % n
+                copy_tensor(staged[begins[d] * row:begins[d + 1] * row], rows[begins[d]:begins[d + 1]].reshape(-1))
+                _publish(send, n, distance)
+        except Exception:
+            _publish(send, n, _C.ALLTOALL_STAGING_FAILED)
+            with contextlib.suppress(Exception):
+                self.wait()  # fails at once, and gives the buffers back once the proxies are done
+            raise
+        at, recv = sum(self._recv[:rank]), self._recv
+        flat = self.output.view(-1) if self.output is not None else self._recv_buffer.view(self._dtype, 0, sum(recv))
+        copy_tensor(flat[at:at + recv[rank]], rows[begins[rank]:begins[rank + 1]].reshape(-1))
+        if self.output is not None:
             zero_tensor(flat[:at])
             zero_tensor(flat[at + recv[rank]:])
+        self._rows = None
 
     def _copy_out(self) -> None:
         if self.output is None:

@@ -114,21 +114,21 @@ def staging_failed(timeout: float) -> None:
     real_copy = alltoall.copy_tensor
 
     def failing_copy(dst, src):
-        # the caller's second staging copy: the block for rank + 2 (the second-stage thread copies
-        # the rank's own block meanwhile, which must not count)
-        if threading.current_thread() is threading.main_thread() and next(copies) == 1:
+        # the second staging copy, on the second-stage thread: the block for rank + 2, while the
+        # proxies send the first
+        if threading.current_thread() is not threading.main_thread() and next(copies) == 1:
             raise RuntimeError("injected: the copy of a block failed")
         real_copy(dst, src)
     if rank == VICTIM:
         alltoall.copy_tensor = failing_copy
     start = time.time()
     handle = hvd.alltoall_async(x, name="staged.fails")
-    alltoall.copy_tensor = real_copy
     try:
         hvd.synchronize(handle)
         error = None
     except Exception as e:
         error = e
+    alltoall.copy_tensor = real_copy
     report = {"rank": rank, "type": type(error).__name__, "error": str(error), "took": time.time() - start}
     reports = hvd.allgather_object(report, name="staged.report")
     for r in reports:
