@@ -52,11 +52,13 @@ RingOptions AlltoallOptions(uint32_t rank, uint32_t size, uint32_t lane) {
 }
 
 // Runs an alltoall of uneven splits over `lanes` lanes (threads, all at once, as the proxies run),
-// `adjust(rank, lane, work)` setting up each lane's work further, checks that every rank received
-// every block and returns each (rank, lane)'s statistics.
+// `adjust(rank, lane, work)` setting up each lane's work further and `done(rank, lane)` told when
+// that lane's alltoall returned, checks that every rank received every block and returns each
+// (rank, lane)'s statistics.
 std::vector<std::vector<RingStats>> CheckAlltoall(
     uint32_t size, int sockets, uint32_t lanes,
-    const std::function<void(uint32_t, uint32_t, AlltoallWork*)>& adjust = nullptr) {
+    const std::function<void(uint32_t, uint32_t, AlltoallWork*)>& adjust = nullptr,
+    const std::function<void(uint32_t, uint32_t)>& done = nullptr) {
   std::vector<std::vector<std::vector<RingLinks>>> meshes;
   for (uint32_t j = 0; j < lanes; ++j) meshes.push_back(ConnectMesh(size, sockets, j));
   std::vector<std::vector<int32_t>> send(size), recv(size);
@@ -90,6 +92,7 @@ std::vector<std::vector<RingStats>> CheckAlltoall(
     desc.dtype = static_cast<uint16_t>(DType::kInt32);
     Status st = MeshAlltoall(meshes[j][r], desc, work, AlltoallOptions(r, size, j), &stats[r][j]);
     CHECK(st.ok());
+    if (done) done(r, j);
   });
   for (uint32_t r = 0; r < size; ++r) {
     size_t at = 0;
@@ -126,19 +129,18 @@ TEST(MeshAlltoallDeliversEveryBlockOfUnevenSplits) {
 }
 
 TEST(TheLanesOfARankShareEachBlockByWhatTheyCanCarry) {
-  // lane 0 of every rank may send only after 300 ms (its gate): by then lane 1 has claimed and sent
-  // every segment of every block, and lane 0 sends none (with fixed parts, lane 0 would carry half
-  // of each block, 300 ms late); every block still arrives whole
+  // lane 0 of every rank may send only once lane 1 of every rank is done (its gate opens then):
+  // lane 1 has claimed and sent every segment of every block, lane 0 sends none (with fixed parts,
+  // lane 0 would still carry its half of each block, once open); every block still arrives whole
   std::vector<uint64_t> late(4, 0), open(4, 3);
-  std::vector<std::thread> openers;
-  openers.emplace_back([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    for (auto& word : late) __atomic_store_n(&word, 3, __ATOMIC_RELEASE);
-  });
-  auto stats = CheckAlltoall(4, 2, 2, [&](uint32_t r, uint32_t j, AlltoallWork* work) {
-    work->staged = j == 0 ? &late[r] : &open[r];
-  });
-  openers[0].join();
+  std::atomic<uint32_t> lane1_done{0};
+  auto stats = CheckAlltoall(
+      4, 2, 2, [&](uint32_t r, uint32_t j, AlltoallWork* work) { work->staged = j == 0 ? &late[r] : &open[r]; },
+      [&](uint32_t, uint32_t j) {
+        if (j == 1 && ++lane1_done == 4) {
+          for (auto& word : late) __atomic_store_n(&word, 3, __ATOMIC_RELEASE);
+        }
+      });
   for (uint32_t r = 0; r < 4; ++r) {
     CHECK_EQ(stats[r][0].bytes_sent, uint64_t{0});
     CHECK(stats[r][1].bytes_sent > 0);
