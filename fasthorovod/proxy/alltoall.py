@@ -91,7 +91,7 @@ class AlltoallRequest(HeadsFirst):
     heads_end_with_the_data_plane = True
 
     def __init__(self, group: "ProxyGroup", heads, tensor: torch.Tensor, name: str, description: str) -> None:
-        super().__init__(group, heads, name, description)
+        super().__init__(group, heads, name, description, (tensor,))
         self._like: Optional[torch.Tensor] = tensor  # the input: its rows, the output's shape, dtype, device
         self.output: Optional[torch.Tensor] = None  # complete once wait() returned
         self.received_splits: List[int] = []
@@ -118,6 +118,7 @@ class AlltoallRequest(HeadsFirst):
         if inline:
             self._from_heads(heads[:, 8 * (1 + n):], matrix, row_bytes)
             return None
+        self.await_inputs()
         blocks = _Blocks(self._group, self._name, matrix, x, self.output, shape)
         blocks.stage()
         return blocks

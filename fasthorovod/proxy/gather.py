@@ -132,7 +132,7 @@ class RowsRequest(HeadsFirst):
 
     def __init__(self, group: "ProxyGroup", heads, tensors: Sequence[torch.Tensor], name: str,
                  description: str) -> None:
-        super().__init__(group, heads, name, description)
+        super().__init__(group, heads, name, description, tensors)
         self._tensors = list(tensors)  # this rank's rows, held until they are staged
         self.outputs: List[torch.Tensor] = []  # complete once wait() returned
 
@@ -146,6 +146,7 @@ class RowsRequest(HeadsFirst):
         row_bytes = [math.prod(t.shape[1:]) * t.element_size() for t in self._tensors]
         sent = [sum(c[r] * b for c, b in zip(counts, row_bytes)) for r in range(self._group.size)]
         if max(sent) > INLINE_BYTES:
+            self.await_inputs()
             return self._post_rows(counts)
         self.outputs = self._empty_outputs(counts)
         for r in range(self._group.size):

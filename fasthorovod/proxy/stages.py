@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+import torch
 
 from fasthorovod.exceptions import CollectiveMismatchError, FastHorovodError
 
@@ -84,7 +86,8 @@ class HeadsFirst:
     and whose second, posted here once the heads are in, is a request of the proxies, or nothing
     when the heads carried everything: the allgather of rows (gather.py) and the alltoall
     (alltoall.py). A subclass implements ``_second_stage()`` (reads ``self._heads.output``, returns
-    the posted request or None; may raise, and the caller's ``wait()`` raises it) and ``_drop()``
+    the posted request or None, calling ``await_inputs()`` before it reads the caller's tensors;
+    may raise, and the caller's ``wait()`` raises it) and ``_drop()``
     (gives back what it held for the second stage), and may override ``_finished()`` (after the
     second stage's wait)."""
 
@@ -96,7 +99,8 @@ class HeadsFirst:
     # allgather_object keeps working after a failure (the fault tests report through it).
     heads_end_with_the_data_plane = False
 
-    def __init__(self, group: "ProxyGroup", heads, name: str, description: str) -> None:
+    def __init__(self, group: "ProxyGroup", heads, name: str, description: str,
+                 inputs: Sequence[torch.Tensor] = ()) -> None:
         self._group = group
         self._heads = heads  # poll(), wait(), then output: one head per rank
         self._name = name
@@ -104,6 +108,17 @@ class HeadsFirst:
         self._second = None
         self._error: Optional[BaseException] = None
         self._posted = threading.Event()
+        # The caller's CUDA work that produces `inputs`, which the second stage reads on this
+        # module's thread (its own current stream): an event on the caller's current stream.
+        self._inputs_ready = None
+        if any(t.is_cuda for t in inputs):
+            self._inputs_ready = torch.cuda.Event()
+            self._inputs_ready.record()
+
+    def await_inputs(self) -> None:
+        """Before the second stage reads the inputs: waits for the caller's CUDA work on them."""
+        if self._inputs_ready is not None:
+            self._inputs_ready.synchronize()
 
     # -- the second-stage thread's side --
 
