@@ -356,10 +356,13 @@ class Proxy {
       // The mesh joins every rank's lane j, whatever the layout: its identity is the job's rank (a
       // hierarchical ring's is the host's place among the hosts).
       info_.progress_ns.store(NowNs());
-      FHVD_RETURN_IF_ERROR(EstablishMesh(Identity(ch_->rank, n, ch_->config_hash), mesh_listener_, peers, static_cast<int>(ch_->sockets_per_lane),
-                                         ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &mesh_,
-                                         &ch_->abort)
-                               .WithContext("connecting the alltoall mesh: "));
+      Status meshed = EstablishMesh(Identity(ch_->rank, n, ch_->config_hash), mesh_listener_, peers,
+                                    static_cast<int>(ch_->sockets_per_lane), ch_->socket_buffer_bytes,
+                                    Deadline::After(ch_->timeout_seconds), &mesh_, &ch_->abort);
+      // Stopped by the job's abort: its reason names the rank that failed, where the set-up's own
+      // message could only say that it stopped.
+      if (meshed.code() == Code::kAborted && ch_->abort.load() != 0) meshed = JobAbort();
+      FHVD_RETURN_IF_ERROR(meshed.WithContext("connecting the alltoall mesh: "));
       info_.progress_ns.store(NowNs());
     }
     const CollectiveDesc desc = NextDesc(r, elem, r.lane_begin[lane_ + 1] - r.lane_begin[lane_]);
@@ -373,6 +376,11 @@ class Proxy {
     info_.mesh_bytes_received.fetch_add(stats.bytes_received, std::memory_order_relaxed);
     info_.collectives.fetch_add(1, std::memory_order_relaxed);
     return st;
+  }
+
+  // The job's abort (its flag is up), with its code and reason.
+  Status JobAbort() const {
+    return Status::Error(CodeFromWire(ch_->abort_code), std::string(ch_->abort_reason, strnlen(ch_->abort_reason, kErrorBytes)));
   }
 
   uint64_t SocketMask() const {
@@ -596,10 +604,7 @@ class Proxy {
                                Str("on this host, ", std::string(host->abort_reason, strnlen(host->abort_reason,
                                                                                              kErrorBytes))));
         }
-        if (ch_->abort.load() != 0) {
-          return Status::Error(CodeFromWire(ch_->abort_code),
-                               std::string(ch_->abort_reason, strnlen(ch_->abort_reason, kErrorBytes)));
-        }
+        if (ch_->abort.load() != 0) return JobAbort();
         if (Stopping()) return Status::Error(Code::kAborted, "the worker stopped its proxies");
         const int32_t pid = peer.proxy_pid;
         if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
