@@ -7,6 +7,7 @@ the namespaces they created, and check afterwards that nothing of theirs is left
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -612,6 +614,35 @@ def test_cleanup_stale_removes_a_killed_owners_network() -> None:
     assert instance_id and _leftovers(instance_id) != []
     assert instance_id in cleanup_stale(PREFIX)
     assert _leftovers(instance_id) == []
+
+
+@netem
+@pytest.mark.netem
+def test_two_clouds_brought_up_at_once_remove_a_dead_runs_leftovers_once() -> None:
+    """Both up() calls find the same killed owner's network; one removes it while the other waits,
+    and neither fails for it (before: both deleted the same namespaces, and both jobs failed)."""
+    bring_up = (
+        "import time; from fasthorovod.netem import EmulatedCloud; "
+        f"print(EmulatedCloud('3:100mbit:10mbit', prefix={PREFIX!r}).up().id, flush=True); time.sleep(60)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    with subprocess.Popen([sys.executable, "-c", bring_up], stdout=subprocess.PIPE, text=True, env=env) as owner:
+        try:
+            stale_id = owner.stdout.readline().strip()
+        finally:
+            owner.send_signal(signal.SIGKILL)
+    assert stale_id and _leftovers(stale_id) != []
+    networks = [EmulatedCloud("2:100mbit:10mbit", prefix=PREFIX) for _ in range(2)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a failed removal would only warn
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                list(pool.map(EmulatedCloud.up, networks))  # re-raises the first failure
+        assert all(network.is_up for network in networks) and networks[0].id != networks[1].id
+        assert _leftovers(stale_id) == []
+    finally:
+        for network in networks:
+            network.down()
 
 
 # --- launcher, ssh, host discovery and spot preemption (root only) ----------------------------------

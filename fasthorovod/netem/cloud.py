@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -98,7 +99,13 @@ def is_resource_tracker(pid: int) -> bool:
 
 
 def _namespace_pids(name: str) -> list[int]:
-    return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+    """The processes in namespace ``name``; none once it is gone."""
+    try:
+        return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+    except NetemError:
+        if name in _list_namespaces():
+            raise
+        return []
 
 
 def kill_rounds(list_pids: Callable[[], list[int]], rounds: int,
@@ -135,7 +142,11 @@ def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
 def _delete_namespace(name: str) -> None:
     """Kill what still runs inside ``name`` (it would keep the namespace alive), then delete it."""
     _kill_namespace_processes(name, rounds=1)
-    run_command(["ip", "netns", "del", name])
+    try:
+        run_command(["ip", "netns", "del", name])
+    except NetemError:
+        if name in _list_namespaces():
+            raise
 
 
 def _remove_instance(state: InstanceState) -> None:
@@ -189,14 +200,15 @@ def _remove_orphan_directories() -> list[str]:
 
 def _cleanup(prefix: str, *, only_dead_owners: bool) -> list[str]:
     _require_root()
-    namespaces = _list_namespaces()  # before reading states: a live run writes its state first
-    states = list_instances(prefix)
-    removed = []
-    for state in states:
-        if not only_dead_owners or not state.owner_alive():
-            _remove_instance(state)
-            removed.append(state.id)
-    return removed + _remove_orphans(prefix, namespaces, {state.id for state in states})
+    with state_lock():  # one remover at a time: two would race on the same namespaces and files
+        namespaces = _list_namespaces()  # before reading states: a live run writes its state first
+        states = list_instances(prefix)
+        removed = []
+        for state in states:
+            if not only_dead_owners or not state.owner_alive():
+                _remove_instance(state)
+                removed.append(state.id)
+        return removed + _remove_orphans(prefix, namespaces, {state.id for state in states})
 
 
 def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
@@ -349,7 +361,10 @@ class EmulatedCloud:
         if self._state is not None:
             raise NetemError(f"emulated cloud {self._state.id} is already up")
         _require_root()
-        cleanup_stale(self.prefix)
+        try:
+            cleanup_stale(self.prefix)
+        except NetemError as err:  # a dead run's leftovers take no id or subnet from this one
+            warnings.warn(f"emulated cloud: could not remove the leftovers of a dead run: {err}", stacklevel=2)
         with state_lock():
             state = self._plan()
             state.write()

@@ -14,12 +14,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import psutil
+
+from .errors import NetemError
 
 STATE_DIR = Path("/run/fasthorovod-netem")
 ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` bind-mounts ETC_NETNS/NS/* over /etc/*
@@ -123,10 +126,26 @@ def list_instances(prefix: str | None = None) -> list[InstanceState]:
     )
 
 
+LOCK_TIMEOUT_S = 120.0
+
+
 @contextmanager
-def state_lock() -> Iterator[None]:
-    """Serialise choosing ids and subnets between concurrent ``up()`` calls (held for milliseconds)."""
+def state_lock(timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Serialise the changes to the instances between processes: choosing ids and subnets in
+    ``up()`` (milliseconds) and removing leftovers (seconds: their processes are killed first), so
+    that two clouds brought up at once never both remove the same dead run's namespaces. Raises
+    NetemError after ``timeout`` seconds of waiting."""
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(STATE_DIR / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    path = STATE_DIR / ".lock"
+    deadline = time.monotonic() + timeout
+    with open(path, "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise NetemError(f"{path} stayed locked for {timeout:g} s (another emulated cloud "
+                                     "is being brought up or removed)") from None
+                time.sleep(0.05)
         yield
