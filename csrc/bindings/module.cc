@@ -242,21 +242,22 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
       .def_property_readonly("hierarchical", &ProxyChannel::hierarchical)
       .def("wait_listening",
            [](ProxyChannel& c, double timeout) {
-             std::vector<int> ports;
+             std::vector<std::vector<int>> ports;
              CallReleased([&] { return c.WaitListening(timeout, &ports); });
              return ports;
-           })
+           },
+           R"pbdoc(Waits until every lane's proxy listens; each lane's ring ports [port, alt_port].)pbdoc")
       .def("mesh_ports", &ProxyChannel::MeshPorts,
            R"pbdoc(After wait_listening: each lane's mesh port for the alltoall (0: no mesh).)pbdoc")
       .def("connect",
-           [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<int>& ports,
+           [](ProxyChannel& c, const std::vector<std::string>& hosts, const std::vector<std::vector<int>>& ports,
               uint32_t sockets_per_lane, double timeout, const std::vector<std::string>& mesh_hosts,
               const std::vector<std::vector<int>>& mesh_ports) {
              CallReleased([&] { return c.Connect(hosts, ports, sockets_per_lane, timeout, mesh_hosts, mesh_ports); });
            },
            py::arg("hosts"), py::arg("ports"), py::arg("sockets_per_lane"), py::arg("timeout"),
            py::arg("mesh_hosts") = std::vector<std::string>{}, py::arg("mesh_ports") = std::vector<std::vector<int>>{},
-           R"pbdoc(Lets the proxies connect lane j to (hosts[j], ports[j]) with `sockets_per_lane` sockets each way; `mesh_hosts[r]` and `mesh_ports[r][j]` are where lane j's alltoall mesh finds rank r.)pbdoc")
+           R"pbdoc(Lets the proxies connect lane j to hosts[j] at ports[j] (its one or two ring ports, as wait_listening returned them there) with `sockets_per_lane` sockets each way; `mesh_hosts[r]` and `mesh_ports[r][j]` are where lane j's alltoall mesh finds rank r.)pbdoc")
       .def("post",
            [](ProxyChannel& c, const RequestDesc& request) {
              uint64_t seq = 0;
@@ -310,6 +311,7 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
         d["state"] = s.state;
         d["pid"] = s.pid;
         d["port"] = s.port;
+        d["alt_port"] = s.alt_port;
         d["error"] = s.error;
         d["error_code"] = CodeName(CodeFromWire(s.error_code));
         d["bytes_sent"] = s.bytes_sent;

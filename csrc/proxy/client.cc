@@ -160,7 +160,7 @@ Status ProxyChannel::RootCause(const Status& failure) {
   return exited.ok() ? failure : exited;
 }
 
-Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* ports) {
+Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<std::vector<int>>* ports) {
   Deadline deadline = Deadline::After(timeout_seconds);
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     while (header_->lanes[lane].state.load() < static_cast<uint32_t>(LaneState::kListening)) {
@@ -172,7 +172,7 @@ Status ProxyChannel::WaitListening(double timeout_seconds, std::vector<int>* por
       usleep(2000);
     }
     FHVD_RETURN_IF_ERROR(CheckProxiesAlive());
-    ports->push_back(header_->lanes[lane].listen_port);
+    ports->push_back({header_->lanes[lane].listen_port, header_->lanes[lane].alt_listen_port});
   }
   return Status::Ok();
 }
@@ -183,12 +183,18 @@ std::vector<int> ProxyChannel::MeshPorts() const {
   return ports;
 }
 
-Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
+Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const std::vector<std::vector<int>>& next_ports,
                              uint32_t sockets_per_lane, double timeout_seconds,
                              const std::vector<std::string>& mesh_hosts,
                              const std::vector<std::vector<int>>& mesh_ports) {
   if (next_hosts.size() != header_->num_lanes || next_ports.size() != header_->num_lanes) {
     return Status::Error(Code::kInvalidArgument, "one next address per lane is required");
+  }
+  for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
+    if (next_ports[lane].empty() || next_ports[lane].size() > 2) {
+      return Status::Error(Code::kInvalidArgument, Str("lane ", lane, "'s next ports: one or two are required, got ",
+                                                       next_ports[lane].size()));
+    }
   }
   if (!mesh_hosts.empty()) {
     if (mesh_hosts.size() != header_->size || mesh_ports.size() != header_->size ||
@@ -212,7 +218,8 @@ Status ProxyChannel::Connect(const std::vector<std::string>& next_hosts, const s
   header_->sockets_per_lane = sockets_per_lane;
   for (uint32_t lane = 0; lane < header_->num_lanes; ++lane) {
     CopyString(header_->lanes[lane].next_host, next_hosts[lane]);
-    header_->lanes[lane].next_port = next_ports[lane];
+    header_->lanes[lane].next_port = next_ports[lane][0];
+    header_->lanes[lane].next_alt_port = next_ports[lane].size() > 1 ? next_ports[lane][1] : 0;
   }
   header_->go.store(1, std::memory_order_release);
   FutexWakeAll(&header_->go);
@@ -416,6 +423,7 @@ LaneSnapshot ProxyChannel::Lane(uint32_t lane) const {
   s.state = info.state.load();
   s.pid = info.pid;
   s.port = info.listen_port;
+  s.alt_port = info.alt_listen_port;
   if (s.state == static_cast<uint32_t>(LaneState::kFailed)) {
     s.error_code = info.error_code;
     s.error = info.error;

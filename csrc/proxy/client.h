@@ -37,6 +37,7 @@ struct LaneSnapshot {
   uint32_t state = 0;
   int32_t pid = 0;
   int32_t port = 0;
+  int32_t alt_port = 0;  // the ring's second listening port
   uint32_t error_code = 0;  // a Code (state == kFailed)
   std::string error;
   uint64_t bytes_sent = 0;
@@ -64,15 +65,17 @@ class ProxyChannel {
   // process is watched (reaped as soon as it exits; proxy/watch.h). Then wait until each listens.
   int ProxyFd(uint32_t lane) const;
   Status WatchProxy(uint32_t lane, int pid);
-  Status WaitListening(double timeout_seconds, std::vector<int>* ports);
+  // `ports[j]` is lane j's ring ports: {port, alt_port} (transport/socket.h, RingEndpoint).
+  Status WaitListening(double timeout_seconds, std::vector<std::vector<int>>* ports);
   // After WaitListening: each lane's mesh port (0: the proxies open no mesh).
   std::vector<int> MeshPorts() const;
-  // Gives lane j the address of lane j of the next rank and lets the proxies connect with
+  // Gives lane j the address of lane j of the next rank (`next_ports[j]`: its ring ports, as
+  // WaitListening returned them there; one or two) and lets the proxies connect with
   // `sockets_per_lane` sockets each way (every rank must pass the same number; the configured one,
   // or what the path probe chose); returns once every lane is connected. `mesh_hosts[r]` and
   // `mesh_ports[r][j]` (every rank's address and lanes' mesh ports, or both empty: no mesh) are what
   // the lanes' alltoall mesh connects to when the first alltoall comes (collectives/alltoall.h).
-  Status Connect(const std::vector<std::string>& next_hosts, const std::vector<int>& next_ports,
+  Status Connect(const std::vector<std::string>& next_hosts, const std::vector<std::vector<int>>& next_ports,
                  uint32_t sockets_per_lane, double timeout_seconds,
                  const std::vector<std::string>& mesh_hosts = {},
                  const std::vector<std::vector<int>>& mesh_ports = {});

@@ -111,6 +111,8 @@ class Proxy {
     int port = 0;
     FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &listener_, &port));
     info_.listen_port = port;
+    FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &alt_listener_, &port));
+    info_.alt_listen_port = port;
     if (ch_->size > 1 && ch_->size <= kMaxMeshRanks) {  // the alltoall's; connected at the first one
       FHVD_RETURN_IF_ERROR(Listen(ch_->bind_host, ch_->socket_buffer_bytes, &mesh_listener_, &port));
       info_.mesh_port = port;
@@ -132,20 +134,21 @@ class Proxy {
       ring_rank = ch_->host_index;
       ring_size = ch_->num_hosts;
     }
-    next_ = RingEndpoint{info_.next_host, info_.next_port};
+    next_ = RingEndpoint{info_.next_host, info_.next_port, info_.next_alt_port};
     const RingEndpoint& next = next_;
     if (ring_size > 1) {
       // The rings of different local ranks join different proxies: a connection to the wrong one
       // fails the handshake.
       const uint64_t local = Hierarchical() ? 0x9e3779b97f4a7c15ull * (uint64_t{ch_->local_rank} + 1) : 0;
       self_ = Identity(ring_rank, ring_size, ch_->config_hash ^ local);
-      FHVD_RETURN_IF_ERROR(EstablishRing(self_, listener_, next, static_cast<int>(ch_->sockets_per_lane),
+      FHVD_RETURN_IF_ERROR(EstablishRing(self_, {listener_, alt_listener_}, next, static_cast<int>(ch_->sockets_per_lane),
                                          ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_));
       options_.socket_counters = info_.sockets;
     } else {
       listener_.Close();  // nothing will ever connect
+      alt_listener_.Close();
     }
-    // With a ring the listener stays open for re-hashed connections (ConnectRingSockets); what
+    // With a ring the listeners stay open for re-hashed connections (ConnectRingSockets); what
     // connects meanwhile waits in the kernel's backlog until then, and only a connection that
     // proves the job token and is expected is taken.
     info_.state.store(static_cast<uint32_t>(LaneState::kConnected));
@@ -390,7 +393,8 @@ class Proxy {
 
   // Replaces the send sockets this lane announced in the collective that just ended and the
   // receive sockets the previous rank announced (transport/lane.h): new connections, so new
-  // source ports, so new hashes onto the network's per-flow caps and paths.
+  // source ports and the next rank's other destination port (RingEndpoint), so new hashes onto
+  // the network's per-flow caps and paths.
   Status Rehash(uint64_t out_mask, uint64_t in_mask) {
     std::vector<uint32_t> out, in;
     for (uint32_t s = 0; s < links_.to_next.size() && s < 64; ++s) {
@@ -398,7 +402,7 @@ class Proxy {
       if ((in_mask >> s) & 1) in.push_back(s);
     }
     const int64_t start = NowNs();
-    Status st = ConnectRingSockets(self_, listener_, next_, out, in, static_cast<int>(links_.to_next.size()),
+    Status st = ConnectRingSockets(self_, {listener_, alt_listener_}, next_, out, in, static_cast<int>(links_.to_next.size()),
                                    ch_->socket_buffer_bytes, Deadline::After(ch_->timeout_seconds), &links_);
     if (!st.ok()) return st.WithContext("re-hashing the lane's connections: ");
     info_.rehashes.fetch_add(out.size(), std::memory_order_relaxed);
@@ -660,7 +664,8 @@ class Proxy {
   LaneInfo& info_;
   const int segments_;  // the socket the worker hands buffers over (shm/handoff.h)
   bool segments_closed_ = false;
-  Socket listener_;    // open while the lane has a ring: re-hashed connections come in here
+  Socket listener_;    // open while the lane has a ring: re-hashed connections come in here...
+  Socket alt_listener_;  // ...and here (the ring's second port)
   Socket mesh_listener_;             // the alltoall mesh's connections come in here
   std::vector<RingLinks> mesh_;      // by distance, once the first alltoall connected it
   LinkIdentity self_;  // what this lane proves to its ring neighbours

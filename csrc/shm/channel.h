@@ -28,7 +28,7 @@
 namespace fasthorovod {
 
 constexpr uint64_t kChannelMagic = 0x46484f5643484e31ull;  // "FHOVCHN1"
-constexpr uint32_t kChannelVersion = 8;
+constexpr uint32_t kChannelVersion = 9;
 constexpr uint32_t kMaxLanes = 64;
 constexpr uint32_t kMaxSocketsPerLane = 64;  // FASTHOROVOD_SOCKETS_PER_LANE's upper bound (fasthorovod/config.py)
 constexpr uint32_t kNumSlots = 256;
@@ -47,8 +47,10 @@ struct LaneInfo {
   std::atomic<uint32_t> state;
   int32_t pid;
   int32_t listen_port;
+  int32_t alt_listen_port;            // the ring's second port (transport/socket.h, RingEndpoint)
   int32_t mesh_port;                  // the mesh's listener (0: none)
   int32_t next_port;                  // written by the worker before `go`
+  int32_t next_alt_port;              // written by the worker before `go` (0: none)
   char next_host[kHostBytes];         // written by the worker before `go`
   uint32_t error_code;                // a Code: what kind of failure (state == kFailed)
   char error[kErrorBytes];            // why the lane failed (state == kFailed)

@@ -340,9 +340,9 @@ struct HandshakeAcceptor::Pending {
   size_t have = 0;  // bytes of the message being received
 };
 
-HandshakeAcceptor::HandshakeAcceptor(const Socket& listener, const void* token, uint32_t self_rank,
+HandshakeAcceptor::HandshakeAcceptor(std::vector<const Socket*> listeners, const void* token, uint32_t self_rank,
                                      std::string log_prefix)
-    : listener_(listener), self_rank_(self_rank), log_prefix_(std::move(log_prefix)) {
+    : listeners_(std::move(listeners)), self_rank_(self_rank), log_prefix_(std::move(log_prefix)) {
   std::memcpy(token_, token, kTokenBytes);
 }
 
@@ -355,7 +355,8 @@ void HandshakeAcceptor::Reject(const Pending& p, const std::string& reason) {
 
 Status HandshakeAcceptor::Step(int max_wait_ms, const Refuse& refuse, const Take& take) {
   std::vector<pollfd> fds;
-  fds.push_back({listener_.fd(), POLLIN, 0});
+  for (const Socket* listener : listeners_) fds.push_back({listener->fd(), POLLIN, 0});
+  const size_t first_pending = fds.size();
   int wait_ms = max_wait_ms;
   for (const auto& p : pending_) {
     fds.push_back({p->sock.fd(), POLLIN, 0});
@@ -364,8 +365,8 @@ Status HandshakeAcceptor::Step(int max_wait_ms, const Refuse& refuse, const Take
   int rc = poll(fds.data(), fds.size(), std::max(wait_ms, 0));
   if (rc < 0 && errno != EINTR) return Status::Error(Code::kIoError, "poll(): " + ErrnoString(errno));
   // Progress the pending handshakes that have bytes (or a hang-up) waiting.
-  for (size_t i = 1; rc > 0 && i < fds.size(); ++i) {
-    if (fds[i].revents != 0) Progress(pending_[i - 1].get(), refuse, take);
+  for (size_t i = first_pending; rc > 0 && i < fds.size(); ++i) {
+    if (fds[i].revents != 0) Progress(pending_[i - first_pending].get(), refuse, take);
   }
   // Drop what is finished (its socket moved out or closed) or out of time: silently.
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
@@ -374,9 +375,10 @@ Status HandshakeAcceptor::Step(int max_wait_ms, const Refuse& refuse, const Take
                                 }),
                  pending_.end());
   // Accept everything that is waiting.
-  if (rc > 0 && fds[0].revents != 0) {
+  for (size_t l = 0; rc > 0 && l < first_pending; ++l) {
+    if (fds[l].revents == 0) continue;
     for (;;) {
-      Socket conn(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
+      Socket conn(::accept4(fds[l].fd, nullptr, nullptr, SOCK_CLOEXEC));
       if (!conn.valid()) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) break;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) break;  // try later
@@ -472,16 +474,15 @@ Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* 
   return Status::Ok();
 }
 
-Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+Status EstablishRing(const LinkIdentity& self, const RingListeners& listeners, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                      LinkPurpose purpose) {
   std::vector<uint32_t> all(static_cast<size_t>(std::max(sockets, 0)));
   for (uint32_t s = 0; s < all.size(); ++s) all[s] = s;
-  links->to_next.clear();
-  links->from_prev.clear();
+  *links = RingLinks{};
   links->to_next.resize(all.size());
   links->from_prev.resize(all.size());
-  return ConnectRingSockets(self, listener, next, all, all, sockets, socket_buffer_bytes, deadline, links, purpose);
+  return ConnectRingSockets(self, listeners, next, all, all, sockets, socket_buffer_bytes, deadline, links, purpose);
 }
 
 namespace {
@@ -490,6 +491,7 @@ namespace {
 struct Outgoing {
   uint32_t peer = 0;
   uint32_t index = 0;
+  bool alt = false;  // to the peer's RingEndpoint::alt_port
   sockaddr_in addr{};
   std::string name;
   Socket sock;  // set once connected and authenticated
@@ -497,7 +499,7 @@ struct Outgoing {
 
 // The set-up both the rings and the mesh run: a connector thread opens `out` one after the other
 // (retrying while the peer is not listening yet), each authenticated before the next, while this
-// thread accepts `expected_in` connections from `listener` that `refuse` lets in and hands them to
+// thread accepts `expected_in` connections from `listeners` that `refuse` lets in and hands them to
 // `take`; strangers are rejected and waited past. `waiting` names what is still missing when the
 // deadline passes. The sockets it opened are configured for data once all are in (the acceptor
 // configures those it accepts). `listening`: the peers'
@@ -506,7 +508,7 @@ struct Outgoing {
 // retrying until the deadline (after serving the other peers' handshakes for kHandshakeSeconds more);
 // a ring's peer may not listen yet. `abort`, when set and raised, ends
 // the wait (kAborted): the job's collectives failed elsewhere.
-Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPurpose purpose,
+Status ConnectAndAccept(const LinkIdentity& self, const RingListeners& listeners, LinkPurpose purpose,
                         std::vector<Outgoing>* out, size_t expected_in, int socket_buffer_bytes, Deadline deadline,
                         const HandshakeAcceptor::Refuse& refuse, const HandshakeAcceptor::Take& take,
                         const std::function<std::string(size_t)>& waiting, bool listening = false,
@@ -542,7 +544,7 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
 
   size_t accepted = 0;
   Status accepting;
-  HandshakeAcceptor acceptor(listener, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
+  HandshakeAcceptor acceptor(listeners.all(), self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
   auto counted = [&](const PeerClaim& claim, Socket sock) {
     take(claim, std::move(sock));
     ++accepted;
@@ -584,17 +586,23 @@ Status ConnectAndAccept(const LinkIdentity& self, const Socket& listener, LinkPu
 
 }  // namespace
 
-Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+Status ConnectRingSockets(const LinkIdentity& self, const RingListeners& listeners, const RingEndpoint& next,
                           const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
                           int socket_buffer_bytes, Deadline deadline, RingLinks* links, LinkPurpose purpose) {
   const uint32_t next_rank = (self.rank + 1) % self.size;
   const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
+  links->to_next_alt.resize(links->to_next.size(), 0);
   std::vector<Outgoing> outgoing(out.size());
   for (size_t i = 0; i < out.size(); ++i) {
-    outgoing[i].peer = next_rank;
-    outgoing[i].index = out[i];
-    outgoing[i].name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", next.port);
-    FHVD_RETURN_IF_ERROR(Resolve(next.host, next.port, &outgoing[i].addr));
+    const uint32_t s = out[i];
+    Outgoing& o = outgoing[i];
+    o.peer = next_rank;
+    o.index = s;
+    // A first connection by its index's parity, a replacement to the port its predecessor did not use.
+    o.alt = next.alt_port != 0 && (links->to_next[s].valid() ? links->to_next_alt[s] == 0 : s % 2 == 1);
+    const int port = o.alt ? next.alt_port : next.port;
+    o.name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", port);
+    FHVD_RETURN_IF_ERROR(Resolve(next.host, port, &o.addr));
   }
   std::vector<Socket> from_prev(static_cast<size_t>(sockets));
   std::vector<bool> expected(static_cast<size_t>(sockets), false);
@@ -610,9 +618,12 @@ Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, cons
     return Str("timed out waiting for rank ", prev_rank, " lane ", self.lane, " to connect (", accepted, "/",
                in.size(), " sockets); is that rank running and reachable?");
   };
-  FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listener, purpose, &outgoing, in.size(), socket_buffer_bytes, deadline,
+  FHVD_RETURN_IF_ERROR(ConnectAndAccept(self, listeners, purpose, &outgoing, in.size(), socket_buffer_bytes, deadline,
                                         refuse, take, waiting));
-  for (Outgoing& o : outgoing) links->to_next[o.index] = std::move(o.sock);  // the replaced connection closes here
+  for (Outgoing& o : outgoing) {
+    links->to_next[o.index] = std::move(o.sock);  // the replaced connection closes here
+    links->to_next_alt[o.index] = o.alt ? 1 : 0;
+  }
   for (uint32_t s : in) links->from_prev[s] = std::move(from_prev[s]);
   return Status::Ok();
 }

@@ -87,21 +87,37 @@ struct LinkIdentity {
 struct RingLinks {
   std::vector<Socket> to_next;    // we send on these
   std::vector<Socket> from_prev;  // we receive on these
+  std::vector<uint8_t> to_next_alt;  // per send socket: 1 if connected to the next rank's alt_port
 };
 
+// Where a peer listens. A ring's rank listens on two ports: odd sockets connect to `alt_port`,
+// even ones to `port`, and a re-hashed connection goes to the port its predecessor did not, so a
+// re-hash draws a new destination port as well as a new source port. Networks that hash a few
+// bits of each port (a shaper's u32 hash, some switches' ECMP) then move it to another group of
+// buckets; a hash of the whole 5-tuple re-draws on either. 0: one port only.
 struct RingEndpoint {
   std::string host;
   int port = 0;
+  int alt_port = 0;
+};
+
+// The listeners of a ring's rank: `main` (RingEndpoint::port) and, optionally, `alt`.
+struct RingListeners {
+  RingListeners(const Socket& one) : main(&one) {}  // NOLINT: implicit, one listener is the common case
+  RingListeners(const Socket& main_listener, const Socket& alt_listener) : main(&main_listener), alt(&alt_listener) {}
+  std::vector<const Socket*> all() const { return alt != nullptr ? std::vector{main, alt} : std::vector{main}; }
+  const Socket* main;
+  const Socket* alt = nullptr;
 };
 
 // Binds a listening socket on host (an IPv4 address or name) with an ephemeral port.
 // buffer_bytes > 0 fixes SO_SNDBUF/SO_RCVBUF of the sockets it accepts; 0 keeps autotuning.
 Status Listen(const std::string& host, int buffer_bytes, Socket* listener, int* port);
 
-// Connects S sockets to `next`, accepts S from the previous rank on `listener`, with handshakes.
+// Connects S sockets to `next`, accepts S from the previous rank on `listeners`, with handshakes.
 // `self` is this proxy's identity; the expected previous rank is (self.rank + size - 1) % size.
 // `purpose` is what both ends must be connecting for (a lane's ring, or the path probe's).
-Status EstablishRing(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+Status EstablishRing(const LinkIdentity& self, const RingListeners& listeners, const RingEndpoint& next,
                      int sockets, int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                      LinkPurpose purpose = LinkPurpose::kRing);
 
@@ -109,8 +125,9 @@ Status EstablishRing(const LinkIdentity& self, const Socket& listener, const Rin
 // previous rank, as EstablishRing does (both at once, authenticated), and puts each into its place
 // in `links` (whose vectors hold `sockets` entries), closing the connection it replaces. A lane
 // re-hashing flows between two collectives (transport/lane.h) calls it with the sockets it
-// announced and those announced to it; either list may be empty.
-Status ConnectRingSockets(const LinkIdentity& self, const Socket& listener, const RingEndpoint& next,
+// announced and those announced to it; either list may be empty. A replaced socket connects to
+// the other of next's two ports (RingEndpoint) than the connection it replaces.
+Status ConnectRingSockets(const LinkIdentity& self, const RingListeners& listeners, const RingEndpoint& next,
                           const std::vector<uint32_t>& out, const std::vector<uint32_t>& in, int sockets,
                           int socket_buffer_bytes, Deadline deadline, RingLinks* links,
                           LinkPurpose purpose = LinkPurpose::kRing);
@@ -160,7 +177,11 @@ class HandshakeAcceptor {
 
   // `self_rank` is this end's rank (the one connecting peers expect); `log_prefix` names it in
   // the stderr lines about rejected connections.
-  HandshakeAcceptor(const Socket& listener, const void* token, uint32_t self_rank, std::string log_prefix);
+  HandshakeAcceptor(const Socket& listener, const void* token, uint32_t self_rank, std::string log_prefix)
+      : HandshakeAcceptor(std::vector<const Socket*>{&listener}, token, self_rank, std::move(log_prefix)) {}
+  // Accepts from every listener in `listeners` (a ring rank's two ports).
+  HandshakeAcceptor(std::vector<const Socket*> listeners, const void* token, uint32_t self_rank,
+                    std::string log_prefix);
   ~HandshakeAcceptor();
   HandshakeAcceptor(const HandshakeAcceptor&) = delete;
   HandshakeAcceptor& operator=(const HandshakeAcceptor&) = delete;
@@ -174,7 +195,7 @@ class HandshakeAcceptor {
   struct Pending;
   void Progress(Pending* p, const Refuse& refuse, const Take& take);
   void Reject(const Pending& p, const std::string& reason);
-  const Socket& listener_;
+  std::vector<const Socket*> listeners_;
   uint8_t token_[kTokenBytes];
   uint32_t self_rank_;
   std::string log_prefix_;

@@ -181,7 +181,7 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
     all_ports = allgather_object((list(ports), mesh_ports), name="fasthorovod.ports")
     after = plan.ring_next()
     group.mesh = all(all(p) for _, p in all_ports)  # every lane of every rank listens for it
-    group.channel.connect([peers[after]["host"]] * plan.lanes, list(all_ports[after][0]),
+    group.channel.connect([peers[after]["host"]] * plan.lanes, [list(p) for p in all_ports[after][0]],
                           plan.sockets_per_lane, cfg.timeout_seconds,
                           mesh_hosts=[p["host"] for p in peers] if group.mesh else [],
                           mesh_ports=[list(p) for _, p in all_ports] if group.mesh else [])

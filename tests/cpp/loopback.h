@@ -14,8 +14,9 @@ namespace fhtest {
 
 // What each rank of a loopback ring connects with; kept by tests that connect again (re-hashing).
 struct RingSetup {
-  std::vector<fasthorovod::Socket> listeners;
-  std::vector<int> ports;
+  std::vector<fasthorovod::Socket> listeners, alt_listeners;  // each rank's two ring ports, as a proxy's
+  std::vector<int> ports, alt_ports;
+  fasthorovod::RingListeners Listeners(uint32_t rank) const { return {listeners[rank], alt_listeners[rank]}; }
   fasthorovod::LinkIdentity Identity(uint32_t rank) const {
     fasthorovod::LinkIdentity self;
     std::memset(self.token, 7, fasthorovod::kTokenBytes);
@@ -23,7 +24,10 @@ struct RingSetup {
     self.size = static_cast<uint32_t>(ports.size());
     return self;
   }
-  fasthorovod::RingEndpoint Next(uint32_t rank) const { return {"127.0.0.1", ports[(rank + 1) % ports.size()]}; }
+  fasthorovod::RingEndpoint Next(uint32_t rank) const {
+    const size_t next = (rank + 1) % ports.size();
+    return {"127.0.0.1", ports[next], alt_ports[next]};
+  }
 };
 
 // Connects a ring of `size` ranks with `sockets` sockets per neighbour (size 1: invalid fds).
@@ -41,12 +45,17 @@ inline std::vector<fasthorovod::RingLinks> ConnectRing(uint32_t size, int socket
   RingSetup local;
   RingSetup& ring = setup != nullptr ? *setup : local;
   ring.listeners.resize(size);
+  ring.alt_listeners.resize(size);
   ring.ports.resize(size);
-  for (uint32_t r = 0; r < size; ++r) CHECK(Listen("127.0.0.1", buffer_bytes, &ring.listeners[r], &ring.ports[r]).ok());
+  ring.alt_ports.resize(size);
+  for (uint32_t r = 0; r < size; ++r) {
+    CHECK(Listen("127.0.0.1", buffer_bytes, &ring.listeners[r], &ring.ports[r]).ok());
+    CHECK(Listen("127.0.0.1", buffer_bytes, &ring.alt_listeners[r], &ring.alt_ports[r]).ok());
+  }
   std::vector<std::thread> threads;
   for (uint32_t r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
-      Status st = EstablishRing(ring.Identity(r), ring.listeners[r], ring.Next(r), sockets, buffer_bytes,
+      Status st = EstablishRing(ring.Identity(r), ring.Listeners(r), ring.Next(r), sockets, buffer_bytes,
                                 Deadline::After(10.0), &links[r]);
       CHECK(st.ok());
     });

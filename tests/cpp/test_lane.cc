@@ -177,9 +177,18 @@ int LocalPort(const Socket& sock) {
   return ntohs(addr.sin_port);
 }
 
+int PeerPort(const Socket& sock) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  CHECK(getpeername(sock.fd(), reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  return ntohs(addr.sin_port);
+}
+
 // Re-hashing: a sender announces sockets in a collective's end markers, the receiver learns which,
-// and between two collectives both swap those connections for new ones (new source ports), with
-// every frame of every collective arriving intact, whichever sockets each rank replaces.
+// and between two collectives both swap those connections for new ones (new source ports, and
+// the next rank's other listening port: odd sockets start on its second port, even ones on its
+// first, and each replacement goes to the other), with every frame of every collective arriving
+// intact, whichever sockets each rank replaces.
 TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
   const uint32_t size = 3;
   const int sockets = 3;
@@ -208,20 +217,26 @@ TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
       CHECK_EQ(stats.rehash_in, announced(seq, prev));
       bytes += stats.bytes_sent;
       std::vector<uint32_t> out, in;
-      std::vector<int> ports_before;
+      std::vector<int> ports_before, peer_ports_before;
+      const RingEndpoint next = setup.Next(r);
       for (uint32_t s = 0; s < sockets; ++s) {
         ports_before.push_back(LocalPort(links[r].to_next[s]));
+        peer_ports_before.push_back(PeerPort(links[r].to_next[s]));
+        if (seq == 0) CHECK_EQ(peer_ports_before[s], s % 2 == 1 ? next.alt_port : next.port);
         if ((o.rehash_out >> s) & 1) out.push_back(s);
         if ((stats.rehash_in >> s) & 1) in.push_back(s);
       }
       if (out.empty() && in.empty()) continue;
-      st = ConnectRingSockets(setup.Identity(r), setup.listeners[r], setup.Next(r), out, in, sockets, 64 << 10,
+      st = ConnectRingSockets(setup.Identity(r), setup.Listeners(r), setup.Next(r), out, in, sockets, 64 << 10,
                               Deadline::After(10.0), &links[r]);
       CHECK(st.ok());
       if (!st.ok()) std::fprintf(stderr, "    %s\n", st.message().c_str());
       for (uint32_t s = 0; s < sockets; ++s) {
         const bool replaced = std::find(out.begin(), out.end(), s) != out.end();
         CHECK_EQ(LocalPort(links[r].to_next[s]) != ports_before[s], replaced);
+        const int peer_port = PeerPort(links[r].to_next[s]);
+        CHECK(peer_port == next.port || peer_port == next.alt_port);
+        CHECK_EQ(peer_port != peer_ports_before[s], replaced);
       }
     }
     uint64_t counted = 0;
@@ -238,7 +253,7 @@ TEST(LaneRehashTakesOnlyTheExpectedSocket) {
   fhtest::RingSetup setup;
   auto links = ConnectRing(size, sockets, 0, &setup);
   std::thread receiver([&] {  // rank 0 expects socket 1 of rank 1 and nothing else
-    CHECK(ConnectRingSockets(setup.Identity(0), setup.listeners[0], setup.Next(0), {}, {1}, sockets, 0,
+    CHECK(ConnectRingSockets(setup.Identity(0), setup.Listeners(0), setup.Next(0), {}, {1}, sockets, 0,
                              Deadline::After(10.0), &links[0]).ok());
   });
   {  // first a connection that proves the token but claims socket 0
@@ -249,7 +264,7 @@ TEST(LaneRehashTakesOnlyTheExpectedSocket) {
     CHECK(st.code() == Code::kPeerError && st.message().find("not expected") != std::string::npos);
   }
   const int kept = LocalPort(links[1].to_next[0]);
-  CHECK(ConnectRingSockets(setup.Identity(1), setup.listeners[1], setup.Next(1), {1}, {}, sockets, 0,
+  CHECK(ConnectRingSockets(setup.Identity(1), setup.Listeners(1), setup.Next(1), {1}, {}, sockets, 0,
                            Deadline::After(10.0), &links[1]).ok());
   receiver.join();
   CHECK_EQ(LocalPort(links[1].to_next[0]), kept);

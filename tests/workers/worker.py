@@ -156,9 +156,9 @@ def scenario_rebalance(args):
 
 def _shape_lanes(rates_mbit, ports_by_lane, first=False):
     """Rank 0, inside the test's own network namespace: each rank's incoming flows of each lane
-    (TCP to that rank's listening port of the lane) through an htb class of their own at the
-    lane's rate, as if every rank had its own path; all other traffic (ACKs, Horovod, the
-    coordinator) through an unlimited default class."""
+    (TCP to that rank's listening ports of the lane, ``ports_by_lane[lane][rank]``) through an htb
+    class of their own at the lane's rate, as if every rank had its own path; all other traffic
+    (ACKs, Horovod, the coordinator) through an unlimited default class."""
     lines = []
     if first:
         lines += ["qdisc add dev lo root handle 1: htb default 10",
@@ -166,12 +166,12 @@ def _shape_lanes(rates_mbit, ports_by_lane, first=False):
                   "class add dev lo parent 1:1 classid 1:10 htb rate 100gbit"]
     verb = "add" if first else "change"
     for lane, rate in enumerate(rates_mbit):
-        for rank, port in enumerate(ports_by_lane[lane]):
+        for rank, lane_ports in enumerate(ports_by_lane[lane]):
             classid = f"1:{0x100 + lane * 0x10 + rank:x}"
             lines.append(f"class {verb} dev lo parent 1:1 classid {classid} htb rate {rate}mbit ceil {rate}mbit")
             if first:
-                lines.append(f"filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport {port} 0xffff "
-                             f"flowid {classid}")
+                lines += [f"filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport {port} 0xffff "
+                          f"flowid {classid}" for port in lane_ports]
     subprocess.run(["tc", "-batch", "-"], input="\n".join(lines) + "\n", text=True, check=True, timeout=10)
 
 
@@ -185,7 +185,7 @@ def scenario_lane_slowdown(args):
     rank, size = hvd.rank(), hvd.size()
     group, balancer = hvd.proxy_group(), _runtime.balancer
     assert balancer is not None and balancer.every == 1, "rebalancing must be on by default"
-    ports = hvd.allgather_object([s["port"] for s in group.lane_stats()])
+    ports = hvd.allgather_object(_ring_ports(group))
     ports_by_lane = [[p[lane] for p in ports] for lane in range(len(ports[0]))]
     if rank == 0:
         _shape_lanes([200, 200], ports_by_lane, first=True)
@@ -233,10 +233,17 @@ def scenario_lane_slowdown(args):
     print(f"rank {rank}: lane slowdown ok, {balancer.decisions} decisions, {balancer.changes} changes", flush=True)
 
 
-def _flows_to(group, ports) -> list:
-    """The source ports of this rank's proxies' connections to `ports` (the next rank's lanes)."""
+def _ring_ports(group) -> list:
+    """Per lane, the two ports its ring listens on (a re-hashed connection alternates between them)."""
+    return [(s["port"], s["alt_port"]) for s in group.lane_stats()]
+
+
+def _flows_to(group, ring_ports) -> list:
+    """The source ports of this rank's proxies' connections to `ring_ports` (the next rank's lanes,
+    as :func:`_ring_ports` gives them)."""
     import psutil
 
+    ports = {port for lane in ring_ports for port in lane}
     return sorted(c.laddr.port for p in group.processes for c in psutil.Process(p.pid).net_connections("tcp")
                   if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in ports)
 
@@ -251,7 +258,7 @@ def scenario_flow_slowdown(args):
     rank, size = hvd.rank(), hvd.size()
     group = hvd.proxy_group()
     assert _runtime.rehasher is not None, "re-hashing must be on by default"
-    ports = hvd.allgather_object([s["port"] for s in group.lane_stats()])
+    ports = hvd.allgather_object(_ring_ports(group))
     if rank == 0:
         flows = _flows_to(group, ports[1])
         assert len(flows) == 4, flows
@@ -875,14 +882,15 @@ def scenario_refused(args):
 
     rank, size = hvd.rank(), hvd.size()
     group = hvd.proxy_group()
-    ports = [lane["port"] for lane in group.lane_stats()]
+    ring_ports = _ring_ports(group)
+    ports = [port for lane in ring_ports for port in lane]  # both of each lane's ports
     strangers = []
     for port in ports:
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
         s.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(range(256)))
         strangers.append(s)
     hvd.barrier()  # every rank's strangers are in before anyone's lanes accept
-    for lane in range(len(ports)):
+    for lane in range(len(ring_ports)):
         group.request_rehash(lane, [0])
     out = hvd.allreduce(torch.full((1 << 20,), float(rank)), op=hvd.Sum, name="after.strangers")
     assert torch.all(out == size * (size - 1) / 2)
