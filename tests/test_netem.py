@@ -598,12 +598,11 @@ def test_failure_in_the_middle_of_up_leaves_nothing(monkeypatch: pytest.MonkeyPa
     network.down()
 
 
-@netem
-@pytest.mark.netem
-def test_cleanup_stale_removes_a_killed_owners_network() -> None:
+def _killed_owners_network(spec: str) -> str:
+    """The id of a network brought up by a process that was then SIGKILLed (so never taken down)."""
     bring_up = (
         "import time; from fasthorovod.netem import EmulatedCloud; "
-        f"print(EmulatedCloud('2:100mbit:10mbit', prefix={PREFIX!r}).up().id, flush=True); time.sleep(60)"
+        f"print(EmulatedCloud({spec!r}, prefix={PREFIX!r}).up().id, flush=True); time.sleep(60)"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with subprocess.Popen([sys.executable, "-c", bring_up], stdout=subprocess.PIPE, text=True, env=env) as owner:
@@ -612,6 +611,13 @@ def test_cleanup_stale_removes_a_killed_owners_network() -> None:
         finally:
             owner.send_signal(signal.SIGKILL)
     assert instance_id and _leftovers(instance_id) != []
+    return instance_id
+
+
+@netem
+@pytest.mark.netem
+def test_cleanup_stale_removes_a_killed_owners_network() -> None:
+    instance_id = _killed_owners_network("2:100mbit:10mbit")
     assert instance_id in cleanup_stale(PREFIX)
     assert _leftovers(instance_id) == []
 
@@ -621,17 +627,7 @@ def test_cleanup_stale_removes_a_killed_owners_network() -> None:
 def test_two_clouds_brought_up_at_once_remove_a_dead_runs_leftovers_once() -> None:
     """Both up() calls find the same killed owner's network; one removes it while the other waits,
     and neither fails for it (before: both deleted the same namespaces, and both jobs failed)."""
-    bring_up = (
-        "import time; from fasthorovod.netem import EmulatedCloud; "
-        f"print(EmulatedCloud('3:100mbit:10mbit', prefix={PREFIX!r}).up().id, flush=True); time.sleep(60)"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    with subprocess.Popen([sys.executable, "-c", bring_up], stdout=subprocess.PIPE, text=True, env=env) as owner:
-        try:
-            stale_id = owner.stdout.readline().strip()
-        finally:
-            owner.send_signal(signal.SIGKILL)
-    assert stale_id and _leftovers(stale_id) != []
+    stale_id = _killed_owners_network("3:100mbit:10mbit")
     networks = [EmulatedCloud("2:100mbit:10mbit", prefix=PREFIX) for _ in range(2)]
     try:
         with warnings.catch_warnings():
