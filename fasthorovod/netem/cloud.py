@@ -16,7 +16,6 @@ back.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import os
 import re
@@ -39,7 +38,7 @@ from ._command import DEFAULT_TIMEOUT_S, run_command
 from .errors import NetemError, NetemPermissionError
 from .shaping import shaping_commands
 from .spec import CloudSpec, parse_spec
-from .state import ETC_NETNS, STATE_DIR, Host, InstanceState, list_instances, process_start_ticks, state_lock
+from .state import ETC_NETNS, STATE_DIR, Host, InstanceState, file_lock, list_instances, process_start_ticks, state_lock
 
 DEFAULT_PREFIX = "fhvd"
 SUBNET_POOL = ipaddress.IPv4Network("10.231.0.0/16")  # one /24 per instance
@@ -98,14 +97,20 @@ def is_resource_tracker(pid: int) -> bool:
         return False
 
 
-def _namespace_pids(name: str) -> list[int]:
-    """The processes in namespace ``name``; none once it is gone."""
+def _ip_netns(command: str, name: str) -> str:
+    """``ip netns COMMAND NAME``'s output; "" where it failed because the namespace is gone (another
+    remover deleted it meanwhile)."""
     try:
-        return [int(pid) for pid in run_command(["ip", "netns", "pids", name]).split()]
+        return run_command(["ip", "netns", command, name])
     except NetemError:
         if name in _list_namespaces():
             raise
-        return []
+        return ""
+
+
+def _namespace_pids(name: str) -> list[int]:
+    """The processes in namespace ``name``; none once it is gone."""
+    return [int(pid) for pid in _ip_netns("pids", name).split()]
 
 
 def kill_rounds(list_pids: Callable[[], list[int]], rounds: int,
@@ -142,11 +147,7 @@ def _kill_namespace_processes(name: str, rounds: int = 10) -> list[int]:
 def _delete_namespace(name: str) -> None:
     """Kill what still runs inside ``name`` (it would keep the namespace alive), then delete it."""
     _kill_namespace_processes(name, rounds=1)
-    try:
-        run_command(["ip", "netns", "del", name])
-    except NetemError:
-        if name in _list_namespaces():
-            raise
+    _ip_netns("del", name)
 
 
 def _remove_instance(state: InstanceState) -> None:
@@ -502,8 +503,7 @@ class EmulatedCloud:
 
     @contextlib.contextmanager
     def _hosts_lock(self):
-        with open(self.state.directory / ".hosts.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(self.state.directory / ".hosts.lock", "another host-down or host-up of this cloud"):
             yield
 
     def _write_available(self, indices) -> None:

@@ -130,13 +130,9 @@ LOCK_TIMEOUT_S = 120.0
 
 
 @contextmanager
-def state_lock(timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Serialise the changes to the instances between processes: choosing ids and subnets in
-    ``up()`` (milliseconds) and removing leftovers (seconds: their processes are killed first), so
-    that two clouds brought up at once never both remove the same dead run's namespaces. Raises
-    NetemError after ``timeout`` seconds of waiting."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    path = STATE_DIR / ".lock"
+def file_lock(path: Path, holder: str, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``path`` (created if missing) between processes. Raises
+    NetemError after ``timeout`` seconds of waiting, naming the lock and ``holder`` (who else takes it)."""
     deadline = time.monotonic() + timeout
     with open(path, "w") as lock:
         while True:
@@ -145,7 +141,17 @@ def state_lock(timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise NetemError(f"{path} stayed locked for {timeout:g} s (another emulated cloud "
-                                     "is being brought up or removed)") from None
+                    raise NetemError(f"{path} stayed locked for {timeout:g} s ({holder})") from None
                 time.sleep(0.05)
+        yield
+
+
+@contextmanager
+def state_lock(timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Serialise the changes to the instances between processes: choosing ids and subnets in
+    ``up()`` (milliseconds) and removing leftovers (seconds: their processes are killed first), so
+    that two clouds brought up at once never both remove the same dead run's namespaces. Raises
+    NetemError after ``timeout`` seconds of waiting."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with file_lock(STATE_DIR / ".lock", "another emulated cloud is being brought up or removed", timeout):
         yield
