@@ -67,8 +67,10 @@ Status ReceiveAbort(int fd, const FrameHeader& h, const std::string& prev_name) 
     message = "(message lost)";
   }
   // A mismatch or a timeout is the same problem here; anything else is the origin's own failure.
-  return Status::Error(CodeFromPeer(CodeFromWire(h.origin_code)),
-                       Str(message, " [reported by rank ", h.origin_rank, "]"));
+  // The origin is named once, however many ranks forwarded its message.
+  const std::string origin = Str(" [reported by rank ", h.origin_rank, "]");
+  const bool named = message.size() >= origin.size() && message.compare(message.size() - origin.size(), origin.size(), origin) == 0;
+  return Status::Error(CodeFromPeer(CodeFromWire(h.origin_code)), named ? message : message + origin);
 }
 
 }  // namespace
