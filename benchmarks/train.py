@@ -43,7 +43,12 @@ With ``--ceiling`` every round starts with the raw-TCP ring ceiling (iperf3 betw
 hosts, _common.ring_worker), and each job's step is set against the *overlap bound*: forward +
 max(backward, the gradients' ring allreduce at that round's ceiling) + update, the phases from the
 job's compute-only steps (``overlap_bound``). A step at 1.00x the bound hides all communication
-behind backward at the ceiling's rate.
+behind backward at the ceiling's rate. With ``--loaded-compute`` each compute-only step is followed
+by a *loaded* one, the same computation while the backend allreduces zeros the size of the
+gradients from the end of forward (the traffic a training step's rings make during backward), and
+the step is also set against the *loaded bound*, the overlap bound with the loaded steps' backward:
+on a machine whose network work shares the compute's cores (the emulated cloud on one host),
+backward computes slower while rings run than alone, and no overlap can beat that.
 
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
@@ -152,6 +157,13 @@ def add_workload_arguments(parser):
                              "next to one of the timed training steps in the same job; 0: none "
                              "(then compute s and exposed comm s are not reported) "
                              "(default: %(default)s)")
+    parser.add_argument("--loaded-compute", action="store_true",
+                        help="follow each timed compute-only step of the Horovod and FastHorovod "
+                             "backends with a loaded one: the same computation while the backend "
+                             "allreduces a buffer of zeros the size of the gradients, posted when "
+                             "forward ends (the load the training step's rings put on the machine "
+                             "during backward); with --ceiling the step is also set against the "
+                             "loaded bound, forward + max(loaded backward, ring) + update")
     parser.add_argument("--algorithm", default="ssgd",
                         help="DistributedOptimizer algorithm for fasthorovod backends that do not "
                              "name one; passed as algorithm= only when not 'ssgd'. A backend whose "
@@ -198,18 +210,20 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def step_schedule(warmup, steps, compute_steps):
-    """The order of one job's steps: [(kind, timed, pair)], kind "train" or "compute". Every
-    warm-up training step has an untimed compute-only step next to it (when ``compute_steps``), and
-    ``compute_steps`` of the timed training steps (spread evenly over them) a timed one; ``pair``
-    numbers the timed pairs. The compute-only step comes first in even pairs and second in odd ones
-    (ABBA), so that a steady drift does not favour either kind."""
+def step_schedule(warmup, steps, compute_steps, loaded=False):
+    """The order of one job's steps: [(kind, timed, pair)], kind "train", "compute" or "loaded".
+    Every warm-up training step has an untimed compute-only step next to it (when
+    ``compute_steps``), and ``compute_steps`` of the timed training steps (spread evenly over them)
+    a timed one; ``pair`` numbers the timed pairs. The compute-only step comes first in even pairs
+    and second in odd ones (ABBA), so that a steady drift does not favour either kind. With
+    `loaded`, every compute-only step is followed by a loaded one (``--loaded-compute``)."""
     paired = {j * steps // compute_steps for j in range(compute_steps)} if compute_steps else set()
+    compute = ("compute", "loaded") if loaded else ("compute",)
     schedule, pair = [], 0
     for index in range(warmup + steps):
         timed = index >= warmup
         if (timed and index - warmup in paired) or (not timed and compute_steps):
-            kinds = ("compute", "train") if pair % 2 == 0 else ("train", "compute")
+            kinds = (*compute, "train") if pair % 2 == 0 else ("train", *compute)
             schedule += [(kind, timed, pair if timed else None) for kind in kinds]
             pair += timed
         else:
@@ -217,31 +231,35 @@ def step_schedule(warmup, steps, compute_steps):
     return schedule
 
 
-def run_schedule(schedule, train_step, compute_step, verbose):
+def run_schedule(schedule, train_step, compute_step, verbose, loaded_step=None):
     """Run the steps of ``schedule`` (``step_schedule``); returns the timed training steps'
     durations, the timed compute-only steps' durations (in pair order), per pair the index of its
-    training step among the timed ones, and the timed compute-only steps' phases (what
-    ``compute_step`` returned: {"forward", "backward", "update"} seconds, or None)."""
-    train, compute, paired, phases = [], [], [], []
-    totals = {kind: sum(1 for k, _, _ in schedule if k == kind) for kind in ("train", "compute")}
-    done = {"train": 0, "compute": 0}
+    training step among the timed ones, the timed compute-only steps' phases (what
+    ``compute_step`` returned: {"forward", "backward", "update"} seconds, or None), and the timed
+    loaded steps' phases (what ``loaded_step`` returned)."""
+    train, compute, paired, phases, loaded = [], [], [], [], []
+    steps = {"train": train_step, "compute": compute_step, "loaded": loaded_step}
+    labels = {"train": "train", "compute": "compute-only", "loaded": "loaded compute-only"}
+    totals = {kind: sum(1 for k, _, _ in schedule if k == kind) for kind in steps}
+    done = dict.fromkeys(steps, 0)
     for kind, timed, pair in schedule:
         start = time.perf_counter()
-        returned = (train_step if kind == "train" else compute_step)()
+        returned = steps[kind]()
         elapsed = time.perf_counter() - start
         done[kind] += 1
         if timed and kind == "train":
             train.append(elapsed)
             if pair is not None:
                 paired.append(len(train) - 1)
-        elif timed:
+        elif timed and kind == "compute":
             compute.append(elapsed)
             phases.append(returned)
+        elif timed:
+            loaded.append(returned)
         if verbose:
-            label = "train" if kind == "train" else "compute-only"
-            print(f"{label} step {done[kind]}/{totals[kind]} {elapsed:.2f} s/step"
+            print(f"{labels[kind]} step {done[kind]}/{totals[kind]} {elapsed:.2f} s/step"
                   f"{'' if timed else ' (warm-up)'}", file=sys.stderr, flush=True)
-    return train, compute, paired, phases
+    return train, compute, paired, phases, loaded
 
 
 def optimizer_kwargs(backend, default_algorithm, algorithm_warmup=0):
@@ -288,10 +306,11 @@ def synthetic_problem(args, rank):
         loss_fn(net(inputs), targets).backward()
         optimizer.step()
 
-    def compute_step():
+    def compute_step(load=None):
         start = time.perf_counter()
         loss = loss_fn(model(inputs), targets)
         forward = time.perf_counter()
+        loading = load() if load is not None else None  # the loaded step's traffic, from here on
         grads = torch.autograd.grad(loss, params)
         backward = time.perf_counter()
         if not momentum:
@@ -300,22 +319,43 @@ def synthetic_problem(args, rank):
         torch._foreach_mul_(momentum, 0.9)
         torch._foreach_add_(momentum, grads)
         torch._foreach_add_(scratch, momentum, alpha=-0.01)  # SGD's in-place update, on copies
-        return {"forward": forward - start, "backward": backward - forward,
-                "update": time.perf_counter() - backward}
+        phases = {"forward": forward - start, "backward": backward - forward, "update": time.perf_counter() - backward}
+        if loading is not None:
+            loading()  # waits for the traffic to end: after the phases, never in them
+        return phases
 
     return model, train_step, compute_step
+
+
+def gradient_load(hvd, model):
+    """The loaded compute-only step's traffic (``--loaded-compute``): a function that posts an
+    allreduce of zeros the size of the model's gradients and returns a function that waits for it.
+    FastHorovod's zeros lie in shared memory the proxies reduce in place (nothing is copied on the
+    calling thread, as for the DistributedOptimizer's buckets); Horovod's are an ordinary tensor."""
+    count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    group = getattr(hvd, "proxy_group", lambda: None)()
+    zeros = group.alloc(count, torch.float32) if group is not None else torch.zeros(count)
+    posted = [0]
+
+    def load():
+        posted[0] += 1
+        handle = hvd.allreduce_async_(zeros, op=hvd.Sum, name=f"loaded.{posted[0]}")
+        return lambda: hvd.synchronize(handle)
+
+    return load
 
 
 def sgd(model):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
-def summarize(hvd, args, steps, compute, paired, phases, algorithm, model, digest):
+def summarize(hvd, args, steps, compute, paired, phases, loaded, algorithm, model, digest):
     """Rank 0's result: the slowest rank's medians and what they imply (compute figures are None
     without compute-only steps), the slowest rank's time of every timed step and compute-only step,
     each pair's step - compute (the slowest rank's times), the compute-only steps' phases (per step
-    and phase the slowest rank's time; their medians in ``compute_phases_s``), and the data plane
-    FastHorovod ran with."""
+    and phase the slowest rank's time; their medians in ``compute_phases_s``), the loaded steps'
+    the same way (``loaded_phases_s``, None without them), and the data plane FastHorovod ran
+    with."""
     medians = hvd.allgather_object((float(np.median(steps)),
                                     float(np.median(compute)) if compute else None))
     step_s = max(m[0] for m in medians)
@@ -324,9 +364,8 @@ def summarize(hvd, args, steps, compute, paired, phases, algorithm, model, diges
     per_compute = np.max(hvd.allgather_object(compute), axis=0) if compute else []
     differences = [float(per_step[i] - c) for i, c in zip(paired, per_compute)]
     exposed = exposed_comm(differences)
-    all_phases = hvd.allgather_object(phases)
-    per_phases = [{name: max(rank[i][name] for rank in all_phases) for name in PHASES}
-                  for i in range(len(phases)) if all(rank[i] for rank in all_phases)]
+    per_phases = slowest_phases(hvd, phases)
+    per_loaded = slowest_phases(hvd, loaded)
     return {"np": hvd.size(), "threads": args.threads, "algorithm": algorithm,
             "gradient_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "images_per_s": args.batch_size * hvd.size() / step_s,
@@ -336,8 +375,9 @@ def summarize(hvd, args, steps, compute, paired, phases, algorithm, model, diges
             "step_times_s": [float(t) for t in per_step],
             "compute_times_s": [float(t) for t in per_compute],
             "compute_phase_times_s": per_phases,
-            "compute_phases_s": ({name: float(np.median([p[name] for p in per_phases])) for name in PHASES}
-                                 if per_phases else None),
+            "compute_phases_s": median_phases(per_phases),
+            "loaded_phase_times_s": per_loaded,
+            "loaded_phases_s": median_phases(per_loaded),
             "paired_steps": list(paired),
             "per_rank_median_step_s": [m[0] for m in medians],
             "per_rank_median_compute_s": [m[1] for m in medians],
@@ -346,6 +386,19 @@ def summarize(hvd, args, steps, compute, paired, phases, algorithm, model, diges
 
 
 PHASES = ("forward", "backward", "update")  # of a compute-only step
+
+
+def slowest_phases(hvd, phases):
+    """Per step of this rank's list of phase dicts (every rank has as many), each phase's slowest
+    rank's time (a step that some rank did not time is left out)."""
+    every = hvd.allgather_object(phases)
+    return [{name: max(rank[i][name] for rank in every) for name in PHASES}
+            for i in range(len(phases)) if all(rank[i] for rank in every)]
+
+
+def median_phases(per_step):
+    """Each phase's median over the steps (None without steps)."""
+    return {name: float(np.median([p[name] for p in per_step])) for name in PHASES} if per_step else None
 NOT_MEASURABLE = "not measurable (within noise)"
 NOT_MEASURED = "not measured (no compute-only steps)"
 
@@ -416,8 +469,10 @@ def worker(args):
     clock["parameters_broadcast"] = time.time()
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     clock["optimizer_state_broadcast"] = time.time()
-    schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
-    timings = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0)
+    schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps, args.loaded_compute)
+    load = gradient_load(hvd, model) if args.loaded_compute else None
+    timings = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0,
+                           loaded_step=lambda: compute_step(load))
     clock["steps_done"] = time.time()
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
@@ -464,6 +519,8 @@ def worker_argv(backend, args):
             "--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes),
             "--steps", str(job_steps(backend, args)[0]), "--warmup-steps", str(args.warmup_steps),
             "--compute-steps", str(job_steps(backend, args)[1]), "--algorithm", args.algorithm,
+            *(["--loaded-compute"] if getattr(args, "loaded_compute", False) and backend.kind not in common.TORCH_BACKENDS
+              else []),
             "--algorithm-warmup", str(args.algorithm_warmup),
             "--seed", str(args.seed), "--threads", str(args.threads)]
 
@@ -491,6 +548,7 @@ def merge_rounds(rounds):
                    for key in ("images_per_s", "step_s", "compute_s")}
         bounds = [r.get("overlap") for r in results]
         spreads["of_bound"] = common.spread([b["of_bound"] for b in bounds if b])
+        spreads["of_loaded_bound"] = common.spread([b["of_loaded_bound"] for b in bounds if b and "of_loaded_bound" in b])
         differences = [d for r in results for d in pair_differences(r)]
         exposed = exposed_comm(differences)
         result = {key: results[0][key] for key in ("np", "threads", "algorithm", "gradient_bytes",
@@ -500,6 +558,7 @@ def merge_rounds(rounds):
                       exposed_comm_s=exposed["exposed_comm_s"], exposed_comm=exposed,
                       round_images_per_s=[r["images_per_s"] for r in results],
                       of_bound=spreads["of_bound"]["median"] if spreads["of_bound"] else None,
+                      of_loaded_bound=spreads["of_loaded_bound"]["median"] if spreads["of_loaded_bound"] else None,
                       round_overlap=bounds,
                       data_planes=[r.get("data_plane") for r in results])
         merged.append(dict(first, result=result, rounds=entries,
@@ -522,8 +581,14 @@ def overlap_bound(result, ceiling, wire_factor=1.0):
     hosts = len(ceiling["hosts"])
     ring_s = wire_factor * result["gradient_bytes"] * 2 * (hosts - 1) / hosts / (ceiling["mean_gbps"] * 1e9 / 8)
     bound_s = phases["forward"] + max(phases["backward"], ring_s) + phases["update"]
-    return {"ceiling_gbps": ceiling["mean_gbps"], "hosts": hosts, "ring_s": ring_s, "bound_s": bound_s,
-            "of_bound": result["step_s"] / bound_s, **{f"{name}_s": phases[name] for name in PHASES}}
+    bound = {"ceiling_gbps": ceiling["mean_gbps"], "hosts": hosts, "ring_s": ring_s, "bound_s": bound_s,
+             "of_bound": result["step_s"] / bound_s, **{f"{name}_s": phases[name] for name in PHASES}}
+    loaded = result.get("loaded_phases_s")
+    if loaded:  # backward as it computes while rings run on this machine (--loaded-compute)
+        bound["loaded_backward_s"] = loaded["backward"]
+        bound["loaded_bound_s"] = phases["forward"] + max(loaded["backward"], ring_s) + phases["update"]
+        bound["of_loaded_bound"] = result["step_s"] / bound["loaded_bound_s"]
+    return bound
 
 
 def attach_overlap(rounds, backends):
@@ -576,6 +641,7 @@ def planes(entry):
 
 def print_table(entries, args, ceiling=None):
     ok = [e for e in entries if e["status"] == "ok"]
+    loaded_column = ceiling is not None and any(e["result"].get("spread", {}).get("of_loaded_bound") for e in ok)
     if ceiling is not None:
         print(common.ceiling_line(ceiling))
     if ok:
@@ -590,7 +656,9 @@ def print_table(entries, args, ceiling=None):
         print(f"{unit(args)}, s/step, compute s: median [min-max] over the rounds of each job's median; "
               "exposed comm s: median [interquartile range] of step - compute over every pair"
               + ("; x bound: step / (forward + max(backward, ring at the round's ceiling) + update), "
-                 "median [min-max] over the rounds" if ceiling is not None else ""))
+                 "median [min-max] over the rounds" if ceiling is not None else "")
+              + ("; x loaded bound: the same with the loaded compute-only steps' backward"
+                 if loaded_column else ""))
         ratios = speedups(ok)
         rows = []
         for e in ok:
@@ -601,16 +669,20 @@ def print_table(entries, args, ceiling=None):
                          compute_cell(r),
                          exposed_cell(r.get("exposed_comm")),
                          *([common.format_spread(spread.get("of_bound"), 2, "x")] if ceiling is not None else []),
+                         *([common.format_spread(spread.get("of_loaded_bound"), 2, "x")] if loaded_column else []),
                          common.format_spread(dict(ratios[e["backend"]]["rounds"],
                                                    median=ratios[e["backend"]]["ratio"]), 2, "x")])
         print(common.format_table(["backend", "data plane", unit(args), "s/step", "compute s", "exposed comm s",
                                    *(["x bound"] if ceiling is not None else []),
+                                   *(["x loaded bound"] if loaded_column else []),
                                    f"speed-up vs {ok[0]['backend']}"], rows))
         bounds = [(e["backend"], b) for e in ok for b in e["result"].get("round_overlap") or [] if b]
         for backend, b in bounds:
             print(f"  {backend}: forward {b['forward_s']:.3f} + max(backward {b['backward_s']:.3f}, ring "
                   f"{b['ring_s']:.3f} at {b['ceiling_gbps']:.3f} Gbit/s) + update {b['update_s']:.3f} = bound "
-                  f"{b['bound_s']:.3f} s; step {b['bound_s'] * b['of_bound']:.3f} s = {b['of_bound']:.2f}x")
+                  f"{b['bound_s']:.3f} s; step {b['bound_s'] * b['of_bound']:.3f} s = {b['of_bound']:.2f}x"
+                  + (f"; loaded backward {b['loaded_backward_s']:.3f}: bound {b['loaded_bound_s']:.3f} s, "
+                     f"{b['of_loaded_bound']:.2f}x" if "loaded_bound_s" in b else ""))
         if any((r["result"].get("exposed_comm") or {}).get("reason") == NOT_MEASURABLE for r in ok):
             print(f"{NOT_MEASURABLE}: fewer than three quarters of the pairs show the training "
                   "step longer than computing alone, so the step runs at compute speed to within this "

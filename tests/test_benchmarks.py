@@ -687,11 +687,22 @@ def test_train_step_schedule_pairs_compute_with_training_steps():
     assert sum(1 for kind, timed, _ in train.step_schedule(2, 3, 3) if kind == "compute" and timed) == 3
     assert all(kind == "train" for kind, _, _ in train.step_schedule(2, 5, 0))
     calls = []
-    steps, compute, paired, phases = train.run_schedule(
+    steps, compute, paired, phases, loaded = train.run_schedule(
         schedule, lambda: calls.append("t"), lambda: calls.append("c") or {"forward": len(calls)}, verbose=False)
     assert "".join(calls) == "ctctttct"  # the schedule's order
-    assert (len(steps), len(compute), paired) == (4, 2, [0, 2])
+    assert (len(steps), len(compute), paired, loaded) == (4, 2, [0, 2], [])
     assert phases == [{"forward": 3}, {"forward": 7}]  # what the timed compute-only steps returned
+    # --loaded-compute: a loaded step after every compute-only step, timed where it is
+    schedule = train.step_schedule(1, 4, 2, loaded=True)
+    assert [(kind[0], timed) for kind, timed, _ in schedule] == [
+        ("c", False), ("l", False), ("t", False), ("c", True), ("l", True), ("t", True), ("t", True), ("t", True),
+        ("c", True), ("l", True), ("t", True)]
+    calls = []
+    *_, phases, loaded = train.run_schedule(
+        schedule, lambda: calls.append("t"), lambda: calls.append("c") or {"forward": len(calls)}, verbose=False,
+        loaded_step=lambda: calls.append("l") or {"backward": len(calls)})
+    assert "".join(calls) == "cltcltttclt"
+    assert phases == [{"forward": 4}, {"forward": 9}] and loaded == [{"backward": 5}, {"backward": 10}]
 
 
 def test_the_language_model_takes_its_own_defaults_and_at_most_its_positions():
@@ -715,6 +726,12 @@ def test_overlap_bound_hides_the_ring_behind_backward_only():
     assert bound["of_bound"] == pytest.approx(3.0 / 2.2)
     # fp16 on the wire halves the ring: backward (1.0 s) is then the longer
     assert train.overlap_bound(result, ceiling, 0.5)["bound_s"] == pytest.approx(0.5 + 1.0 + 0.2)
+    assert "loaded_bound_s" not in bound
+    # with loaded compute-only steps (--loaded-compute), their backward makes a second bound
+    loaded = train.overlap_bound(dict(result, loaded_phases_s={"forward": 0.6, "backward": 1.8, "update": 0.3}),
+                                 ceiling)
+    assert loaded["bound_s"] == pytest.approx(2.2)  # unchanged
+    assert loaded["loaded_bound_s"] == pytest.approx(0.5 + 1.8 + 0.2) and loaded["of_loaded_bound"] == pytest.approx(1.2)
     assert train.overlap_bound(result, None) is None
     assert train.overlap_bound(dict(result, compute_phases_s=None), ceiling) is None
     assert train.overlap_bound(result, dict(ceiling, hosts=["h0"])) is None
