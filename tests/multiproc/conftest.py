@@ -18,7 +18,7 @@ MISMATCHES = ("size", "dtype", "op", "prescale")
 def three_ranks_two_proxies():
     """3 ranks, 2 proxies of 2 sockets each, 64 KiB segments, the harness's 1 MiB threshold."""
     return run_scenarios(3, ("async", "join", "gather", "reducescatter", "allgather", "alltoall", "lent", "bad_input",
-                                 "wire", "rehash"), "--inflight", "40",
+                                 "wire", "rehash", "asleep"), "--inflight", "40",
                          env={"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                               "FASTHOROVOD_SEGMENT_BYTES": "65536"})
 

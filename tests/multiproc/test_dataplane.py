@@ -188,6 +188,13 @@ def test_new_outputs_are_lent_from_the_buffers_the_proxies_wrote(three_ranks_two
     check_lanes(job.stdout, Lanes(min_bytes=2 * 300_000 * 8, mesh=True), range(3), scenario="lent")
 
 
+def test_a_wait_on_a_collective_horovod_carries_sleeps(three_ranks_two_proxies):
+    # worker.py's asleep: rank 0 waits ~1 s for a small allreduce on far less CPU; results, a second
+    # wait on the handle and a mismatch's error are Horovod's
+    job = three_ranks_two_proxies
+    assert job.stdout.count("asleep ok") == 3, job.stdout[-2000:]
+
+
 def test_join_contributes_zeros_through_the_proxies(three_ranks_two_proxies):
     # rank r allreduces at steps 0..r and joins; a joined rank's lanes run the later steps with
     # zeros, so every rank's lanes run all three steps and the allreduce after the join

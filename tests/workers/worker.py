@@ -681,6 +681,32 @@ def scenario_lent(args):
     print(f"rank {rank}: lent ok", flush=True)
 
 
+def scenario_asleep(args):
+    """A wait on a collective that stays on Horovod (below the threshold) sleeps instead of
+    spinning: rank 0 waits about a second for the others' late submission and uses far less than a
+    second of CPU meanwhile (Horovod's own wait holds a core for as long). Its result, Horovod's
+    answer to a handle waited twice and its error for a mismatch arrive as they would."""
+    rank, size = hvd.rank(), hvd.size()
+    x = torch.full((1000,), float(rank))
+    if rank != 0:
+        time.sleep(1.0)
+    handle = hvd.allreduce_async(x, op=hvd.Sum, name="asleep")
+    wall, cpu = time.monotonic(), time.process_time()
+    out = hvd.synchronize(handle)
+    wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+    assert torch.all(out == size * (size - 1) // 2), out[:4]
+    if rank == 0:
+        assert wall > 0.5 and cpu < 0.5 * wall, (wall, cpu)
+    assert hvd.synchronize(handle) is None  # Horovod's answer for a handle already waited
+    try:
+        hvd.allreduce(torch.zeros(10 + rank), name="asleep.mismatch")
+    except hvd.HorovodInternalError as e:
+        assert "Mismatched ALLREDUCE tensor shapes" in str(e), e
+    else:
+        raise AssertionError("a shape mismatch must raise")
+    print(f"rank {rank}: asleep ok (waited {wall:.2f} s on {cpu:.2f} s of CPU)", flush=True)
+
+
 def rank_mean(size):
     """The average of rank + 0.5 over the ranks: exact in float16."""
     return sum(r + 0.5 for r in range(size)) / size
