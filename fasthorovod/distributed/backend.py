@@ -46,6 +46,7 @@ from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
 from fasthorovod.proxy.startup import bind_address
+from fasthorovod.waiting import poll_until
 
 BACKEND_NAME = "fasthorovod"
 _SUM, _AVG = dist.ReduceOp.SUM, dist.ReduceOp.AVG
@@ -378,14 +379,10 @@ class Completions:
                 return
             name, request, finish, future, result, deadline, timeout_seconds = item
             try:
-                pause = 50e-6
-                while not request.poll():
-                    if time.monotonic() > deadline:
-                        raise FastHorovodTimeoutError(
-                            f"collective {name} did not complete within the process group's timeout "
-                            f"({timeout_seconds:g} s): a rank did not issue it, or is stopped or gone")
-                    time.sleep(pause)
-                    pause = min(2 * pause, 1e-3)
+                if not poll_until(request.poll, 50e-6, 1e-3, deadline):
+                    raise FastHorovodTimeoutError(
+                        f"collective {name} did not complete within the process group's timeout "
+                        f"({timeout_seconds:g} s): a rank did not issue it, or is stopped or gone")
                 request.wait()
                 if finish is not None:
                     finish()

@@ -58,7 +58,6 @@ import itertools
 import os
 import sys
 import threading
-import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
@@ -79,6 +78,7 @@ from fasthorovod.proxy.requests import Request, lendable
 from fasthorovod.torch.rebind import rebound
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
+from fasthorovod.waiting import poll_until
 
 class _Runtime:
     """Everything the facade keeps between calls; one instance, :data:`_runtime`.
@@ -409,11 +409,8 @@ def _horovod_synchronize(handle):
     sleeping between polls from 20 us up to :data:`HOROVOD_POLL_MAX_SECONDS`, then lets Horovod's
     ``synchronize`` take the result (or raise its error); a handle Horovod does not know goes
     straight to it, which answers as it always does."""
-    pause = 20e-6
     try:
-        while not _hvd.poll(handle):
-            time.sleep(pause)
-            pause = min(2 * pause, HOROVOD_POLL_MAX_SECONDS)
+        poll_until(lambda: _hvd.poll(handle), 20e-6, HOROVOD_POLL_MAX_SECONDS)
     except (ValueError, RuntimeError):
         pass  # an unknown or cleared handle: Horovod's synchronize answers
     return _hvd.synchronize(handle)
