@@ -48,7 +48,11 @@ by a *loaded* one, the same computation while the backend allreduces zeros the s
 gradients from the end of forward (the traffic a training step's rings make during backward), and
 the step is also set against the *loaded bound*, the overlap bound with the loaded steps' backward:
 on a machine whose network work shares the compute's cores (the emulated cloud on one host),
-backward computes slower while rings run than alone, and no overlap can beat that.
+backward computes slower while rings run than alone, and no overlap can beat that. The compute-only
+steps also time backward's first parameter gradient, and the step is set against the
+*first-gradient bound*, max(forward + backward, first gradient + ring) + update: the ring cannot
+start before every rank has a gradient to send, so a model whose first gradients are expensive
+(a large output layer, first in backward) cannot hide its ring behind all of backward.
 
     python benchmarks/train.py --model alexnet --np 4 --backends horovod,fasthorovod:4 \\
         --out results/train.json --plot results/train.png
@@ -102,7 +106,9 @@ def parse_args(argv=None):
                              "emulated hosts of the ranks; needs a --launcher-prefix with "
                              "--emulate-cloud, skipped elsewhere) and report each backend's step "
                              "against the overlap bound: forward + max(backward, the gradients' "
-                             "ring at that ceiling) + update, from the compute-only steps' phases")
+                             "ring at that ceiling) + update, from the compute-only steps' phases, "
+                             "and against the first-gradient bound: max(forward + backward, first "
+                             "gradient + ring) + update")
     common.add_ring_arguments(parser)
     parser.add_argument("--peer-steps", type=int,
                         help="timed training steps for the backends that are not FastHorovod "
@@ -235,7 +241,7 @@ def run_schedule(schedule, train_step, compute_step, verbose, loaded_step=None):
     """Run the steps of ``schedule`` (``step_schedule``); returns the timed training steps'
     durations, the timed compute-only steps' durations (in pair order), per pair the index of its
     training step among the timed ones, the timed compute-only steps' phases (what
-    ``compute_step`` returned: {"forward", "backward", "update"} seconds, or None), and the timed
+    ``compute_step`` returned: {"forward", "backward", "update", "first_gradient"} seconds, or None), and the timed
     loaded steps' phases (what ``loaded_step`` returned)."""
     train, compute, paired, phases, loaded = [], [], [], [], []
     steps = {"train": train_step, "compute": compute_step, "loaded": loaded_step}
@@ -292,7 +298,8 @@ def synthetic_problem(args, rank):
     compute-only step on it: forward, backward with ``torch.autograd.grad`` (gradients are returned,
     not accumulated, so the DistributedOptimizer's hooks do not fire and nothing is communicated)
     and SGD's arithmetic in place on copies (buf = 0.9 buf + grad, weights -= lr buf), leaving the
-    weights as they are. The compute-only step returns the seconds of its three phases."""
+    weights as they are. The compute-only step returns the seconds of its three phases and when
+    (seconds from its start) backward produced the first parameter gradient."""
     seed_everything(args.seed)
     model = build_model(args.model, args.num_classes)
     seed_everything(args.seed + 1 + rank)  # distinct data and dropout per rank
@@ -311,7 +318,14 @@ def synthetic_problem(args, rank):
         loss = loss_fn(model(inputs), targets)
         forward = time.perf_counter()
         loading = load() if load is not None else None  # the loaded step's traffic, from here on
-        grads = torch.autograd.grad(loss, params)
+        first = []  # when backward produced its first parameter gradient
+        hooks = [p.register_hook(lambda grad: first.append(time.perf_counter()) if not first else None)
+                 for p in params]
+        try:
+            grads = torch.autograd.grad(loss, params)
+        finally:
+            for hook in hooks:
+                hook.remove()
         backward = time.perf_counter()
         if not momentum:
             momentum.extend(torch.zeros_like(p) for p in params)
@@ -319,7 +333,8 @@ def synthetic_problem(args, rank):
         torch._foreach_mul_(momentum, 0.9)
         torch._foreach_add_(momentum, grads)
         torch._foreach_add_(scratch, momentum, alpha=-0.01)  # SGD's in-place update, on copies
-        phases = {"forward": forward - start, "backward": backward - forward, "update": time.perf_counter() - backward}
+        phases = {"forward": forward - start, "backward": backward - forward, "update": time.perf_counter() - backward,
+                  "first_gradient": first[0] - start}
         if loading is not None:
             loading()  # waits for the traffic to end: after the phases, never in them
         return phases
@@ -385,7 +400,8 @@ def summarize(hvd, args, steps, compute, paired, phases, loaded, algorithm, mode
             "weights_sha256": digest}
 
 
-PHASES = ("forward", "backward", "update")  # of a compute-only step
+PHASES = ("forward", "backward", "update", "first_gradient")  # of a compute-only step; the last is
+# a moment, not a duration: seconds from the step's start to backward's first parameter gradient
 
 
 def slowest_phases(hvd, phases):
@@ -548,7 +564,8 @@ def merge_rounds(rounds):
                    for key in ("images_per_s", "step_s", "compute_s")}
         bounds = [r.get("overlap") for r in results]
         spreads["of_bound"] = common.spread([b["of_bound"] for b in bounds if b])
-        spreads["of_loaded_bound"] = common.spread([b["of_loaded_bound"] for b in bounds if b and "of_loaded_bound" in b])
+        for key in ("of_loaded_bound", "of_first_gradient_bound"):
+            spreads[key] = common.spread([b[key] for b in bounds if b and key in b])
         differences = [d for r in results for d in pair_differences(r)]
         exposed = exposed_comm(differences)
         result = {key: results[0][key] for key in ("np", "threads", "algorithm", "gradient_bytes",
@@ -559,6 +576,8 @@ def merge_rounds(rounds):
                       round_images_per_s=[r["images_per_s"] for r in results],
                       of_bound=spreads["of_bound"]["median"] if spreads["of_bound"] else None,
                       of_loaded_bound=spreads["of_loaded_bound"]["median"] if spreads["of_loaded_bound"] else None,
+                      of_first_gradient_bound=(spreads["of_first_gradient_bound"]["median"]
+                                               if spreads["of_first_gradient_bound"] else None),
                       round_overlap=bounds,
                       data_planes=[r.get("data_plane") for r in results])
         merged.append(dict(first, result=result, rounds=entries,
@@ -574,7 +593,11 @@ def overlap_bound(result, ceiling, wire_factor=1.0):
     ring_s) + update, from the compute-only steps' phases (the slowest rank's medians): the step
     a data plane at the ceiling that starts each gradient as backward produces it and hides all of
     it behind backward would take (the update cannot start before the last gradient has
-    arrived); ``of_bound`` = step / bound. None without phases or a measured ceiling."""
+    arrived); ``of_bound`` = step / bound. Where the phases hold the first gradient's moment,
+    ``first_gradient_bound_s`` = max(forward + backward, first gradient + ring_s) + update: the same
+    with the ring started no earlier than it can start, when every rank has its first gradient (a
+    model whose first gradients take long to compute cannot hide its ring behind all of backward);
+    ``of_first_gradient_bound`` = step / that bound. None without phases or a measured ceiling."""
     phases = result.get("compute_phases_s")
     if not phases or not ceiling or not ceiling.get("mean_gbps") or len(ceiling.get("hosts", ())) < 2:
         return None
@@ -582,7 +605,11 @@ def overlap_bound(result, ceiling, wire_factor=1.0):
     ring_s = wire_factor * result["gradient_bytes"] * 2 * (hosts - 1) / hosts / (ceiling["mean_gbps"] * 1e9 / 8)
     bound_s = phases["forward"] + max(phases["backward"], ring_s) + phases["update"]
     bound = {"ceiling_gbps": ceiling["mean_gbps"], "hosts": hosts, "ring_s": ring_s, "bound_s": bound_s,
-             "of_bound": result["step_s"] / bound_s, **{f"{name}_s": phases[name] for name in PHASES}}
+             "of_bound": result["step_s"] / bound_s, **{f"{name}_s": phases.get(name) for name in PHASES}}
+    if phases.get("first_gradient") is not None:
+        bound["first_gradient_bound_s"] = (max(phases["forward"] + phases["backward"], phases["first_gradient"] + ring_s)
+                                           + phases["update"])
+        bound["of_first_gradient_bound"] = result["step_s"] / bound["first_gradient_bound_s"]
     loaded = result.get("loaded_phases_s")
     if loaded:  # backward as it computes while rings run on this machine (--loaded-compute)
         bound["loaded_backward_s"] = loaded["backward"]
@@ -642,6 +669,7 @@ def planes(entry):
 def print_table(entries, args, ceiling=None):
     ok = [e for e in entries if e["status"] == "ok"]
     loaded_column = ceiling is not None and any(e["result"].get("spread", {}).get("of_loaded_bound") for e in ok)
+    first_column = ceiling is not None and any(e["result"].get("spread", {}).get("of_first_gradient_bound") for e in ok)
     if ceiling is not None:
         print(common.ceiling_line(ceiling))
     if ok:
@@ -658,7 +686,9 @@ def print_table(entries, args, ceiling=None):
               + ("; x bound: step / (forward + max(backward, ring at the round's ceiling) + update), "
                  "median [min-max] over the rounds" if ceiling is not None else "")
               + ("; x loaded bound: the same with the loaded compute-only steps' backward"
-                 if loaded_column else ""))
+                 if loaded_column else "")
+              + ("; x first-gradient bound: step / (max(forward + backward, first gradient + ring) + update), "
+                 "the ring started when the slowest rank has its first gradient" if first_column else ""))
         ratios = speedups(ok)
         rows = []
         for e in ok:
@@ -670,11 +700,13 @@ def print_table(entries, args, ceiling=None):
                          exposed_cell(r.get("exposed_comm")),
                          *([common.format_spread(spread.get("of_bound"), 2, "x")] if ceiling is not None else []),
                          *([common.format_spread(spread.get("of_loaded_bound"), 2, "x")] if loaded_column else []),
+                         *([common.format_spread(spread.get("of_first_gradient_bound"), 2, "x")] if first_column else []),
                          common.format_spread(dict(ratios[e["backend"]]["rounds"],
                                                    median=ratios[e["backend"]]["ratio"]), 2, "x")])
         print(common.format_table(["backend", "data plane", unit(args), "s/step", "compute s", "exposed comm s",
                                    *(["x bound"] if ceiling is not None else []),
                                    *(["x loaded bound"] if loaded_column else []),
+                                   *(["x first-gradient bound"] if first_column else []),
                                    f"speed-up vs {ok[0]['backend']}"], rows))
         bounds = [(e["backend"], b) for e in ok for b in e["result"].get("round_overlap") or [] if b]
         for backend, b in bounds:
@@ -682,7 +714,9 @@ def print_table(entries, args, ceiling=None):
                   f"{b['ring_s']:.3f} at {b['ceiling_gbps']:.3f} Gbit/s) + update {b['update_s']:.3f} = bound "
                   f"{b['bound_s']:.3f} s; step {b['bound_s'] * b['of_bound']:.3f} s = {b['of_bound']:.2f}x"
                   + (f"; loaded backward {b['loaded_backward_s']:.3f}: bound {b['loaded_bound_s']:.3f} s, "
-                     f"{b['of_loaded_bound']:.2f}x" if "loaded_bound_s" in b else ""))
+                     f"{b['of_loaded_bound']:.2f}x" if "loaded_bound_s" in b else "")
+                  + (f"; first gradient at {b['first_gradient_s']:.3f}: bound {b['first_gradient_bound_s']:.3f} s, "
+                     f"{b['of_first_gradient_bound']:.2f}x" if "first_gradient_bound_s" in b else ""))
         if any((r["result"].get("exposed_comm") or {}).get("reason") == NOT_MEASURABLE for r in ok):
             print(f"{NOT_MEASURABLE}: fewer than three quarters of the pairs show the training "
                   "step longer than computing alone, so the step runs at compute speed to within this "

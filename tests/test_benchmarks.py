@@ -732,9 +732,37 @@ def test_overlap_bound_hides_the_ring_behind_backward_only():
                                  ceiling)
     assert loaded["bound_s"] == pytest.approx(2.2)  # unchanged
     assert loaded["loaded_bound_s"] == pytest.approx(0.5 + 1.8 + 0.2) and loaded["of_loaded_bound"] == pytest.approx(1.2)
+    assert "first_gradient_bound_s" not in bound  # phases without the first gradient's moment
     assert train.overlap_bound(result, None) is None
     assert train.overlap_bound(dict(result, compute_phases_s=None), ceiling) is None
     assert train.overlap_bound(result, dict(ceiling, hosts=["h0"])) is None
+
+
+def test_first_gradient_bound_starts_the_ring_with_the_first_gradient():
+    ceiling = {"mean_gbps": 0.8, "hosts": ["h0", "h1", "h2", "h3"]}  # ring of 100 MB: 1.5 s
+    phases = {"forward": 0.5, "backward": 1.0, "update": 0.2}
+    # the first gradient 0.1 s into backward: the ring ends at 0.6 + 1.5, after backward
+    early = train.overlap_bound({"gradient_bytes": 100e6, "step_s": 2.53,
+                                 "compute_phases_s": dict(phases, first_gradient=0.6)}, ceiling)
+    assert early["bound_s"] == pytest.approx(2.2)
+    assert early["first_gradient_bound_s"] == pytest.approx(0.6 + 1.5 + 0.2)
+    assert early["of_first_gradient_bound"] == pytest.approx(1.1)
+    # a cheap ring hides behind backward wherever it starts: both bounds are forward + backward + update
+    cheap = train.overlap_bound({"gradient_bytes": 10e6, "step_s": 2.0,
+                                 "compute_phases_s": dict(phases, first_gradient=1.2)}, ceiling)
+    assert cheap["first_gradient_bound_s"] == pytest.approx(cheap["bound_s"]) == pytest.approx(1.7)
+
+
+def test_compute_step_times_the_first_gradient_within_backward():
+    args = train.parse_args(["--model", "transformer", "--seq-len", "8", "--batch-size", "2", "--num-classes", "50"])
+    model, _, compute_step = train.synthetic_problem(args, rank=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(2):
+        phases = compute_step()
+        assert set(phases) == set(train.PHASES)
+        assert phases["forward"] < phases["first_gradient"] < phases["forward"] + phases["backward"]
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # weights untouched
+    assert all(not p._backward_hooks for p in model.parameters())  # the timing hooks are gone
 
 
 def test_exposed_comm_is_never_negative_and_flags_noise():
