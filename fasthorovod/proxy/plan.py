@@ -155,7 +155,7 @@ def plan(settings: Config, peers: Sequence[Peer], rank: int, single_host: bool,
     if settings.sockets_per_lane is not None:
         choice, sockets, sockets_because = None, settings.sockets_per_lane, "FASTHOROVOD_SOCKETS_PER_LANE"
     elif probing and hops is not None:
-        choice = probe.choose(hops, lanes)
+        choice = probe.choose(hops, lanes, rehash=settings.rehash)
         sockets, sockets_because = choice.sockets_per_lane, "probe"
     else:
         choice, sockets = None, 1

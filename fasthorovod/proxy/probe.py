@@ -48,16 +48,27 @@ runs :func:`choose` on the same curves, so they agree without another round:
   its own best and the best of any *other* hop (:func:`hop_knees`): the ring runs at its slowest
   hop's pace, and flows that only reach what no other hop can carry do not pay. A slow hop still
   decides (its own best is the lower one), and a hop's low phase lowers no other hop's target.
+* with re-hashing on (the default), a phase that reads a little low where its flows, each at one
+  flow's rate, would fill the link is taken for what it most likely is, flows that hashed into one
+  per-flow bucket, which the rings' re-hashing mends and the probe's own connections cannot: such
+  a hop's knee is the fewest flows that one flow's rate says fill it (:func:`capped_knee`), where
+  one flow carries less than half of the target (the flows are capped, not the link) and those
+  flows measured at least ``SLOW_PHASE`` of the target (a large shortfall, as where the buckets
+  are fewer than the flows, is left to the measured knee). On a 64-bucket cloud
+  (4:1gbit:200mbit,buckets=64) the 8-flow phase read 5-7% low on one or two hops, twice, and the
+  knee was 16; with this rule the probe chose 4 x 2, as fast as 4 x 4 (1.00x-1.02x in two
+  invocations) on 33 connections per rank instead of 49 (docs/benchmarks.md, "Identical jobs").
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fasthorovod.config import MAX_LANES
 
 KNEE = 0.95
+SLOW_PHASE = 0.8  # capped_knee: the least a phase must reach of its target to pass for a collision
 HEADROOM = 1.0
 MAX_FLOWS = 32  # the probe's upper end; the doubling stops earlier at the knee
 MIN_LANES = 4
@@ -102,18 +113,33 @@ def ring_curve(hops: Sequence[Dict[int, float]]) -> Dict[int, float]:
     return {n: min(at(hop, n) for hop in hops) for n in counts}
 
 
-def hop_knee(hop: Dict[int, float], ceiling: float = math.inf) -> int:
+def hop_knee(hop: Dict[int, float], ceiling: float = math.inf, rehash: bool = False) -> int:
     """The fewest flows whose aggregate on this hop reaches ``KNEE`` of the hop's best, or of
-    `ceiling` where that is lower."""
+    `ceiling` where that is lower; with `rehash`, fewer where :func:`capped_knee` says so."""
     target = KNEE * min(max(hop.values()), ceiling)
-    return min(n for n, rate in hop.items() if rate >= target)
+    measured = min(n for n, rate in hop.items() if rate >= target)
+    capped = capped_knee(hop, target) if rehash else None
+    return capped if capped is not None and capped < measured else measured
 
 
-def hop_knees(hops: Sequence[Dict[int, float]]) -> List[int]:
+def capped_knee(hop: Dict[int, float], target: float) -> Optional[int]:
+    """The fewest flows, a measured count, that would reach `target` bytes/s at one flow's rate each,
+    where one flow carries less than half of it and those flows measured at least ``SLOW_PHASE`` of
+    it; None otherwise (no one-flow phase, or a hop whose flows are not capped below the link)."""
+    one = hop.get(1, 0.0)
+    if not one > 0 or 2 * one >= target:
+        return None
+    enough = [n for n in sorted(hop) if n * one >= target]
+    if not enough or hop[enough[0]] < SLOW_PHASE * target:
+        return None
+    return enough[0]
+
+
+def hop_knees(hops: Sequence[Dict[int, float]], rehash: bool = False) -> List[int]:
     """Each hop's knee against the lower of its own best and the best any other hop reached (one
-    hop alone: its own best)."""
+    hop alone: its own best); `rehash` as in :func:`hop_knee`."""
     bests = [max(hop.values()) for hop in hops]
-    return [hop_knee(hop, max(bests[:i] + bests[i + 1:], default=math.inf)) for i, hop in enumerate(hops)]
+    return [hop_knee(hop, max(bests[:i] + bests[i + 1:], default=math.inf), rehash) for i, hop in enumerate(hops)]
 
 
 def choose_lanes(rate: float, cpus_per_worker: float, rings_per_link: int = 1) -> int:
@@ -133,12 +159,13 @@ def lanes_needed(rate: float, rings_per_link: int = 1) -> int:
     return math.ceil(rate / rings_per_link / LANE_BYTES_PER_SECOND)
 
 
-def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64) -> FlowChoice:
-    """The sockets per lane for `lanes` lanes from every hop's curve (the same on every rank)."""
+def choose(hops: Sequence[Dict[int, float]], lanes: int, max_sockets: int = 64, rehash: bool = False) -> FlowChoice:
+    """The sockets per lane for `lanes` lanes from every hop's curve (the same on every rank);
+    `rehash`: the rings re-hash colliding flows (FASTHOROVOD_REHASH, :func:`capped_knee`)."""
     if lanes < 1:
         raise ValueError(f"lanes must be >= 1, got {lanes}")
     curve = ring_curve(hops)
-    knee = max(hop_knees(hops))
+    knee = max(hop_knees(hops, rehash))
     sockets = max(1, math.ceil(knee * HEADROOM / lanes)) if knee > 1 else 1
     return FlowChoice(sockets_per_lane=min(sockets, max_sockets), knee_flows=knee, curve=curve, hops=list(hops))
 

@@ -44,6 +44,14 @@ def test_the_probes_curves_choose_the_sockets_per_lane_from_the_knee():
     assert p.summary().startswith("data plane: 4 lanes x 2 sockets (slowest hop carries")
 
 
+def test_rehashing_lets_the_plan_take_the_knee_one_flows_rate_implies():
+    # a hop whose 8 flows read 7% low although 8 x 190 Mbit/s would fill it: flows that collided
+    collided = {1: 190 * MBIT, 2: 379 * MBIT, 4: 726 * MBIT, 8: 858 * MBIT, 16: 920 * MBIT}
+    hops = [collided] + [capped_hop() for _ in range(3)]
+    assert planner.plan(settings(), FOUR_HOSTS, 0, single_host=False, hops=hops).sockets_per_lane == 2
+    assert planner.plan(settings(rehash="0"), FOUR_HOSTS, 0, single_host=False, hops=hops).sockets_per_lane == 4
+
+
 def test_one_slow_hop_decides_for_the_whole_ring():
     hops = [capped_hop() for _ in range(3)] + [capped_hop(per_flow_mbit=60)]
     p = planner.plan(settings(), FOUR_HOSTS, 0, single_host=False, hops=hops)

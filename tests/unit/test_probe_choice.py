@@ -76,6 +76,38 @@ def test_a_phase_that_reads_high_does_not_raise_the_choice():
     assert probe.hop_knees([slow]) == [16]
 
 
+# 4:1gbit:200mbit,buckets=64, a job of 2026-12-06 after its second probe: two hops' 8-flow phase read
+# 5-7% low (flows hashed into one bucket), so their measured knee is 16
+BUCKETS64 = [{1: 194, 2: 377, 4: 563, 8: 919, 16: 911, 32: 914},
+             {1: 190, 2: 375, 4: 722, 8: 897, 16: 923, 32: 918},
+             {1: 191, 2: 379, 4: 726, 8: 858, 16: 901, 32: 925},
+             {1: 191, 2: 378, 4: 554, 8: 855, 16: 920, 32: 910}]
+BUCKETS64 = [{n: rate * MBIT for n, rate in hop.items()} for hop in BUCKETS64]
+
+
+def test_with_rehashing_a_phase_that_collided_does_not_raise_the_knee():
+    assert probe.hop_knees(BUCKETS64) == [8, 8, 16, 16]
+    assert (probe.choose(BUCKETS64, lanes=4).sockets_per_lane, probe.choose(BUCKETS64, lanes=4, rehash=True)
+            .sockets_per_lane) == (4, 2)
+    assert probe.hop_knees(BUCKETS64, rehash=True) == [8, 8, 8, 8]  # 8 x 190 fills 0.95 x 925
+    # where one flow's rate says more flows are needed, the measured knee stands
+    assert probe.hop_knees([capped(100, 950)], rehash=True) == [16]
+
+
+def test_with_rehashing_the_measured_knee_stands_where_the_flows_are_not_capped_or_fell_far_short():
+    # not capped: one flow carries more than half of the link (a CPU-bound fast path); its 2 flows
+    # read low, and more flows are what fills it
+    fast = {1: 600 * MBIT, 2: 900 * MBIT, 4: 1100 * MBIT, 8: 1150 * MBIT}
+    assert probe.capped_knee(fast, 0.95 * 1150 * MBIT) is None
+    assert probe.hop_knees([fast], rehash=True) == probe.hop_knees([fast]) == [4]
+    # capped, but 8 flows carried only 60% of the target: fewer buckets than flows, more flows help
+    few_buckets = {1: 190 * MBIT, 2: 380 * MBIT, 4: 520 * MBIT, 8: 560 * MBIT, 16: 900 * MBIT}
+    assert probe.capped_knee(few_buckets, 0.95 * 900 * MBIT) is None
+    assert probe.hop_knees([few_buckets], rehash=True) == [16]
+    # without a one-flow phase there is nothing to model
+    assert probe.capped_knee({2: 380 * MBIT, 4: 700 * MBIT}, 700 * MBIT) is None
+
+
 def test_sockets_are_bounded_and_bad_input_is_refused():
     assert probe.choose([capped(1, 950, counts=(1, 2, 4, 8, 16, 32))], lanes=1, max_sockets=8).sockets_per_lane == 8
     with pytest.raises(ValueError, match="lanes must be >= 1"):
