@@ -577,6 +577,28 @@ TEST(AFailureAnywhereBreaksEveryRanksChannelWithItsCause) {
   CHECK(!job.member[0]->Broken().ok());
 }
 
+TEST(AProxyThatLeavesAfterItsWorkerStoppedItBreaksNothing) {
+  // rank 1 shuts down: its proxies exit (status 0) once told to stop, while rank 1's member still
+  // checks the channel's health every 100 ms; that exit must not reach rank 0 as a failure (it
+  // would fail rank 0's last collectives, still receiving what rank 1 sent before it left)
+  TwoMembers job;
+  const int child = fork();
+  if (child == 0) {
+    usleep(100'000);
+    _exit(0);
+  }
+  CHECK(child > 0);
+  CHECK(job.channel[1]->WatchProxy(0, child).ok());
+  job.channel[1]->Stop();
+  const int64_t until = NowNs() + 600'000'000;  // the member's health checks see the exit
+  while (NowNs() < until) {
+    CHECK(job.channel[0]->Health().ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(job.channel[1]->Health().ok());
+  CHECK(job.member[0]->Broken().ok());
+}
+
 TEST(MemberKeepsANameInFlightUntilItsTicketIsWaitedOnOrFails) {
   TwoMembers job;
   Member& m0 = *job.member[0];
