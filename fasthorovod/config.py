@@ -142,7 +142,8 @@ class Config:
     rehash: bool = True
     """FASTHOROVOD_REHASH: reconnect a send socket that drains persistently slower than the others
     (a flow hashed onto a shared per-flow cap), so that its new port hashes anew
-    (fasthorovod/proxy/rehash.py; 0 = keep the connections of start-up)."""
+    (fasthorovod/proxy/rehash.py; 0 = keep the connections of start-up). Shared by every rank: the
+    probe's choice of sockets per lane counts on it (probe.capped_knee)."""
     rehash_warm_up: str = "auto"
     """FASTHOROVOD_REHASH_WARM_UP: run the re-hashing rule on a few allreduces of zeros at the end of
     start-up (rehash.warm_up): auto = where the start-up probe saw flows collide, 1 = always, 0 =
@@ -197,6 +198,6 @@ class Config:
     def wire_hash(self) -> int:
         """Hash of the settings every rank must share (compared in the proxies' handshake)."""
         shared = (self.num_lanes, self.sockets_per_lane, self.probe, self.proxy_threshold_bytes,
-                  self.segment_bytes, self.rebalance_every, self.hierarchical, self.rehash_warm_up)
+                  self.segment_bytes, self.rebalance_every, self.hierarchical, self.rehash_warm_up, self.rehash)
         digest = hashlib.sha256(repr(shared).encode()).digest()
         return int.from_bytes(digest[:8], "little")

@@ -198,16 +198,16 @@ def test_a_setting_and_its_former_name_set_to_different_values_is_an_error(new, 
 def test_the_wire_hash_is_over_the_values_the_ranks_must_share():
     """The wire hash is over the values, not the field names: (lanes, sockets per lane, probe,
     threshold, segment bytes, rebalance period, hierarchical, the re-hash warm-up, which every rank
-    runs or none)."""
+    runs or none, and re-hashing, on which the probe's choice of sockets per lane counts)."""
     cfg = Config.from_env({"FASTHOROVOD_NUM_LANES": "3", "FASTHOROVOD_SOCKETS_PER_LANE": "2",
                            "FASTHOROVOD_PROXY_THRESHOLD_BYTES": "0", "FASTHOROVOD_HIERARCHICAL": "0"})
-    shared = (3, 2, "auto", 0, 1 << 20, 1, "0", "auto")
+    shared = (3, 2, "auto", 0, 1 << 20, 1, "0", "auto", True)
     expected = int.from_bytes(hashlib.sha256(repr(shared).encode()).digest()[:8], "little")
     assert cfg.wire_hash() == expected
     assert Config.from_env({"FASTHOROVOD_SOCKETS_PER_LANE": "2"}).wire_hash() != Config.from_env({}).wire_hash()
     assert Config.from_env({"FASTHOROVOD_REHASH_WARM_UP": "0"}).wire_hash() != Config.from_env({}).wire_hash()
-    assert Config.from_env({"FASTHOROVOD_REHASH": "0"}).wire_hash() == Config.from_env({}).wire_hash(), \
-        "the rule itself is local to each rank"
+    assert Config.from_env({"FASTHOROVOD_REHASH": "0"}).wire_hash() != Config.from_env({}).wire_hash(), \
+        "every rank must choose the same sockets per lane, and the choice depends on it"
 
 
 def test_proxies_start_the_workers_package_even_from_a_shadowing_directory(tmp_path):
