@@ -38,8 +38,9 @@ struct PyMember {
   std::unique_ptr<Member> impl;
 };
 
-// The worker's end of the path probe (transport/probe.h): listens at construction, so its port
-// can be exchanged, and measures once every rank calls run().
+// The worker's end of the path probe (transport/probe.h): listens at construction, so that its
+// ports can be exchanged (kProbePorts of them: its flows spread over server ports as a ring's
+// lanes' do), and measures once every rank calls run().
 class PyPathProbe {
  public:
   PyPathProbe(const std::string& bind_host, const std::string& token, uint32_t rank, uint32_t size,
@@ -49,29 +50,38 @@ class PyPathProbe {
     self_.rank = rank;
     self_.size = size;
     self_.config_hash = config_hash;
-    Check(Listen(bind_host, 0, &listener_, &port_));
+    listeners_.resize(kProbePorts);
+    for (Socket& listener : listeners_) {
+      int port = 0;
+      Check(Listen(bind_host, 0, &listener, &port));
+      ports_.push_back(port);
+    }
   }
-  int port() const { return port_; }
+  const std::vector<int>& ports() const { return ports_; }
   void SetPlace(uint32_t rank, uint32_t size) {
     self_.rank = rank;
     self_.size = size;
   }
 
-  std::vector<ProbePhase> Run(const std::string& next_host, int next_port, const ProbeOptions& options,
-                              double timeout_seconds) {
+  std::vector<ProbePhase> Run(const std::string& next_host, const std::vector<int>& next_ports,
+                              const ProbeOptions& options, double timeout_seconds) {
     if (options.max_flows < 1 || options.max_flows > static_cast<int>(kMaxSocketsPerLane) * 4) {
       ThrowInvalidArgument(Str("max_flows must be in [1, ", kMaxSocketsPerLane * 4, "], got ", options.max_flows));
     }
     if (options.min_flows < 1 || options.min_flows > options.max_flows) {
       ThrowInvalidArgument(Str("min_flows must be in [1, max_flows = ", options.max_flows, "], got ", options.min_flows));
     }
+    if (next_ports.empty() || next_ports.size() > static_cast<size_t>(kProbePorts)) {
+      ThrowInvalidArgument(Str("next_ports: the next rank's probe listens on 1 to ", kProbePorts, " ports, got ",
+                               next_ports.size()));
+    }
     std::vector<ProbePhase> phases;
     CallReleased([&] {
       const Deadline deadline = Deadline::After(timeout_seconds);
       RingLinks links;
-      FHVD_RETURN_IF_ERROR(EstablishRing(self_, listener_, {next_host, next_port}, options.max_flows, 0, deadline,
-                                         &links, LinkPurpose::kProbe));
-      listener_.Close();
+      FHVD_RETURN_IF_ERROR(EstablishRing(self_, RingListeners(listeners_), {next_host, next_ports}, options.max_flows,
+                                         0, deadline, &links, LinkPurpose::kProbe));
+      for (Socket& listener : listeners_) listener.Close();
       return ProbePath(links, options, deadline, &phases);
     });
     return phases;
@@ -79,8 +89,8 @@ class PyPathProbe {
 
  private:
   LinkIdentity self_;
-  Socket listener_;
-  int port_ = 0;
+  std::vector<Socket> listeners_;
+  std::vector<int> ports_;
 };
 
 // A shared-memory segment created by the worker (an anonymous memfd, shm/segment.h), exposed as
@@ -149,14 +159,15 @@ its pages are reserved at creation (a shortage raises here, never a SIGBUS later
 returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, flow_bytes_per_second}.)pbdoc")
       .def(py::init<const std::string&, const std::string&, uint32_t, uint32_t, uint64_t>(), py::arg("bind_host"),
            py::arg("token"), py::arg("rank"), py::arg("size"), py::arg("config_hash"))
-      .def_property_readonly("port", &PyPathProbe::port)
+      .def_property_readonly("ports", &PyPathProbe::ports,
+                             R"pbdoc(The ports it listens on (kProbePorts of them); run() on the previous rank connects to these.)pbdoc")
       .def("set_place", &PyPathProbe::SetPlace, py::arg("rank"), py::arg("size"),
            R"pbdoc(Before run(): this probe's place in the ring it measures (another ring than the ranks', e.g. across hosts).)pbdoc")
       .def("run",
-           [](PyPathProbe& p, const std::string& next_host, int next_port, const ProbeOptions& options,
-              double timeout) {
+           [](PyPathProbe& p, const std::string& next_host, const std::vector<int>& next_ports,
+              const ProbeOptions& options, double timeout) {
              py::list out;
-             for (const ProbePhase& phase : p.Run(next_host, next_port, options, timeout)) {
+             for (const ProbePhase& phase : p.Run(next_host, next_ports, options, timeout)) {
                py::dict d;
                d["flows"] = phase.flows;
                d["seconds"] = phase.seconds;
@@ -166,7 +177,9 @@ returns the incoming hop's phases as dicts {flows, seconds, bytes_per_second, fl
              }
              return out;
            },
-           py::arg("next_host"), py::arg("next_port"), py::arg("options"), py::arg("timeout"));
+           py::arg("next_host"), py::arg("next_ports"), py::arg("options"), py::arg("timeout"),
+           R"pbdoc(Probes: connects options.max_flows sockets to the next rank's probe at `next_host`, socket s to
+next_ports[s % len(next_ports)], accepts as many from the previous rank, and measures the incoming hop.)pbdoc");
 
   py::class_<RequestDesc>(m, "Request", R"pbdoc(One request to the proxies, as its shared-memory slot holds it (csrc/shm/channel.h).)pbdoc")
       .def(py::init<>())

@@ -133,7 +133,7 @@ std::vector<std::string> LoopbackAllreduce(std::vector<py::buffer> buffers, uint
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         if (size > 1) {
-          results[r] = EstablishRing(self, listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, sockets, 0, deadline, &links);
+          results[r] = EstablishRing(self, listeners[r], {"127.0.0.1", {ports[(r + 1) % size]}}, sockets, 0, deadline, &links);
           if (!results[r].ok()) return;
         } else {
           links.to_next.emplace_back(-1);

@@ -134,7 +134,8 @@ class Proxy {
       ring_rank = ch_->host_index;
       ring_size = ch_->num_hosts;
     }
-    next_ = RingEndpoint{info_.next_host, info_.next_port, info_.next_alt_port};
+    next_ = RingEndpoint{info_.next_host, {info_.next_port}};
+    if (info_.next_alt_port != 0) next_.ports.push_back(info_.next_alt_port);
     const RingEndpoint& next = next_;
     if (ring_size > 1) {
       // The rings of different local ranks join different proxies: a connection to the wrong one
@@ -164,7 +165,7 @@ class Proxy {
     options_.abort_code = &ch_->abort_code;
     options_.progress_ns = &info_.progress_ns;
     options_.prev_name = Who((ring_rank + ring_size - 1) % ring_size);
-    options_.next_name = Str(Who((ring_rank + 1) % ring_size), " (", next.host, ":", next.port, ")");
+    options_.next_name = Str(Who((ring_rank + 1) % ring_size), " (", next.host, ":", next.ports[0], ")");
 
     uint32_t next_request = 0;
     for (;;) {
@@ -354,7 +355,7 @@ class Proxy {
       std::vector<RingEndpoint> peers(n);
       for (uint32_t i = 0; i < n; ++i) {
         peers[i] = RingEndpoint{std::string(ch_->mesh_hosts[i], strnlen(ch_->mesh_hosts[i], kHostBytes)),
-                                ch_->mesh_ports[i][lane_]};
+                                {ch_->mesh_ports[i][lane_]}};
       }
       // The mesh joins every rank's lane j, whatever the layout: its identity is the job's rank (a
       // hierarchical ring's is the host's place among the hosts).

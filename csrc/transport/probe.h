@@ -50,6 +50,13 @@ struct ProbeOptions {
   double min_gain = 1.05;           // a doubling must raise the aggregate by this factor to go on
 };
 
+// The ports a worker's probe listens on. A ring's lane listens on two, and the data plane runs
+// up to four lanes by default, so the rings' flows into a rank spread over eight server ports;
+// the probe's flows spread alike (flow s to port s % 8 when the sender uses all eight). Sent to
+// a single port, they would share one port's hash bits where a network hashes a few bits of each
+// port, and collide far more often than the rings' flows will.
+constexpr int kProbePorts = 8;
+
 // Doublings in a row that must each gain less than min_gain for the probe to stop.
 constexpr int kFlatDoublingsToStop = 2;
 

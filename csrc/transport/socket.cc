@@ -491,7 +491,7 @@ namespace {
 struct Outgoing {
   uint32_t peer = 0;
   uint32_t index = 0;
-  bool alt = false;  // to the peer's RingEndpoint::alt_port
+  uint8_t port = 0;  // the index of the peer's RingEndpoint::ports it connects to
   sockaddr_in addr{};
   std::string name;
   Socket sock;  // set once connected and authenticated
@@ -544,7 +544,7 @@ Status ConnectAndAccept(const LinkIdentity& self, const RingListeners& listeners
 
   size_t accepted = 0;
   Status accepting;
-  HandshakeAcceptor acceptor(listeners.all(), self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
+  HandshakeAcceptor acceptor(listeners.sockets, self.token, self.rank, Str("rank ", self.rank, " lane ", self.lane));
   auto counted = [&](const PeerClaim& claim, Socket sock) {
     take(claim, std::move(sock));
     ++accepted;
@@ -591,16 +591,21 @@ Status ConnectRingSockets(const LinkIdentity& self, const RingListeners& listene
                           int socket_buffer_bytes, Deadline deadline, RingLinks* links, LinkPurpose purpose) {
   const uint32_t next_rank = (self.rank + 1) % self.size;
   const uint32_t prev_rank = (self.rank + self.size - 1) % self.size;
-  links->to_next_alt.resize(links->to_next.size(), 0);
+  if (next.ports.empty() || next.ports.size() > 255) {
+    return Status::Error(Code::kInvalidArgument, Str("the next rank's ring address needs 1 to 255 ports, got ",
+                                                     next.ports.size()));
+  }
+  const size_t num_ports = next.ports.size();
+  links->to_next_port.resize(links->to_next.size(), 0);
   std::vector<Outgoing> outgoing(out.size());
   for (size_t i = 0; i < out.size(); ++i) {
     const uint32_t s = out[i];
     Outgoing& o = outgoing[i];
     o.peer = next_rank;
     o.index = s;
-    // A first connection by its index's parity, a replacement to the port its predecessor did not use.
-    o.alt = next.alt_port != 0 && (links->to_next[s].valid() ? links->to_next_alt[s] == 0 : s % 2 == 1);
-    const int port = o.alt ? next.alt_port : next.port;
+    // A first connection by its index, a replacement to the port after its predecessor's.
+    o.port = static_cast<uint8_t>(links->to_next[s].valid() ? (links->to_next_port[s] + 1) % num_ports : s % num_ports);
+    const int port = next.ports[o.port];
     o.name = Str("rank ", next_rank, " lane ", self.lane, " at ", next.host, ":", port);
     FHVD_RETURN_IF_ERROR(Resolve(next.host, port, &o.addr));
   }
@@ -622,7 +627,7 @@ Status ConnectRingSockets(const LinkIdentity& self, const RingListeners& listene
                                         refuse, take, waiting));
   for (Outgoing& o : outgoing) {
     links->to_next[o.index] = std::move(o.sock);  // the replaced connection closes here
-    links->to_next_alt[o.index] = o.alt ? 1 : 0;
+    links->to_next_port[o.index] = o.port;
   }
   for (uint32_t s : in) links->from_prev[s] = std::move(from_prev[s]);
   return Status::Ok();
@@ -646,8 +651,13 @@ Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std
       Outgoing o;
       o.peer = peer;
       o.index = static_cast<uint32_t>(s);
-      o.name = Str("rank ", peer, " lane ", self.lane, " (mesh) at ", peers[peer].host, ":", peers[peer].port);
-      FHVD_RETURN_IF_ERROR(Resolve(peers[peer].host, peers[peer].port, &o.addr));
+      if (peers[peer].ports.size() != 1) {
+        return Status::Error(Code::kInvalidArgument, Str("rank ", peer, "'s mesh address needs one port, got ",
+                                                         peers[peer].ports.size()));
+      }
+      const int port = peers[peer].ports[0];
+      o.name = Str("rank ", peer, " lane ", self.lane, " (mesh) at ", peers[peer].host, ":", port);
+      FHVD_RETURN_IF_ERROR(Resolve(peers[peer].host, port, &o.addr));
       outgoing.push_back(std::move(o));
     }
   }

@@ -87,27 +87,28 @@ struct LinkIdentity {
 struct RingLinks {
   std::vector<Socket> to_next;    // we send on these
   std::vector<Socket> from_prev;  // we receive on these
-  std::vector<uint8_t> to_next_alt;  // per send socket: 1 if connected to the next rank's alt_port
+  std::vector<uint8_t> to_next_port;  // per send socket: the index in RingEndpoint::ports it connected to
 };
 
-// Where a peer listens. A ring's rank listens on two ports: odd sockets connect to `alt_port`,
-// even ones to `port`, and a re-hashed connection goes to the port its predecessor did not, so a
-// re-hash draws a new destination port as well as a new source port. Networks that hash a few
-// bits of each port (a shaper's u32 hash, some switches' ECMP) then move it to another group of
-// buckets; a hash of the whole 5-tuple re-draws on either. 0: one port only.
+// Where a peer listens. A ring's rank listens on several ports (a lane's proxy on two, the path
+// probe on kProbePorts): socket s first connects to ports[s % ports.size()], and a re-hashed
+// connection goes to the port after the one its predecessor used, so a re-hash draws a new
+// destination port as well as a new source port. Networks that hash a few bits of each port (a
+// shaper's u32 hash, some switches' ECMP) then move it to another group of buckets; a hash of the
+// whole 5-tuple re-draws on either.
 struct RingEndpoint {
   std::string host;
-  int port = 0;
-  int alt_port = 0;
+  std::vector<int> ports;
 };
 
-// The listeners of a ring's rank: `main` (RingEndpoint::port) and, optionally, `alt`.
+// The listeners of a ring's rank, in the order of its RingEndpoint::ports.
 struct RingListeners {
-  RingListeners(const Socket& one) : main(&one) {}  // NOLINT: implicit, one listener is the common case
-  RingListeners(const Socket& main_listener, const Socket& alt_listener) : main(&main_listener), alt(&alt_listener) {}
-  std::vector<const Socket*> all() const { return alt != nullptr ? std::vector{main, alt} : std::vector{main}; }
-  const Socket* main;
-  const Socket* alt = nullptr;
+  RingListeners(const Socket& one) : sockets{&one} {}  // NOLINT: implicit, one listener is the common case
+  RingListeners(const Socket& first, const Socket& second) : sockets{&first, &second} {}
+  explicit RingListeners(const std::vector<Socket>& all) {
+    for (const Socket& s : all) sockets.push_back(&s);
+  }
+  std::vector<const Socket*> sockets;
 };
 
 // Binds a listening socket on host (an IPv4 address or name) with an ephemeral port.

@@ -136,7 +136,7 @@ def run(group: "ProxyGroup", single_host: bool, broadcast_object: Callable, allg
     mark("token")
     me = {"host": host, "config": cfg.wire_hash(), "pid": os.getpid(), "cpus": cpus,
           "coordinator": group.coordinator.port if group.coordinator is not None else None,
-          "probe": path_probe.port if path_probe is not None else None,
+          "probe": path_probe.ports if path_probe is not None else None,
           "probed": _known_curves(previous) if rank == 0 and path_probe is not None else None}
     peers = allgather_object(me, name="fasthorovod.peers")
     mark("peers")
@@ -228,15 +228,15 @@ def _probe(plan: planner.DataPlanePlan, cfg: Config, path_probe: "_C.PathProbe",
     # 0.98, 0.97 with 4 x 2, in one invocation (docs/hierarchical.md).
     measures = plan.layout is None or plan.layout.local_rank == 0
 
-    def measure(path: "_C.PathProbe", port: int, name: str, opts, also=None):
+    def measure(path: "_C.PathProbe", ports: List[int], name: str, opts, also=None):
         """Every hop's curve, and what every rank passed as `also` (one exchange for both)."""
-        phases = path.run(nxt["host"], port, opts, cfg.timeout_seconds) if measures else None
+        phases = path.run(nxt["host"], probe_ports(ports, plan.lanes), opts, cfg.timeout_seconds) if measures else None
         gathered = allgather_object((phases, also), name=name)
         return [probe.hop_curve(p) for p, _ in gathered if p is not None], [a for _, a in gathered]
 
     # The second probe's port travels with the first curves, so measuring again needs no exchange
     # of its own.
-    hops, again_ports = measure(path_probe, nxt["probe"], "fasthorovod.probe", options, again.port)
+    hops, again_ports = measure(path_probe, nxt["probe"], "fasthorovod.probe", options, again.ports)
     run_seconds, rechecked = [time.monotonic() - started], None
     if probe.disagree(hops):  # the same decision on every rank: the same curves
         low, high = probe.disputed_flows(hops)  # measured again: only what decides between the knees
@@ -246,6 +246,13 @@ def _probe(plan: planner.DataPlanePlan, cfg: Config, path_probe: "_C.PathProbe",
         run_seconds.append(time.monotonic() - started - run_seconds[0])
     return hops, planner.ProbeRun(runs=len(run_seconds), seconds=time.monotonic() - started,
                                   run_seconds=run_seconds, rechecked_flows=rechecked)
+
+
+def probe_ports(ports: List[int], lanes: int) -> List[int]:
+    """Which of the next rank's probe ports the probe's flows go to (flow s to the s-th, cyclically):
+    as many as the planned rings' `lanes` listen on (two each), so that n probe flows spread over
+    server ports as n flows of the rings will."""
+    return ports[:max(1, min(len(ports), 2 * lanes))]
 
 
 def _attach_host(group: "ProxyGroup", plan: planner.DataPlanePlan, peers: List[dict],

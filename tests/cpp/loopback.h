@@ -26,7 +26,7 @@ struct RingSetup {
   }
   fasthorovod::RingEndpoint Next(uint32_t rank) const {
     const size_t next = (rank + 1) % ports.size();
-    return {"127.0.0.1", ports[next], alt_ports[next]};
+    return {"127.0.0.1", {ports[next], alt_ports[next]}};
   }
 };
 

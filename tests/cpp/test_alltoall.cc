@@ -24,7 +24,7 @@ std::vector<std::vector<RingLinks>> ConnectMesh(uint32_t size, int sockets, uint
   for (uint32_t r = 0; r < size; ++r) {
     int port = 0;
     CHECK(Listen("127.0.0.1", 0, &listeners[r], &port).ok());
-    peers[r] = {"127.0.0.1", port};
+    peers[r] = {"127.0.0.1", {port}};
   }
   std::vector<std::vector<RingLinks>> mesh(size);
   RunRanks(size, [&](uint32_t r) {

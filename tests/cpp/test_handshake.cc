@@ -39,7 +39,7 @@ std::vector<Status> Establish(const std::vector<LinkIdentity>& ids, double secon
     threads.emplace_back([&, r] {
       RingLinks links;
       const int64_t start = NowNs();
-      results[r] = EstablishRing(ids[r], listeners[r], {"127.0.0.1", ports[(r + 1) % size]}, 1, 0,
+      results[r] = EstablishRing(ids[r], listeners[r], {"127.0.0.1", {ports[(r + 1) % size]}}, 1, 0,
                                  Deadline::After(seconds), &links, purposes[r]);
       elapsed[r] = NowNs() - start;
     });

@@ -228,7 +228,7 @@ TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
       for (uint32_t s = 0; s < sockets; ++s) {
         ports_before.push_back(LocalPort(links[r].to_next[s]));
         peer_ports_before.push_back(PeerPort(links[r].to_next[s]));
-        if (seq == 0) CHECK_EQ(peer_ports_before[s], s % 2 == 1 ? next.alt_port : next.port);
+        if (seq == 0) CHECK_EQ(peer_ports_before[s], next.ports[s % 2]);
         if ((o.rehash_out >> s) & 1) out.push_back(s);
         if ((stats.rehash_in >> s) & 1) in.push_back(s);
       }
@@ -241,7 +241,7 @@ TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
         const bool replaced = std::find(out.begin(), out.end(), s) != out.end();
         CHECK_EQ(LocalPort(links[r].to_next[s]) != ports_before[s], replaced);
         const int peer_port = PeerPort(links[r].to_next[s]);
-        CHECK(peer_port == next.port || peer_port == next.alt_port);
+        CHECK(peer_port == next.ports[0] || peer_port == next.ports[1]);
         CHECK_EQ(peer_port != peer_ports_before[s], replaced);
       }
     }
@@ -249,6 +249,55 @@ TEST(LaneRehashReplacesTheAnnouncedSocketsBetweenCollectives) {
     for (auto& c : counters[r]) counted += c.bytes_sent.load();
     CHECK_EQ(counted, bytes);  // the sockets' counters add up to the lane's
   });
+}
+
+// A rank that listens on several ports (the path probe's eight) gets socket s on its port
+// s % ports, and a replacement on the port after its predecessor's, round the list.
+TEST(RingSocketsSpreadOverTheNextRanksPortsAndMoveOnWhenReplaced) {
+  const uint32_t size = 2;
+  const int sockets = 5;
+  const size_t num_ports = 3;
+  std::vector<std::vector<Socket>> listeners(size);
+  std::vector<std::vector<int>> ports(size, std::vector<int>(num_ports));
+  for (uint32_t r = 0; r < size; ++r) {
+    listeners[r].resize(num_ports);
+    for (size_t i = 0; i < num_ports; ++i) CHECK(Listen("127.0.0.1", 0, &listeners[r][i], &ports[r][i]).ok());
+  }
+  auto identity = [&](uint32_t r) {
+    LinkIdentity self;
+    std::memset(self.token, 7, kTokenBytes);
+    self.rank = r;
+    self.size = size;
+    return self;
+  };
+  auto next = [&](uint32_t r) { return RingEndpoint{"127.0.0.1", ports[(r + 1) % size]}; };
+  std::vector<RingLinks> links(size);
+  RunRanks(size, [&](uint32_t r) {
+    CHECK(EstablishRing(identity(r), RingListeners(listeners[r]), next(r), sockets, 0, Deadline::After(10.0),
+                        &links[r]).ok());
+  });
+  for (uint32_t r = 0; r < size; ++r) {
+    for (int s = 0; s < sockets; ++s) CHECK_EQ(PeerPort(links[r].to_next[s]), ports[(r + 1) % size][s % num_ports]);
+  }
+  // Socket 2 (on port 2) moves to port 0, socket 4 (on port 1) to port 2; twice more, socket 2
+  // goes round to port 2 again.
+  const std::vector<uint32_t> replaced = {2, 4};
+  for (int round = 1; round <= 3; ++round) {
+    RunRanks(size, [&](uint32_t r) {
+      CHECK(ConnectRingSockets(identity(r), RingListeners(listeners[r]), next(r), replaced, replaced, sockets, 0,
+                               Deadline::After(10.0), &links[r]).ok());
+    });
+    for (uint32_t r = 0; r < size; ++r) {
+      const std::vector<int>& to = ports[(r + 1) % size];
+      CHECK_EQ(PeerPort(links[r].to_next[2]), to[(2 + round) % num_ports]);
+      CHECK_EQ(PeerPort(links[r].to_next[4]), to[(1 + round) % num_ports]);
+      CHECK_EQ(PeerPort(links[r].to_next[1]), to[1]);
+    }
+  }
+  RingLinks unused;
+  Status st = EstablishRing(identity(0), RingListeners(listeners[0]), RingEndpoint{"127.0.0.1", {}}, 1, 0,
+                            Deadline::After(1.0), &unused);
+  CHECK(st.code() == Code::kInvalidArgument && st.message().find("1 to 255 ports") != std::string::npos);
 }
 
 // A connection that announces a socket the receiver does not expect now is refused, and the
