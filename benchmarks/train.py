@@ -15,8 +15,10 @@ the machine hits every backend alike. Each rank:
      each warm-up step and next to ``--compute-steps`` of the timed steps, spread evenly; before
      the training step in even pairs, after it in odd ones): forward, backward with
      ``torch.autograd.grad`` (so no gradient hook fires and nothing is communicated) and SGD's
-     arithmetic in place on copies (the weights do not change), each phase timed. Both kinds of
-     step thus see the same machine, the same background load and the same drift;
+     arithmetic in place on copies (the weights do not change), each phase timed, then the job's
+     barrier (untimed: a compute-only step ends on each rank at its own time, a training step on
+     every rank at once, so without it the next step would start with the ranks apart). Both kinds
+     of step thus see the same machine, the same background load and the same drift;
      A compute-only step shares the CPUs with whatever is still running when it starts: for
      the delayed algorithms (SSD-SGD, OD-SGD), the communication their previous step left in flight,
      as that step's successor does; ``--peer-steps`` gives the backends that are not
@@ -237,12 +239,18 @@ def step_schedule(warmup, steps, compute_steps, loaded=False):
     return schedule
 
 
-def run_schedule(schedule, train_step, compute_step, verbose, loaded_step=None):
+def run_schedule(schedule, train_step, compute_step, verbose, loaded_step=None, barrier=None):
     """Run the steps of ``schedule`` (``step_schedule``); returns the timed training steps'
     durations, the timed compute-only steps' durations (in pair order), per pair the index of its
     training step among the timed ones, the timed compute-only steps' phases (what
     ``compute_step`` returned: {"forward", "backward", "update", "first_gradient"} seconds, or None), and the timed
-    loaded steps' phases (what ``loaded_step`` returned)."""
+    loaded steps' phases (what ``loaded_step`` returned).
+
+    ``barrier`` (the job's, untimed) runs after every compute-only and loaded step. A training step
+    ends with its gradients' allreduce, so the next step starts on every rank at once; a
+    compute-only step communicates nothing and ends on each rank at its own time, and without the
+    barrier the step after it would start with the ranks apart and its time (rank 0's) would move
+    by that offset, longer or shorter, as would the next compute-only step's phases."""
     train, compute, paired, phases, loaded = [], [], [], [], []
     steps = {"train": train_step, "compute": compute_step, "loaded": loaded_step}
     labels = {"train": "train", "compute": "compute-only", "loaded": "loaded compute-only"}
@@ -252,6 +260,8 @@ def run_schedule(schedule, train_step, compute_step, verbose, loaded_step=None):
         start = time.perf_counter()
         returned = steps[kind]()
         elapsed = time.perf_counter() - start
+        if kind != "train" and barrier is not None:
+            barrier()
         done[kind] += 1
         if timed and kind == "train":
             train.append(elapsed)
@@ -488,7 +498,7 @@ def worker(args):
     schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps, args.loaded_compute)
     load = gradient_load(hvd, model) if args.loaded_compute else None
     timings = run_schedule(schedule, lambda: train_step(optimizer), compute_step, rank == 0,
-                           loaded_step=lambda: compute_step(load))
+                           loaded_step=lambda: compute_step(load), barrier=hvd.barrier)
     clock["steps_done"] = time.time()
     if hasattr(optimizer, "sync_weights"):
         optimizer.sync_weights()  # delayed algorithms: every rank takes the global weights
@@ -506,7 +516,8 @@ def ddp_worker(args, backend, clock):
     optimizer = sgd(model)
     clock["model_ready"] = clock["parameters_broadcast"] = clock["optimizer_state_broadcast"] = time.time()
     schedule = step_schedule(args.warmup_steps, args.steps, args.compute_steps)
-    timings = run_schedule(schedule, lambda: train_step(optimizer, ddp), compute_step, world.rank() == 0)
+    timings = run_schedule(schedule, lambda: train_step(optimizer, ddp), compute_step, world.rank() == 0,
+                           barrier=world.dist.barrier)
     clock["steps_done"] = time.time()
     finish(world, args, clock, timings, "ddp", model)
 

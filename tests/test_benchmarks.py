@@ -703,6 +703,13 @@ def test_train_step_schedule_pairs_compute_with_training_steps():
         loaded_step=lambda: calls.append("l") or {"backward": len(calls)})
     assert "".join(calls) == "cltcltttclt"
     assert phases == [{"forward": 4}, {"forward": 9}] and loaded == [{"backward": 5}, {"backward": 10}]
+    # the job's barrier follows every compute-only and loaded step, outside the timed span
+    calls = []
+    _, compute, *_ = train.run_schedule(
+        schedule, lambda: calls.append("t"), lambda: calls.append("c"), verbose=False,
+        loaded_step=lambda: calls.append("l"), barrier=lambda: calls.append("|") or time.sleep(0.05))
+    assert "".join(calls) == "c|l|tc|l|tttc|l|t"
+    assert len(compute) == 2 and max(compute) < 0.05
 
 
 def test_the_language_model_takes_its_own_defaults_and_at_most_its_positions():
