@@ -5,8 +5,8 @@ lifecycle (``init``/``shutdown``), the allreduce, broadcast, allgather, reducesc
 families, ``poll``/``synchronize``, ``join`` and ``DistributedOptimizer`` are FastHorovod's own (large
 Sum/Average allreduces, reduce-scatters, broadcasts, allgathers and alltoalls travel through the
 proxy processes); ``broadcast_parameters``, ``broadcast_optimizer_state``, ``broadcast_object``,
-``allgather_object`` and ``sparse_allreduce_async`` are Horovod's functions running with these
-collectives (fasthorovod/torch/rebind.py); ``Compression`` is Horovod's with ``bf16`` added
+``allgather_object``, ``sparse_allreduce_async`` and ``barrier`` are Horovod's functions running
+with these collectives (fasthorovod/torch/rebind.py); ``Compression`` is Horovod's with ``bf16`` added
 (fasthorovod/torch/compression.py); everything else is Horovod's object itself.
 """
 from horovod.torch import (  # noqa: F401  (re-exported unchanged)
@@ -20,7 +20,6 @@ from horovod.torch import (  # noqa: F401  (re-exported unchanged)
     Sum,
     SyncBatchNorm,
     add_process_set,
-    barrier,
     ccl_built,
     cross_rank,
     cross_size,
@@ -62,6 +61,7 @@ from fasthorovod.torch.mpi_ops import (  # noqa: F401
     allreduce_,
     allreduce_async,
     allreduce_async_,
+    barrier,
     broadcast,
     broadcast_,
     broadcast_async,

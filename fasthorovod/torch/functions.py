@@ -3,7 +3,7 @@
 package's broadcasts and allgathers (rebind.py).
 
 Re-exporting them would keep every broadcast and allgather on Horovod's single TCP flow. Here the
-very same code objects are bound to a copy of their module's globals in which ``broadcast_``,
+very same code objects are bound to their module's globals in which ``broadcast_``,
 ``broadcast_async_``, ``allgather`` and ``synchronize`` are fasthorovod.torch's (large tensors go
 through the proxies, fasthorovod/torch/mpi_ops.py) and the functions call each other's rebound
 versions; nothing else changes, so their behaviour (argument handling, the optimizer-state
@@ -14,11 +14,10 @@ from __future__ import annotations
 from horovod.torch import functions as _hvd_functions
 
 from fasthorovod.torch import mpi_ops as _ops
-from fasthorovod.torch.rebind import rebound
+from fasthorovod.torch.rebind import ModuleNamespace, rebound
 
-_globals = dict(vars(_hvd_functions))
-_globals.update(broadcast_=_ops.broadcast_, broadcast_async_=_ops.broadcast_async_, allgather=_ops.allgather,
-                synchronize=_ops.synchronize)
+_globals = ModuleNamespace(_hvd_functions, broadcast_=_ops.broadcast_, broadcast_async_=_ops.broadcast_async_,
+                           allgather=_ops.allgather, synchronize=_ops.synchronize)
 
 broadcast_parameters = rebound(_hvd_functions.broadcast_parameters, _globals, __name__)
 broadcast_optimizer_state = rebound(_hvd_functions.broadcast_optimizer_state, _globals, __name__)

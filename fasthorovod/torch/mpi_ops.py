@@ -75,7 +75,7 @@ from fasthorovod.proxy import plan as planner
 from fasthorovod.proxy.core import BROADCAST_WORDS
 from fasthorovod.proxy.group import ProxyGroup
 from fasthorovod.proxy.requests import Request, lendable
-from fasthorovod.torch.rebind import rebound
+from fasthorovod.torch.rebind import ModuleNamespace, rebound
 from fasthorovod.torch.trace_hooks import compute_spans
 from fasthorovod.trace import capture as _trace
 from fasthorovod.waiting import poll_until
@@ -756,7 +756,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 # allgather and grouped_allgather are Horovod's autograd functions (forward: allgather_async and
 # synchronize; backward: an averaging allreduce and an allgather of the first dimensions), run with
 # this module's collectives (rebind.py); sparse_allreduce_async is Horovod's, on these allgathers.
-_horovods = dict(vars(_hvd))
+_horovods = ModuleNamespace(_hvd)
 
 
 def _with_these_collectives(cls):
@@ -858,6 +858,14 @@ _horovods.update(allgather_async=allgather_async, grouped_allgather_async=groupe
                  allreduce=allreduce, grouped_allreduce=grouped_allreduce, alltoall_async=alltoall_async,
                  alltoall=alltoall)
 
+# -- barrier ------------------------------------------------------------------------------------------
+
+# Horovod's barrier, waiting with this module's synchronize: asleep, where Horovod's own wait holds a
+# core until the last rank arrives (the ranks that are ahead would spin on the cores the others
+# compute on).
+barrier = rebound(_hvd.barrier, _horovods, __name__)
+_horovod_join = rebound(_hvd.join, _horovods, __name__)  # the same for the Horovod path's join
+
 
 # -- broadcast ----------------------------------------------------------------------------------------
 
@@ -946,7 +954,7 @@ def join(device=-1) -> int:
     """
     group = _runtime.group
     if group is None:
-        return _hvd.join(device)
+        return _horovod_join(device)
     group.begin_join()
-    _hvd.join(device)  # the Horovod path's join; the proxies' path joins through the negotiation
+    _horovod_join(device)  # the Horovod path's join; the proxies' path joins through the negotiation
     return group.end_join()

@@ -2,8 +2,8 @@
 
 A Horovod function calls the collectives its module imported (``allgather_async``,
 ``synchronize``, ``broadcast_``, ...). :func:`rebound` gives back the very same code object bound
-to another namespace: a copy of that module's globals in which those names are
-fasthorovod.torch's, so the function's behaviour (argument handling, errors, gradients) stays
+to another namespace, a :class:`ModuleNamespace`: that module's globals, except that those names
+are fasthorovod.torch's, so the function's behaviour (argument handling, errors, gradients) stays
 Horovod's, line for line, while its large tensors travel through the proxies.
 """
 from __future__ import annotations
@@ -11,6 +11,23 @@ from __future__ import annotations
 import functools
 import types
 from typing import Dict
+
+
+class ModuleNamespace(dict):
+    """The globals of functions rebound from `module`: the names set in it, and any other looked up
+    in `module` when the function reads it. A snapshot would go stale where the module rebinds a
+    global later (Horovod's ``init()`` replaces its handle map)."""
+
+    def __init__(self, module: types.ModuleType, **names: object) -> None:
+        # __builtins__ is read when a function is created, without __missing__.
+        super().__init__(__builtins__=vars(module)["__builtins__"], **names)
+        self.module = module
+
+    def __missing__(self, name: str) -> object:
+        try:
+            return vars(self.module)[name]
+        except KeyError:
+            raise KeyError(name) from None
 
 
 def rebound(function: types.FunctionType, namespace: Dict[str, object], module: str) -> types.FunctionType:

@@ -685,7 +685,8 @@ def scenario_asleep(args):
     """A wait on a collective that stays on Horovod (below the threshold) sleeps instead of
     spinning: rank 0 waits about a second for the others' late submission and uses far less than a
     second of CPU meanwhile (Horovod's own wait holds a core for as long). Its result, Horovod's
-    answer to a handle waited twice and its error for a mismatch arrive as they would."""
+    answer to a handle waited twice and its error for a mismatch arrive as they would. So do
+    hvd.barrier() and hvd.join() (Horovod's functions) while rank 0 waits for the others."""
     rank, size = hvd.rank(), hvd.size()
     x = torch.full((1000,), float(rank))
     if rank != 0:
@@ -704,7 +705,19 @@ def scenario_asleep(args):
         assert "Mismatched ALLREDUCE tensor shapes" in str(e), e
     else:
         raise AssertionError("a shape mismatch must raise")
-    print(f"rank {rank}: asleep ok (waited {wall:.2f} s on {cpu:.2f} s of CPU)", flush=True)
+    waits = {"allreduce": (wall, cpu)}
+    for name, wait in (("barrier", hvd.barrier), ("join", hvd.join)):  # Horovod's functions, waiting asleep
+        if rank != 0:
+            time.sleep(1.0)
+        wall, cpu = time.monotonic(), time.process_time()
+        returned = wait()
+        waits[name] = wall, cpu = time.monotonic() - wall, time.process_time() - cpu
+        if rank == 0:
+            assert wall > 0.5 and cpu < 0.5 * wall, (name, wall, cpu)
+        if name == "join":
+            assert 0 < returned < size, returned  # one of the ranks that joined late
+    print(f"rank {rank}: asleep ok (" + ", ".join(f"{n} waited {w:.2f} s on {c:.2f} s of CPU"
+                                                 for n, (w, c) in waits.items()) + ")", flush=True)
 
 
 def rank_mean(size):
