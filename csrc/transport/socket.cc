@@ -647,17 +647,20 @@ Status EstablishMesh(const LinkIdentity& self, const Socket& listener, const std
     links[d].to_next.resize(static_cast<size_t>(sockets));
     links[d].from_prev.resize(static_cast<size_t>(sockets));
     const uint32_t peer = (self.rank + d) % n;
+    if (peers[peer].ports.size() != 1) {
+      return Status::Error(Code::kInvalidArgument, Str("rank ", peer, "'s mesh address needs one port, got ",
+                                                       peers[peer].ports.size()));
+    }
+    const int port = peers[peer].ports[0];
+    sockaddr_in addr{};
+    FHVD_RETURN_IF_ERROR(Resolve(peers[peer].host, port, &addr));
+    const std::string name = Str("rank ", peer, " lane ", self.lane, " (mesh) at ", peers[peer].host, ":", port);
     for (int s = 0; s < sockets; ++s) {
       Outgoing o;
       o.peer = peer;
       o.index = static_cast<uint32_t>(s);
-      if (peers[peer].ports.size() != 1) {
-        return Status::Error(Code::kInvalidArgument, Str("rank ", peer, "'s mesh address needs one port, got ",
-                                                         peers[peer].ports.size()));
-      }
-      const int port = peers[peer].ports[0];
-      o.name = Str("rank ", peer, " lane ", self.lane, " (mesh) at ", peers[peer].host, ":", port);
-      FHVD_RETURN_IF_ERROR(Resolve(peers[peer].host, port, &o.addr));
+      o.addr = addr;
+      o.name = name;
       outgoing.push_back(std::move(o));
     }
   }

@@ -234,7 +234,7 @@ def _probe(plan: planner.DataPlanePlan, cfg: Config, path_probe: "_C.PathProbe",
         gathered = allgather_object((phases, also), name=name)
         return [probe.hop_curve(p) for p, _ in gathered if p is not None], [a for _, a in gathered]
 
-    # The second probe's port travels with the first curves, so measuring again needs no exchange
+    # The second probe's ports travel with the first curves, so measuring again needs no exchange
     # of its own.
     hops, again_ports = measure(path_probe, nxt["probe"], "fasthorovod.probe", options, again.ports)
     run_seconds, rechecked = [time.monotonic() - started], None

@@ -24,10 +24,7 @@ class ModuleNamespace(dict):
         self.module = module
 
     def __missing__(self, name: str) -> object:
-        try:
-            return vars(self.module)[name]
-        except KeyError:
-            raise KeyError(name) from None
+        return vars(self.module)[name]  # a KeyError: the function raises NameError, as it would
 
 
 def rebound(function: types.FunctionType, namespace: Dict[str, object], module: str) -> types.FunctionType:
