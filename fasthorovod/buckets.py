@@ -15,10 +15,15 @@ T = TypeVar("T")
 
 
 def reversed_buckets(items: Sequence[T], nbytes: Callable[[T], int], limit: int,
-                     compatible: Callable[[T, T], bool] = lambda first, item: True) -> List[List[T]]:
+                     compatible: Callable[[T, T], bool] = lambda first, item: True,
+                     first_limit: Optional[int] = None) -> List[List[T]]:
     """`items` in reverse order (roughly the order backward produces their gradients), cut into
     consecutive buckets of at most `limit` bytes; an item larger than `limit` gets a bucket of its
-    own, and an item not ``compatible(bucket's first item, item)`` starts a new bucket."""
+    own, and an item not ``compatible(bucket's first item, item)`` starts a new bucket.
+
+    With `first_limit`, the first bucket ends as soon as it holds `first_limit` bytes, so that its
+    allreduce starts with the first gradients backward produces rather than waiting for a full
+    bucket of them (PyTorch DDP's ``first_bucket_bytes``)."""
     buckets: List[List[T]] = []
     current: List[T] = []
     current_bytes = 0
@@ -29,6 +34,9 @@ def reversed_buckets(items: Sequence[T], nbytes: Callable[[T], int], limit: int,
             current, current_bytes = [], 0
         current.append(item)
         current_bytes += size
+        if not buckets and first_limit is not None and current_bytes >= first_limit:
+            buckets.append(current)
+            current, current_bytes = [], 0
     if current:
         buckets.append(current)
     return buckets

@@ -153,6 +153,9 @@ class Config:
     """FASTHOROVOD_SEGMENT_BYTES: pipelining unit of the ring (bytes per frame)."""
     bucket_bytes: int = 25 << 20
     """FASTHOROVOD_BUCKET_BYTES: DistributedOptimizer gradient bucket size (a larger tensor gets its own)."""
+    first_bucket_bytes: int = 1 << 20
+    """FASTHOROVOD_FIRST_BUCKET_BYTES: DistributedOptimizer's first bucket ends once it holds this many
+    bytes, so that its allreduce starts with backward's first gradients."""
     socket_buffer_bytes: int = 0
     """FASTHOROVOD_SOCKET_BUFFER_BYTES: SO_SNDBUF/SO_RCVBUF; 0 keeps Linux's autotuning."""
     timeout_seconds: float = 30.0
@@ -183,6 +186,7 @@ class Config:
             rehash_warm_up=_choice(env, "REHASH_WARM_UP", cls.rehash_warm_up, ("auto", "0", "1")),
             segment_bytes=_int(env, "SEGMENT_BYTES", cls.segment_bytes, 1024, 1 << 30),
             bucket_bytes=_int(env, "BUCKET_BYTES", cls.bucket_bytes, 1),
+            first_bucket_bytes=_int(env, "FIRST_BUCKET_BYTES", cls.first_bucket_bytes, 1),
             socket_buffer_bytes=_int(env, "SOCKET_BUFFER_BYTES", cls.socket_buffer_bytes, 0, 1 << 30),
             timeout_seconds=_float(env, "TIMEOUT_SECONDS", cls.timeout_seconds, 0.0),
             stall_check_seconds=(0.0 if (env.get("HOROVOD_STALL_CHECK_DISABLE") or "").strip() in ("1", "true")

@@ -3,7 +3,9 @@
 Horovod's semantics, with gradients that travel in buckets instead of one by one:
 
 * Parameters are packed, in reverse registration order (roughly the order backward produces
-  their gradients), into buckets of at most ``bucket_bytes`` of one dtype and device, or into the
+  their gradients), into buckets of at most ``bucket_bytes`` of one dtype and device (the first
+  one ends once it holds ``first_bucket_bytes``, so communication starts with backward's first
+  gradients), or into the
   explicit ``groups`` when given (formed exactly as Horovod forms them: rank 0's parameter order,
   the listed groups, every other parameter alone; or ``groups`` equal parts).
 * Where the communicator reads a dtype in place (:meth:`Communicator.in_place`: the proxies'
@@ -73,7 +75,7 @@ class SSGD(ScheduledOptimizer):
     Besides the policies' common arguments it takes Horovod's ``DistributedOptimizer`` arguments in
     this package's terms: ``op`` (:data:`AVERAGE` or :data:`SUM`), ``gradient_predivide_factor``,
     ``groups``, ``sparse_as_dense``, ``backward_passes_per_step``; and ``bucket_bytes`` (the
-    largest bucket) and ``countdown`` (a dict to count backward passes in, shared with the caller).
+    largest bucket), ``first_bucket_bytes`` (where the first bucket ends) and ``countdown`` (a dict to count backward passes in, shared with the caller).
     ``step()`` synchronizes (unless :meth:`synchronize` already did since the last step) and runs
     the user's optimizer.
     """
@@ -84,7 +86,7 @@ class SSGD(ScheduledOptimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, communicator: Communicator, named_parameters=None,
                  compression=None, *, op: str = AVERAGE, gradient_predivide_factor: float = 1.0, groups=None,
                  sparse_as_dense: bool = False, backward_passes_per_step: int = 1, bucket_bytes: int = 25 << 20,
-                 countdown: Optional[Dict[torch.Tensor, int]] = None) -> None:
+                 first_bucket_bytes: int = 1 << 20, countdown: Optional[Dict[torch.Tensor, int]] = None) -> None:
         if named_parameters is None:  # Horovod's names for unnamed parameters
             named_parameters = [(f"allreduce.noname.{i}.{j}", p) for i, group in enumerate(optimizer.param_groups)
                                 for j, p in enumerate(group["params"])]
@@ -99,7 +101,7 @@ class SSGD(ScheduledOptimizer):
         self._synchronized = False
         self._started = True  # no counters to take from rank 0: every step is alike
         buckets = [self._bucket(index, params)
-                   for index, params in enumerate(self._plan(groups, bucket_bytes))]
+                   for index, params in enumerate(self._plan(groups, bucket_bytes, first_bucket_bytes))]
         self._gradient_buckets = GradientBuckets(
             buckets, self._post_bucket, _repeated_gradient, accept=self._accept_gradient,
             passes=lambda: self.backward_passes_per_step, countdown=countdown)
@@ -108,11 +110,12 @@ class SSGD(ScheduledOptimizer):
 
     # -- buckets --------------------------------------------------------------------------------
 
-    def _plan(self, groups, bucket_bytes: int) -> List[List[torch.Tensor]]:
+    def _plan(self, groups, bucket_bytes: int, first_bucket_bytes: int) -> List[List[torch.Tensor]]:
         params = self._params
         if groups is None:
             return reversed_buckets(params, lambda p: p.numel() * p.element_size(), bucket_bytes,
-                                    lambda first, p: p.dtype == first.dtype and p.device == first.device)
+                                    lambda first, p: p.dtype == first.dtype and p.device == first.device,
+                                    first_limit=first_bucket_bytes)
         # Horovod's grouping: rank 0's parameter order, explicit lists, the rest one group each.
         names = self._comm.broadcast_object([self._name_of[p] for p in params], name="fasthorovod.ssgd.groups")
         params = sorted(params, key=lambda p: names.index(self._name_of[p]))

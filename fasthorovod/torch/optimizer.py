@@ -35,13 +35,15 @@ class _SSGDSurface(torch.optim.Optimizer):
     over to the SSGD policy, ``self._policy``, built where Horovod registers its hooks."""
 
     def _register_hooks(self):
+        config = mpi_ops.proxy_group().config
         self._policy = _scheduler.SSGD(
             self, HorovodCommunicator(), named_parameters=[(n, p) for p, n in self._parameter_names.items()],
             compression=None if self._compression is Compression.none else self._compression,
             op=SUM if self.op == Sum else AVERAGE, gradient_predivide_factor=self.gradient_predivide_factor,
             groups=self._groups, sparse_as_dense=self.sparse_as_dense,
             backward_passes_per_step=self.backward_passes_per_step,
-            bucket_bytes=mpi_ops.proxy_group().config.bucket_bytes, countdown=self._allreduce_delay)
+            bucket_bytes=config.bucket_bytes, first_bucket_bytes=config.first_bucket_bytes,
+            countdown=self._allreduce_delay)
 
     def synchronize(self):
         self._policy.synchronize()

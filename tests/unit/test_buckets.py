@@ -10,6 +10,12 @@ def test_reversed_buckets_respects_the_limit_and_compatibility():
     assert reversed_buckets([1, 2, 3], lambda x: 1, 10, lambda first, x: x != 2) == [[3], [2, 1]]
 
 
+def test_the_first_bucket_ends_once_it_holds_first_limit_bytes():
+    assert reversed_buckets([1, 1, 2, 3, 1], lambda x: x, 5, first_limit=3) == [[1, 3], [2, 1, 1]]
+    assert reversed_buckets([4, 1], lambda x: x, 4, first_limit=3) == [[1], [4]]  # `limit` comes first
+    assert reversed_buckets([1, 1], lambda x: x, 5, first_limit=3) == [[1, 1]]
+
+
 def make(passes=1, accepted=None):
     posted = []
     buckets = [GradientBucket(0, ["a", "b"]), GradientBucket(1, ["c"])]

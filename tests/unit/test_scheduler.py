@@ -313,6 +313,30 @@ def test_ssgd_small_buckets_follow_backward_order():
             assert torch.allclose(g, ref, atol=1e-6)
 
 
+def test_ssgd_first_bucket_starts_with_backwards_first_gradients():
+    def body(rank, comm, first_bucket_bytes):
+        net = Net()
+        opt = SSGD(torch.optim.SGD(net.parameters(), lr=0.1), comm, named_parameters=list(net.named_parameters()),
+                   bucket_bytes=40 * 4, first_bucket_bytes=first_bucket_bytes)
+        seen = []  # what was posted when backward reached layer b (before b's own gradients)
+
+        def watch_b_output(module, inputs, out):
+            out.register_hook(lambda grad: seen.append(posted(comm)))
+        net.b.register_forward_hook(watch_b_output)
+        net(batch(rank)).pow(2).sum().backward()
+        opt.synchronize()
+        return seen[0], posted(comm), [p.grad.clone() for p in net.parameters()]
+    expected = reference_grads(2)
+    # c (18 floats) reaches 10 floats: the first bucket ends there instead of taking b.bias too.
+    for before_b, names, grads in run_world(2, lambda r, c: body(r, c, 10 * 4)):
+        assert [n.split(".", 3)[3] for n in before_b] == ["c.bias"]
+        assert [n.split(".", 3)[3] for n in names] == ["c.bias", "b.bias", "b.weight", "a.bias"]
+        for g, ref in zip(grads, expected):
+            assert torch.allclose(g, ref, atol=1e-6)
+    for before_b, names, _ in run_world(2, lambda r, c: body(r, c, 1 << 20)):  # c + b.bias, as before
+        assert before_b == [] and [n.split(".", 3)[3] for n in names] == ["c.bias", "b.weight", "a.bias"]
+
+
 def test_ssgd_backward_passes_per_step_accumulates_then_refuses_one_more():
     def body(rank, comm):
         net = Net()

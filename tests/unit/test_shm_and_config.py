@@ -156,6 +156,10 @@ def test_config_defaults_and_errors():
         Config.from_env({"FASTHOROVOD_NUM_LANES": "65"})
     with pytest.raises(ConfigError, match="FASTHOROVOD_TIMEOUT_SECONDS=0.0 must be > 0"):
         Config.from_env({"FASTHOROVOD_TIMEOUT_SECONDS": "0"})
+    assert (cfg.bucket_bytes, cfg.first_bucket_bytes) == (25 << 20, 1 << 20)
+    assert Config.from_env({"FASTHOROVOD_FIRST_BUCKET_BYTES": "4096"}).first_bucket_bytes == 4096
+    with pytest.raises(ConfigError, match="FASTHOROVOD_FIRST_BUCKET_BYTES=0 must be >= 1"):
+        Config.from_env({"FASTHOROVOD_FIRST_BUCKET_BYTES": "0"})
     a = Config.from_env({"FASTHOROVOD_NUM_LANES": "2"})
     assert a.wire_hash() != Config.from_env({}).wire_hash()
     assert a.wire_hash() == Config.from_env({"FASTHOROVOD_NUM_LANES": "2", "FASTHOROVOD_TIMEOUT_SECONDS": "5"}).wire_hash()
