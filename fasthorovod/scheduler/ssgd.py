@@ -5,9 +5,9 @@ Horovod's semantics, with gradients that travel in buckets instead of one by one
 * Parameters are packed, in reverse registration order (roughly the order backward produces
   their gradients), into buckets of at most ``bucket_bytes`` of one dtype and device (the first
   one ends once it holds ``first_bucket_bytes``, so communication starts with backward's first
-  gradients), or into the
-  explicit ``groups`` when given (formed exactly as Horovod forms them: rank 0's parameter order,
-  the listed groups, every other parameter alone; or ``groups`` equal parts).
+  gradients), or into the explicit ``groups`` when given (formed exactly as Horovod forms them:
+  rank 0's parameter order, the listed groups, every other parameter alone; or ``groups`` equal
+  parts).
 * Where the communicator reads a dtype in place (:meth:`Communicator.in_place`: the proxies'
   shared memory) and no compressor runs in the worker, a bucket is one flat tensor from
   :meth:`Communicator.alloc` and every ``p.grad`` is a view into it: backward accumulates straight
@@ -75,7 +75,8 @@ class SSGD(ScheduledOptimizer):
     Besides the policies' common arguments it takes Horovod's ``DistributedOptimizer`` arguments in
     this package's terms: ``op`` (:data:`AVERAGE` or :data:`SUM`), ``gradient_predivide_factor``,
     ``groups``, ``sparse_as_dense``, ``backward_passes_per_step``; and ``bucket_bytes`` (the
-    largest bucket), ``first_bucket_bytes`` (where the first bucket ends) and ``countdown`` (a dict to count backward passes in, shared with the caller).
+    largest bucket), ``first_bucket_bytes`` (where the first bucket ends) and ``countdown`` (a dict
+    to count backward passes in, shared with the caller).
     ``step()`` synchronizes (unless :meth:`synchronize` already did since the last step) and runs
     the user's optimizer.
     """
